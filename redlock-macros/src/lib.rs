@@ -1,0 +1,1 @@
+//! The `#[distributed_lock]` attribute macro (implemented in its own issue).
