@@ -1,1 +1,32 @@
-//! placeholder
+//! The runtime of [`redlock`](https://docs.rs/redlock): the lock manager, its backends
+//! (one Redis server, process memory), guards, the watchdog and wake-up notifications.
+//!
+//! Use it through the `redlock` crate, which re-exports everything here and adds the
+//! `#[distributed_lock]` attribute.
+#![warn(missing_docs, unreachable_pub)]
+#![forbid(unsafe_op_in_unsafe_fn)]
+
+mod backend;
+mod error;
+mod guard;
+mod key;
+mod lease;
+mod manager;
+mod notify;
+mod options;
+mod scripts;
+mod token;
+mod waiters;
+mod watchdog;
+
+#[doc(hidden)]
+pub mod macro_support;
+
+pub use error::LockError;
+pub use guard::LockGuard;
+pub use key::MAX_KEY_LEN;
+pub use manager::{
+    LockManager, LockManagerBuilder, DEFAULT_MAX_WAITERS_PER_KEY, DEFAULT_PREFIX, DEFAULT_TTL,
+    DEFAULT_WAIT,
+};
+pub use options::{LockOptions, MAX_TTL, MIN_TTL};

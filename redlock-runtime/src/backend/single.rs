@@ -1,0 +1,226 @@
+//! One Redis server (a primary, optionally with replicas for `min_replicas`).
+//!
+//! Commands go over one multiplexed, auto-reconnecting [`ConnectionManager`] with
+//! `TCP_NODELAY`; wake-ups arrive on a second RESP3 connection (see `notify`). `WAIT`
+//! blocks the connection it runs on, so acquisitions with `min_replicas` use a third,
+//! dedicated connection opened on first use.
+
+use std::sync::Weak;
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::io::tcp::TcpSettings;
+use redis::{Client, IntoConnectionInfo, ProtocolVersion};
+use tokio::sync::{mpsc, Mutex};
+
+use super::{Attempt, Renewal, ReplicaWait, Timeouts};
+use crate::key::LockKey;
+use crate::notify::Subscriber;
+use crate::scripts::{ACQUIRE, EXTEND, RELEASE, RENEW};
+use crate::token::Token;
+use crate::waiters::Waiters;
+use crate::LockError;
+
+/// Renewals per script call: large batches, yet each call stays well under a millisecond
+/// of server time per thousand keys.
+const RENEW_CHUNK: usize = 1000;
+
+/// A connection to one Redis server.
+pub(crate) struct SingleBackend {
+    client: Client,
+    con: ConnectionManager,
+    subscriber: Subscriber,
+    wait_con: Mutex<Option<ConnectionManager>>,
+    timeouts: Timeouts,
+}
+
+impl SingleBackend {
+    /// Opens the command and subscriber connections and PINGs, within the connect timeout.
+    pub(crate) async fn connect(
+        url: &str,
+        timeouts: Timeouts,
+        waiters: Weak<Waiters>,
+    ) -> Result<Self, LockError> {
+        let info = url
+            .into_connection_info()
+            .map_err(|e| LockError::invalid_option(format!("invalid Redis URL: {e}")))?
+            .set_tcp_settings(TcpSettings::default().set_nodelay(true));
+        let resp3 = info.redis_settings().clone().set_protocol(ProtocolVersion::RESP3);
+        let client = Client::open(info.clone()).map_err(LockError::backend("connect"))?;
+        let sub_client =
+            Client::open(info.set_redis_settings(resp3)).map_err(LockError::backend("connect"))?;
+
+        let connect = async {
+            let con = client
+                .get_connection_manager_with_config(timeouts.manager_config())
+                .await?;
+            let (tx, rx) = mpsc::unbounded_channel();
+            let sub_con = sub_client
+                .get_connection_manager_with_config(
+                    timeouts
+                        .manager_config()
+                        .set_push_sender(tx)
+                        .set_automatic_resubscription(),
+                )
+                .await?;
+            redis::cmd("PING").exec_async(&mut con.clone()).await?;
+            Ok::<_, redis::RedisError>((con, sub_con, rx))
+        };
+        let (con, sub_con, rx) = tokio::time::timeout(timeouts.connect, connect)
+            .await
+            .map_err(|_| LockError::Backend {
+                operation: "connect",
+                source: std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no answer within {:?}", timeouts.connect),
+                )
+                .into(),
+            })?
+            .map_err(LockError::backend("connect"))?;
+        Ok(Self {
+            client,
+            con,
+            subscriber: Subscriber::new(sub_con, rx, waiters),
+            wait_con: Mutex::new(None),
+            timeouts,
+        })
+    }
+
+    pub(crate) fn subscriber(&self) -> &Subscriber {
+        &self.subscriber
+    }
+
+    pub(crate) async fn acquire(
+        &self,
+        key: &LockKey,
+        token: Token,
+        ttl: Duration,
+        replicas: Option<ReplicaWait>,
+    ) -> Result<Attempt, LockError> {
+        let keys = [key.full(), key.fence()];
+        let args = (token.as_bytes(), ttl_ms(ttl));
+        let Some(rw) = replicas else {
+            let reply: (i64, i64) = ACQUIRE
+                .invoke(&mut self.con.clone(), &keys, args)
+                .await
+                .map_err(LockError::backend("acquire"))?;
+            return Ok(decode_acquire(reply, None));
+        };
+        // WAIT counts the writes of its own connection and blocks it meanwhile.
+        let mut slot = self.wait_con.lock().await;
+        let con = match slot.as_mut() {
+            Some(con) => con,
+            None => slot.insert(
+                self.client
+                    .get_connection_manager_with_config(self.timeouts.manager_config().set_response_timeout(
+                        Some(self.timeouts.response + Duration::from_secs(1)),
+                    ))
+                    .await
+                    .map_err(LockError::backend("connect"))?,
+            ),
+        };
+        let mut pipe = redis::pipe();
+        pipe.add_command(ACQUIRE.load())
+            .ignore()
+            .add_command(ACQUIRE.evalsha(&keys, args))
+            .cmd("WAIT")
+            .arg(rw.replicas)
+            .arg(ttl_ms(rw.timeout));
+        let (reply, acked): ((i64, i64), u32) = pipe
+            .query_async(con)
+            .await
+            .map_err(LockError::backend("acquire"))?;
+        Ok(decode_acquire(reply, Some(acked)))
+    }
+
+    pub(crate) async fn release(&self, key: &LockKey, token: Token) -> Result<bool, LockError> {
+        RELEASE
+            .invoke(&mut self.con.clone(), &[key.full()], (token.as_bytes(), "PUBLISH"))
+            .await
+            .map_err(LockError::backend("release"))
+    }
+
+    pub(crate) async fn extend(
+        &self,
+        key: &LockKey,
+        token: Token,
+        ttl: Duration,
+    ) -> Result<bool, LockError> {
+        EXTEND
+            .invoke(&mut self.con.clone(), &[key.full()], (token.as_bytes(), ttl_ms(ttl)))
+            .await
+            .map_err(LockError::backend("extend"))
+    }
+
+    /// One round trip for the whole batch: a pipeline of batched-renew scripts, led by a
+    /// `SCRIPT LOAD` so a flushed script cache cannot fail it.
+    pub(crate) async fn renew(&self, batch: &[Renewal<'_>]) -> Result<Vec<bool>, LockError> {
+        let mut pipe = redis::pipe();
+        pipe.add_command(RENEW.load()).ignore();
+        for chunk in batch.chunks(RENEW_CHUNK) {
+            let keys: Vec<&str> = chunk.iter().map(|r| r.key.full()).collect();
+            let mut args: Vec<Vec<u8>> = Vec::with_capacity(chunk.len() * 2);
+            for r in chunk {
+                args.push(r.token.as_bytes().to_vec());
+                args.push(ttl_ms(r.ttl).to_string().into_bytes());
+            }
+            pipe.add_command(RENEW.evalsha(&keys, args));
+        }
+        let replies: Vec<Vec<i64>> = pipe
+            .query_async(&mut self.con.clone())
+            .await
+            .map_err(LockError::backend("renew"))?;
+        Ok(replies.into_iter().flatten().map(|r| r == 1).collect())
+    }
+
+    pub(crate) async fn is_locked(&self, key: &LockKey) -> Result<bool, LockError> {
+        redis::cmd("EXISTS")
+            .arg(key.full())
+            .query_async(&mut self.con.clone())
+            .await
+            .map_err(LockError::backend("exists"))
+    }
+
+    pub(crate) async fn force_unlock(&self, key: &LockKey) -> Result<bool, LockError> {
+        let (deleted,): (bool,) = redis::pipe()
+            .cmd("DEL")
+            .arg(key.full())
+            .cmd("PUBLISH")
+            .arg(key.full())
+            .arg("")
+            .ignore()
+            .query_async(&mut self.con.clone())
+            .await
+            .map_err(LockError::backend("force_unlock"))?;
+        Ok(deleted)
+    }
+}
+
+/// Milliseconds for Redis, at least 1.
+pub(crate) fn ttl_ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+/// `{1, fence}` or `{0, pttl}` from `acquire.lua`.
+pub(crate) fn decode_acquire((ok, n): (i64, i64), replicas: Option<u32>) -> Attempt {
+    if ok == 1 {
+        Attempt::Acquired {
+            fence: u64::try_from(n).unwrap_or(0),
+            replicas,
+        }
+    } else {
+        Attempt::Held {
+            remaining: u64::try_from(n).ok().map(Duration::from_millis),
+        }
+    }
+}
+
+impl Timeouts {
+    fn manager_config(&self) -> ConnectionManagerConfig {
+        ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.connect))
+            .set_response_timeout(Some(self.response))
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_millis(500))
+    }
+}

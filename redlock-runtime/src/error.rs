@@ -1,0 +1,140 @@
+//! The one error type of the library.
+
+use std::time::Duration;
+
+/// Why a lock operation failed.
+///
+/// Every variant says what this layer failed at; a Redis error is kept as the
+/// [`source`](std::error::Error::source) of [`LockError::Backend`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LockError {
+    /// The lock was still held by someone else when the `wait` budget ran out.
+    #[error("timed out waiting for lock {key:?}")]
+    Timeout {
+        /// The full key (prefix included).
+        key: String,
+    },
+    /// This process already has `max_waiters_per_key` tasks waiting for the key.
+    #[error("too many local waiters for lock {key:?}")]
+    QueueFull {
+        /// The full key (prefix included).
+        key: String,
+    },
+    /// The lock expired or was taken over while it was believed held.
+    #[error("lock {key:?} was lost")]
+    Lost {
+        /// The full key (prefix included).
+        key: String,
+    },
+    /// The guard was already released.
+    #[error("lock {key:?} is not held")]
+    NotHeld {
+        /// The full key (prefix included).
+        key: String,
+    },
+    /// Fewer than a quorum of Redlock nodes answered in time.
+    #[error("lock {key:?}: only {reached} of {needed} Redlock nodes needed were reachable")]
+    QuorumUnavailable {
+        /// The full key (prefix included).
+        key: String,
+        /// Nodes that agreed.
+        reached: usize,
+        /// Nodes needed for a quorum.
+        needed: usize,
+    },
+    /// `WAIT` got fewer replica acknowledgements than `min_replicas`; the lock was released.
+    #[error("lock {key:?}: {acked} of {wanted} replicas acknowledged in time")]
+    ReplicasUnavailable {
+        /// The full key (prefix included).
+        key: String,
+        /// Replicas that acknowledged.
+        acked: u32,
+        /// Replicas asked for.
+        wanted: u32,
+    },
+    /// `#[distributed_lock]` without `manager =` ran before any manager was installed.
+    #[error("no global LockManager installed (call LockManager::install_global first)")]
+    NoManager,
+    /// The key is empty, too long, or cannot be given a hash tag.
+    #[error("invalid lock key: {reason}")]
+    InvalidKey {
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// An option or URL is out of range or malformed.
+    #[error("invalid option: {reason}")]
+    InvalidOption {
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// Redis failed or could not be reached.
+    #[error("redis backend failed during {operation}")]
+    Backend {
+        /// What the library was doing.
+        operation: &'static str,
+        /// The Redis error.
+        #[source]
+        source: redis::RedisError,
+    },
+}
+
+impl LockError {
+    /// True when trying again later may succeed (a timeout, a full queue, a backend or
+    /// quorum failure), false for errors in the caller's input or a lost lock.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            Self::Timeout { .. }
+                | Self::QueueFull { .. }
+                | Self::QuorumUnavailable { .. }
+                | Self::ReplicasUnavailable { .. }
+                | Self::Backend { .. }
+        )
+    }
+
+    /// The variant's name in snake_case (`timeout`, `queue_full`, `lost`, ...), as used in
+    /// logs and HTTP error bodies.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Timeout { .. } => "timeout",
+            Self::QueueFull { .. } => "queue_full",
+            Self::Lost { .. } => "lost",
+            Self::NotHeld { .. } => "not_held",
+            Self::QuorumUnavailable { .. } => "quorum_unavailable",
+            Self::ReplicasUnavailable { .. } => "replicas_unavailable",
+            Self::NoManager => "no_manager",
+            Self::InvalidKey { .. } => "invalid_key",
+            Self::InvalidOption { .. } => "invalid_option",
+            Self::Backend { .. } => "backend",
+        }
+    }
+
+    /// The full lock key the error is about, when there is one.
+    pub fn key(&self) -> Option<&str> {
+        match self {
+            Self::Timeout { key }
+            | Self::QueueFull { key }
+            | Self::Lost { key }
+            | Self::NotHeld { key }
+            | Self::QuorumUnavailable { key, .. }
+            | Self::ReplicasUnavailable { key, .. } => Some(key),
+            _ => None,
+        }
+    }
+
+    /// A hint for clients on when to try again (used for HTTP `Retry-After`).
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.is_retryable().then_some(Duration::from_secs(1))
+    }
+
+    pub(crate) fn backend(operation: &'static str) -> impl FnOnce(redis::RedisError) -> Self {
+        move |source| Self::Backend { operation, source }
+    }
+
+    pub(crate) fn invalid_option(reason: impl Into<String>) -> Self {
+        Self::InvalidOption {
+            reason: reason.into(),
+        }
+    }
+}

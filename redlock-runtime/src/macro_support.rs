@@ -1,0 +1,135 @@
+//! What `#[distributed_lock]` expansions call. Not a public API: reached only through
+//! the facade's hidden `__private` module, and free to change in any release.
+
+use std::future::Future;
+use std::time::Duration;
+
+use crate::key::LockKey;
+use crate::{LockError, LockGuard, LockManager, LockOptions};
+
+pub use ::core;
+pub use ::std;
+pub use std::time::Duration as StdDuration;
+
+tokio::task_local! {
+    /// The locks held by the annotated calls of this task's call chain.
+    static HELD: Vec<LockGuard>;
+}
+
+/// The options written in the attribute.
+#[derive(Debug, Clone, Copy)]
+pub struct CallOptions {
+    /// `ttl = "…"`, else the manager's default.
+    pub ttl: Option<Duration>,
+    /// `wait = "…"`, else the manager's default.
+    pub wait: Option<Duration>,
+    /// `watchdog = …` (default true).
+    pub watchdog: bool,
+    /// `on_lost = "abort"` (the default) rather than `"continue"`.
+    pub abort_on_lost: bool,
+}
+
+/// The explicit manager, else the global one.
+pub fn resolve_manager(explicit: Option<&LockManager>) -> Result<&LockManager, LockError> {
+    explicit.or_else(|| LockManager::global()).ok_or(LockError::NoManager)
+}
+
+/// A string starting with the manager's prefix, with room for `capacity` more bytes.
+pub fn key_buffer(manager: &LockManager, capacity: usize) -> String {
+    manager.key_buffer(capacity)
+}
+
+/// Acquires `full_key`, or re-enters it when an annotated call further up this task's
+/// call chain holds it.
+pub async fn enter(
+    manager: &LockManager,
+    full_key: String,
+    options: CallOptions,
+) -> Result<Call, LockError> {
+    let outer = HELD
+        .try_with(|held| {
+            held.iter()
+                .find(|g| g.key() == full_key)
+                .map(LockGuard::view)
+        })
+        .ok()
+        .flatten();
+    if let Some(guard) = outer {
+        return Ok(Call {
+            guard,
+            owner: false,
+            abort_on_lost: options.abort_on_lost,
+        });
+    }
+    if full_key.len() == manager.prefix().len() {
+        return Err(LockError::InvalidKey {
+            reason: "the key is empty".into(),
+        });
+    }
+    let mut lock_options = LockOptions::new().watchdog(options.watchdog);
+    lock_options.ttl = options.ttl;
+    lock_options.wait = options.wait;
+    let resolved = manager.resolve(&lock_options)?;
+    let guard = manager.acquire(LockKey::new(full_key)?, resolved).await?;
+    Ok(Call {
+        guard,
+        owner: true,
+        abort_on_lost: options.abort_on_lost,
+    })
+}
+
+/// One annotated call holding (or re-entering) its lock.
+#[derive(Debug)]
+pub struct Call {
+    guard: LockGuard,
+    owner: bool,
+    abort_on_lost: bool,
+}
+
+impl Call {
+    /// The lock, for `guard = name`.
+    pub fn guard(&self) -> &LockGuard {
+        &self.guard
+    }
+
+    /// Runs the body where re-entrant calls can see this lock; with `on_lost = "abort"`
+    /// the body is dropped and `Err(Lost)` returned as soon as the lock is lost.
+    pub async fn run<F, T, E>(&self, body: F) -> Result<T, E>
+    where
+        F: Future<Output = Result<T, E>>,
+        E: From<LockError>,
+    {
+        let mut held = HELD.try_with(Clone::clone).unwrap_or_default();
+        if self.owner {
+            held.push(self.guard.view());
+        }
+        let body = HELD.scope(held, body);
+        if !self.abort_on_lost {
+            return body.await;
+        }
+        tokio::select! {
+            biased;
+            result = body => result,
+            () = self.guard.lost() => Err(E::from(LockError::Lost {
+                key: self.guard.key().to_owned(),
+            })),
+        }
+    }
+
+    /// Releases the lock if this call acquired it.
+    pub async fn finish(self) {
+        if !self.owner {
+            return;
+        }
+        let key = self.guard.key().to_owned();
+        if let Err(e) = self.guard.release().await {
+            tracing::warn!(key, error = %e, "release after the call failed");
+        }
+    }
+}
+
+impl Clone for LockGuard {
+    fn clone(&self) -> Self {
+        self.view()
+    }
+}

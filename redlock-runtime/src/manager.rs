@@ -1,0 +1,595 @@
+//! [`LockManager`]: the handle every lock goes through.
+
+use std::fmt;
+use std::pin::pin;
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+use tracing::{field, Instrument};
+
+use crate::backend::{Attempt, Backend, MemoryBackend, ReplicaWait, SingleBackend, Timeouts};
+use crate::key::LockKey;
+use crate::lease::{self, Lease};
+use crate::options::{check_ttl, Resolved};
+use crate::token::Token;
+use crate::waiters::Waiters;
+use crate::watchdog::{self, Job, Shared};
+use crate::{LockError, LockGuard, LockOptions};
+
+/// Hands out distributed locks over one backend. Cheap to clone (an `Arc` inside); make
+/// one per process and share it.
+///
+/// # Behavior
+/// - `lock` tries once at once; if the key is held it joins this process's FIFO queue
+///   for the key. Only the queue's head contends on the backend; it is woken by the
+///   release's notification, or by the holder's remaining ttl as a fallback timer.
+/// - A single background task renews every held lock at ttl/3 in batches, performs the
+///   releases of dropped guards, and ends with the manager.
+/// - Redis connections reconnect by themselves; a failed request is a
+///   [`LockError::Backend`] (or is retried within the `wait` budget while waiting).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), redlock_runtime::LockError> {
+/// use std::time::Duration;
+/// use redlock_runtime::{LockManager, LockOptions};
+///
+/// let locks = LockManager::builder()
+///     .in_memory()                       // or .single("redis://127.0.0.1:6379")
+///     .prefix("lock:")
+///     .default_ttl(Duration::from_secs(30))
+///     .build()
+///     .await?;
+/// let guard = locks.lock("buy_{42}").await?;
+/// assert!(locks.try_lock("buy_{42}").await?.is_none());
+/// drop(guard);
+/// let guard = locks
+///     .lock_with("buy_{42}", LockOptions::new().wait(Duration::from_secs(1)))
+///     .await?;
+/// # drop(guard);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct LockManager(Arc<Inner>);
+
+struct Inner {
+    shared: Arc<Shared>,
+    jobs: mpsc::UnboundedSender<Job>,
+    prefix: String,
+    default_ttl: Duration,
+    default_wait: Duration,
+    next_id: AtomicU64,
+}
+
+/// Which backend a builder connects to.
+#[derive(Debug, Clone)]
+enum Target {
+    Memory,
+    Single(String),
+}
+
+/// Configures and connects a [`LockManager`]; from [`LockManager::builder`].
+#[derive(Debug, Clone)]
+#[must_use = "a builder does nothing until .build().await"]
+pub struct LockManagerBuilder {
+    target: Option<Target>,
+    prefix: String,
+    default_ttl: Duration,
+    default_wait: Duration,
+    max_waiters_per_key: usize,
+    timeouts: Timeouts,
+}
+
+/// The default key prefix.
+pub const DEFAULT_PREFIX: &str = "lock:";
+/// The default ttl.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
+/// The default wait budget.
+pub const DEFAULT_WAIT: Duration = Duration::from_secs(10);
+/// The default bound of the local queue per key.
+pub const DEFAULT_MAX_WAITERS_PER_KEY: usize = 1024;
+
+impl Default for LockManagerBuilder {
+    fn default() -> Self {
+        Self {
+            target: None,
+            prefix: DEFAULT_PREFIX.to_owned(),
+            default_ttl: DEFAULT_TTL,
+            default_wait: DEFAULT_WAIT,
+            max_waiters_per_key: DEFAULT_MAX_WAITERS_PER_KEY,
+            timeouts: Timeouts {
+                connect: Duration::from_secs(3),
+                response: Duration::from_secs(1),
+            },
+        }
+    }
+}
+
+impl LockManagerBuilder {
+    /// One Redis server, e.g. `redis://user:pass@127.0.0.1:6379/0`
+    /// (`rediss://` with the `tls` feature).
+    pub fn single(mut self, url: &str) -> Self {
+        self.target = Some(Target::Single(url.to_owned()));
+        self
+    }
+
+    /// Process memory: no Redis, same semantics; all in-memory managers of a process
+    /// share one store.
+    pub fn in_memory(mut self) -> Self {
+        self.target = Some(Target::Memory);
+        self
+    }
+
+    /// The namespace put in front of every key (default `"lock:"`).
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// The ttl of locks whose options set none (default 30 s).
+    pub fn default_ttl(mut self, ttl: Duration) -> Self {
+        self.default_ttl = ttl;
+        self
+    }
+
+    /// How long `lock` waits when the options set nothing (default 10 s).
+    pub fn default_wait(mut self, wait: Duration) -> Self {
+        self.default_wait = wait;
+        self
+    }
+
+    /// How many tasks of this process may wait for one key, the one contending on the
+    /// backend included (default 1024); beyond it `lock` fails with
+    /// [`LockError::QueueFull`] at once. 0 is rejected by `build`.
+    pub fn max_waiters_per_key(mut self, n: usize) -> Self {
+        self.max_waiters_per_key = n;
+        self
+    }
+
+    /// The bound on connecting, for each connection and for `build` as a whole
+    /// (default 3 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.timeouts.connect = timeout;
+        self
+    }
+
+    /// The bound on each Redis reply (default 1 s).
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.timeouts.response = timeout;
+        self
+    }
+
+    /// Checks the settings, connects to and PINGs every node, and starts the manager's
+    /// background task. Writes no key.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidOption`] for a bad URL or setting (or no backend chosen),
+    /// [`LockError::Backend`] when a node cannot be reached within the connect timeout.
+    pub async fn build(self) -> Result<LockManager, LockError> {
+        check_ttl(self.default_ttl)?;
+        if Instant::now().checked_add(self.default_wait).is_none() {
+            return Err(LockError::invalid_option("default_wait overflows"));
+        }
+        if self.max_waiters_per_key == 0 {
+            return Err(LockError::invalid_option("max_waiters_per_key must be at least 1"));
+        }
+        if self.timeouts.connect.is_zero() || self.timeouts.response.is_zero() {
+            return Err(LockError::invalid_option("timeouts must be positive"));
+        }
+        let target = self.target.ok_or_else(|| {
+            LockError::invalid_option("no backend chosen: call .single(url) or .in_memory()")
+        })?;
+        let (jobs, rx) = mpsc::unbounded_channel();
+        let unsubscribe = jobs.downgrade();
+        let waiters = Arc::new(Waiters::new(
+            self.max_waiters_per_key,
+            Box::new(move |key| {
+                if let Some(jobs) = unsubscribe.upgrade() {
+                    let _ = jobs.send(Job::Unsubscribe(key.to_owned()));
+                }
+            }),
+        ));
+        let backend = match target {
+            Target::Memory => Backend::Memory(MemoryBackend::new(Arc::downgrade(&waiters))),
+            Target::Single(url) => Backend::Single(
+                SingleBackend::connect(&url, self.timeouts, Arc::downgrade(&waiters)).await?,
+            ),
+        };
+        let shared = Arc::new(Shared::new(backend, waiters));
+        tokio::spawn(watchdog::run(shared.clone(), rx));
+        Ok(LockManager(Arc::new(Inner {
+            shared,
+            jobs,
+            prefix: self.prefix,
+            default_ttl: self.default_ttl,
+            default_wait: self.default_wait,
+            next_id: AtomicU64::new(1),
+        })))
+    }
+}
+
+static GLOBAL: AtomicPtr<LockManager> = AtomicPtr::new(std::ptr::null_mut());
+
+/// How an attempt ended when it did not fail.
+enum Outcome {
+    Acquired(LockGuard),
+    Held(Option<Duration>),
+}
+
+/// Releases in the background what an attempt may have taken, unless disarmed: the
+/// request may have been applied even when its future was dropped or its reply lost.
+struct PendingAttempt<'a> {
+    manager: &'a LockManager,
+    key: &'a LockKey,
+    token: Token,
+    armed: bool,
+}
+
+impl Drop for PendingAttempt<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let _ = self
+                .manager
+                .0
+                .jobs
+                .send(Job::Abandon(self.key.clone(), self.token));
+        }
+    }
+}
+
+impl LockManager {
+    /// A builder with the defaults: prefix `"lock:"`, ttl 30 s, wait 10 s, 1024 waiters
+    /// per key, connect timeout 3 s.
+    pub fn builder() -> LockManagerBuilder {
+        LockManagerBuilder::default()
+    }
+
+    /// Connects to one Redis server with the defaults.
+    ///
+    /// # Errors
+    /// As [`LockManagerBuilder::build`].
+    pub async fn connect(url: &str) -> Result<Self, LockError> {
+        Self::builder().single(url).build().await
+    }
+
+    /// Makes this the manager `#[distributed_lock]` uses when no `manager =` is given.
+    /// A later call replaces it (calls already running keep the one they resolved).
+    pub fn install_global(self) {
+        // Leaked on purpose: references handed out stay valid for the process.
+        let new = Box::into_raw(Box::new(self));
+        GLOBAL.swap(new, Ordering::AcqRel);
+    }
+
+    /// The manager installed by [`install_global`](Self::install_global), if any.
+    pub fn global() -> Option<&'static LockManager> {
+        let ptr = GLOBAL.load(Ordering::Acquire);
+        // SAFETY: non-null pointers come from `Box::into_raw` and are never freed.
+        unsafe { ptr.as_ref() }
+    }
+
+    /// The prefix put in front of every key.
+    pub fn prefix(&self) -> &str {
+        &self.0.prefix
+    }
+
+    /// The backend's name: `"memory"` or `"single"`.
+    pub fn backend_name(&self) -> &'static str {
+        self.0.shared.backend.name()
+    }
+
+    /// Acquires `key` (prefixed), waiting up to the default wait.
+    ///
+    /// # Errors
+    /// [`LockError::Timeout`] when the wait ran out, [`LockError::QueueFull`] when this
+    /// process already has `max_waiters_per_key` tasks waiting for the key,
+    /// [`LockError::InvalidKey`] for an empty or too long key, [`LockError::Backend`]
+    /// when Redis failed.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future at any point leaves no lock behind. A lock the
+    /// server granted after the future was dropped is released in the background, and
+    /// the queue slot is freed.
+    pub async fn lock(&self, key: &str) -> Result<LockGuard, LockError> {
+        self.lock_with(key, LockOptions::new()).await
+    }
+
+    /// One attempt: `Ok(None)` when someone else holds the lock.
+    ///
+    /// # Errors
+    /// As [`lock`](Self::lock), without `Timeout` and `QueueFull`.
+    ///
+    /// # Cancel safety
+    /// As [`lock`](Self::lock).
+    pub async fn try_lock(&self, key: &str) -> Result<Option<LockGuard>, LockError> {
+        match self
+            .lock_with(key, LockOptions::new().wait(Duration::ZERO))
+            .await
+        {
+            Ok(guard) => Ok(Some(guard)),
+            Err(LockError::Timeout { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Acquires `key` with explicit options.
+    ///
+    /// # Errors
+    /// As [`lock`](Self::lock); also [`LockError::InvalidOption`] for a ttl outside
+    /// 1 ms ..= 30 days or a wait that overflows, and
+    /// [`LockError::ReplicasUnavailable`] when `min_replicas` was not met (the lock is
+    /// released again).
+    ///
+    /// # Cancel safety
+    /// As [`lock`](Self::lock).
+    pub async fn lock_with(&self, key: &str, options: LockOptions) -> Result<LockGuard, LockError> {
+        let key = LockKey::prefixed(&self.0.prefix, key)?;
+        let resolved = options.resolve(self.0.default_ttl, self.0.default_wait)?;
+        self.acquire(key, resolved).await
+    }
+
+    /// Whether anyone holds `key` now.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidKey`], [`LockError::Backend`].
+    pub async fn is_locked(&self, key: &str) -> Result<bool, LockError> {
+        let key = LockKey::prefixed(&self.0.prefix, key)?;
+        self.0.shared.backend.is_locked(&key).await
+    }
+
+    /// Deletes `key`'s lock whoever holds it, and wakes its waiters: an operator's tool
+    /// for a stuck lock. The holder finds out at its next renewal. Returns whether a lock
+    /// was there.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidKey`], [`LockError::Backend`].
+    pub async fn force_unlock(&self, key: &str) -> Result<bool, LockError> {
+        let key = LockKey::prefixed(&self.0.prefix, key)?;
+        self.0.shared.backend.force_unlock(&key).await
+    }
+
+    /// The number of locks the watchdog is renewing.
+    pub fn watched_locks(&self) -> usize {
+        self.0.shared.watched()
+    }
+
+    /// Acquires an already prefixed and validated key.
+    pub(crate) async fn acquire(&self, key: LockKey, opts: Resolved) -> Result<LockGuard, LockError> {
+        let span = tracing::debug_span!(
+            "redlock.acquire",
+            key = key.full(),
+            backend = self.backend_name(),
+            fencing_token = field::Empty,
+        );
+        let started = Instant::now();
+        let result = async {
+            let token = Token::random();
+            let replicas = (opts.min_replicas > 0).then(|| ReplicaWait {
+                replicas: opts.min_replicas,
+                timeout: opts.replica_wait(),
+            });
+            if opts.wait.is_zero() || !self.0.shared.waiters.is_queued(key.full()) {
+                match self.attempt(&key, token, &opts, replicas).await? {
+                    Outcome::Acquired(guard) => return Ok(guard),
+                    Outcome::Held(_) if opts.wait.is_zero() => {
+                        return Err(LockError::Timeout {
+                            key: key.into_full(),
+                        })
+                    }
+                    Outcome::Held(_) => {}
+                }
+            }
+            let wait = tracing::debug_span!("redlock.wait", key = key.full());
+            self.wait_for(&key, token, &opts, replicas).instrument(wait).await
+        }
+        .instrument(span.clone())
+        .await;
+        if let Ok(guard) = &result {
+            span.record("fencing_token", guard.fencing_token());
+            let waited = started.elapsed();
+            if waited > Duration::from_secs(1) {
+                tracing::info!(parent: &span, ?waited, "slow lock acquisition");
+            }
+        }
+        result
+    }
+
+    /// One round trip: acquired, or held (with the holder's remaining ttl).
+    async fn attempt(
+        &self,
+        key: &LockKey,
+        token: Token,
+        opts: &Resolved,
+        replicas: Option<ReplicaWait>,
+    ) -> Result<Outcome, LockError> {
+        let shared = &self.0.shared;
+        let sent = lease::now();
+        let mut pending = PendingAttempt {
+            manager: self,
+            key,
+            token,
+            armed: true,
+        };
+        let attempt = shared.backend.acquire(key, token, opts.ttl, replicas).await?;
+        pending.armed = false;
+        let fence = match attempt {
+            Attempt::Held { remaining } => return Ok(Outcome::Held(remaining)),
+            Attempt::Acquired { fence, replicas: acked } => {
+                if let (Some(want), Some(acked)) = (replicas, acked) {
+                    if acked < want.replicas {
+                        pending.armed = true;
+                        shared.backend.release(key, token).await?;
+                        pending.armed = false;
+                        return Err(LockError::ReplicasUnavailable {
+                            key: key.full().to_owned(),
+                            acked,
+                            wanted: want.replicas,
+                        });
+                    }
+                }
+                fence
+            }
+        };
+        let id = self.0.next_id.fetch_add(1, Ordering::Relaxed);
+        let lease = Arc::new(Lease::new(
+            id,
+            key.clone(),
+            token,
+            fence,
+            opts.ttl,
+            sent,
+        ));
+        if opts.watchdog {
+            shared.watch(&lease);
+        }
+        Ok(Outcome::Acquired(LockGuard::new(lease, self.clone())))
+    }
+
+    /// Queues locally, then contends as the head until acquired or out of time.
+    async fn wait_for(
+        &self,
+        key: &LockKey,
+        token: Token,
+        opts: &Resolved,
+        replicas: Option<ReplicaWait>,
+    ) -> Result<LockGuard, LockError> {
+        let shared = &self.0.shared;
+        let timeout = || LockError::Timeout {
+            key: key.full().to_owned(),
+        };
+        let place = shared
+            .waiters
+            .join(key.full())
+            .ok_or_else(|| LockError::QueueFull {
+                key: key.full().to_owned(),
+            })?;
+        let deadline = tokio::time::Instant::from_std(opts.deadline);
+        let _turn = match tokio::time::timeout_at(deadline, place.queue.turn.acquire()).await {
+            Ok(Ok(permit)) => permit,
+            _ => return Err(timeout()),
+        };
+        // Subscribed before the next attempt, so no release after it goes unnoticed.
+        let mut notified_by_server = place.queue.subscribed.load(Ordering::Acquire);
+        if !notified_by_server {
+            match shared.backend.subscribe(key.full()).await {
+                Ok(()) => {
+                    place.queue.subscribed.store(true, Ordering::Release);
+                    notified_by_server = true;
+                }
+                Err(e) => tracing::warn!(error = %e, "no release notifications; polling"),
+            }
+        }
+        let mut backoff = Duration::from_millis(10);
+        // Each round ends in a wake-up, a timer or the deadline; the deadline ends the loop.
+        loop {
+            let mut notified = pin!(place.queue.wake.notified());
+            notified.as_mut().enable();
+            let (pause, last_error) = match self.attempt(key, token, opts, replicas).await {
+                Ok(Outcome::Acquired(guard)) => return Ok(guard),
+                Ok(Outcome::Held(remaining)) => {
+                    let fallback =
+                        remaining.unwrap_or(Duration::from_secs(1)) + Duration::from_millis(1);
+                    if notified_by_server {
+                        (fallback, None)
+                    } else {
+                        (fallback.min(Duration::from_millis(100)), None)
+                    }
+                }
+                Err(e @ LockError::Backend { .. }) => {
+                    tracing::debug!(error = %e, "acquire attempt failed; retrying");
+                    backoff = (backoff * 2).min(Duration::from_millis(500));
+                    (backoff, Some(e))
+                }
+                Err(e) => return Err(e),
+            };
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return Err(last_error.unwrap_or_else(timeout));
+            }
+            tokio::select! {
+                () = notified => {}
+                () = tokio::time::sleep_until((now + pause).min(deadline)) => {}
+            }
+        }
+    }
+
+    /// Releases a lease now (the guard's `release`).
+    pub(crate) async fn release_lease(&self, lease: &Arc<Lease>) -> Result<(), LockError> {
+        let shared = &self.0.shared;
+        let key = lease.key.full();
+        let Some(was) = lease.mark_released() else {
+            return Err(LockError::NotHeld { key: key.to_owned() });
+        };
+        shared.unwatch(lease.id);
+        let mut pending = PendingAttempt {
+            manager: self,
+            key: &lease.key,
+            token: lease.token,
+            armed: true,
+        };
+        let span = tracing::debug_span!("redlock.release", key, backend = self.backend_name(), fencing_token = lease.fence);
+        let released = shared.backend.release(&lease.key, lease.token).instrument(span).await;
+        pending.armed = false;
+        match (released?, was) {
+            (true, Ok(())) => {
+                shared.waiters.wake(key);
+                Ok(())
+            }
+            (true, Err(())) => {
+                shared.waiters.wake(key);
+                Err(LockError::Lost { key: key.to_owned() })
+            }
+            (false, _) => Err(LockError::Lost { key: key.to_owned() }),
+        }
+    }
+
+    /// Hands a dropped guard's release to the background task.
+    pub(crate) fn release_in_background(&self, lease: &Arc<Lease>) {
+        if lease.mark_released().is_some() {
+            self.0.shared.unwatch(lease.id);
+            let _ = self.0.jobs.send(Job::Release(lease.clone()));
+        }
+    }
+
+    /// Sets a lease's remaining ttl.
+    pub(crate) async fn extend_lease(&self, lease: &Lease, ttl: Duration) -> Result<(), LockError> {
+        check_ttl(ttl)?;
+        let lost = || LockError::Lost {
+            key: lease.key.full().to_owned(),
+        };
+        if !lease.is_held() {
+            return Err(lost());
+        }
+        let sent = lease::now();
+        if self.0.shared.backend.extend(&lease.key, lease.token, ttl).await? {
+            lease.extended(ttl, sent);
+            Ok(())
+        } else {
+            lease.mark_lost("the server no longer holds this lock's token");
+            Err(lost())
+        }
+    }
+
+    /// A string that starts with the prefix, for building a key in place.
+    pub(crate) fn key_buffer(&self, capacity: usize) -> String {
+        let mut s = String::with_capacity(self.0.prefix.len() + capacity);
+        s.push_str(&self.0.prefix);
+        s
+    }
+
+    pub(crate) fn resolve(&self, options: &LockOptions) -> Result<Resolved, LockError> {
+        options.resolve(self.0.default_ttl, self.0.default_wait)
+    }
+}
+
+impl fmt::Debug for LockManager {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockManager")
+            .field("backend", &self.backend_name())
+            .field("prefix", &self.0.prefix)
+            .field("default_ttl", &self.0.default_ttl)
+            .field("default_wait", &self.0.default_wait)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,134 @@
+//! Per-call options ([`LockOptions`]) and their validation.
+
+use std::time::{Duration, Instant};
+
+use crate::LockError;
+
+/// The shortest ttl accepted.
+pub const MIN_TTL: Duration = Duration::from_millis(1);
+/// The longest ttl accepted (30 days).
+pub const MAX_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// Options for one acquisition; unset fields take the manager's defaults.
+///
+/// ```
+/// use std::time::Duration;
+/// use redlock_runtime::LockOptions;
+///
+/// let opts = LockOptions::new()
+///     .ttl(Duration::from_secs(5))
+///     .wait(Duration::from_millis(200))
+///     .watchdog(false);
+/// # let _ = opts;
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LockOptions {
+    pub(crate) ttl: Option<Duration>,
+    pub(crate) wait: Option<Duration>,
+    pub(crate) watchdog: Option<bool>,
+    pub(crate) min_replicas: Option<u32>,
+}
+
+impl LockOptions {
+    /// Options that take every value from the manager.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// How long the lock lives without renewal (1 ms ..= 30 days).
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+
+    /// How long to wait for a held lock; `Duration::ZERO` makes one attempt.
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = Some(wait);
+        self
+    }
+
+    /// Whether the watchdog renews the lock while the guard lives (default `true`).
+    pub fn watchdog(mut self, on: bool) -> Self {
+        self.watchdog = Some(on);
+        self
+    }
+
+    /// After acquiring, `WAIT` until `n` replicas acknowledged the write, bounded by
+    /// min(ttl/10, 1 s); fewer acknowledgements release the lock and fail with
+    /// [`LockError::ReplicasUnavailable`]. Single and cluster backends only.
+    pub fn min_replicas(mut self, n: u32) -> Self {
+        self.min_replicas = Some(n);
+        self
+    }
+}
+
+/// Options with every default applied and every bound checked.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Resolved {
+    pub(crate) ttl: Duration,
+    pub(crate) deadline: Instant,
+    pub(crate) wait: Duration,
+    pub(crate) watchdog: bool,
+    pub(crate) min_replicas: u32,
+}
+
+impl Resolved {
+    /// The `WAIT` timeout for `min_replicas`: min(ttl/10, 1 s), at least 1 ms.
+    pub(crate) fn replica_wait(&self) -> Duration {
+        (self.ttl / 10).clamp(Duration::from_millis(1), Duration::from_secs(1))
+    }
+}
+
+/// Checks a ttl against the accepted range.
+pub(crate) fn check_ttl(ttl: Duration) -> Result<Duration, LockError> {
+    if (MIN_TTL..=MAX_TTL).contains(&ttl) {
+        Ok(ttl)
+    } else {
+        Err(LockError::invalid_option(format!(
+            "ttl {ttl:?} is outside 1ms..=30 days"
+        )))
+    }
+}
+
+impl LockOptions {
+    pub(crate) fn resolve(
+        &self,
+        default_ttl: Duration,
+        default_wait: Duration,
+    ) -> Result<Resolved, LockError> {
+        let ttl = check_ttl(self.ttl.unwrap_or(default_ttl))?;
+        let wait = self.wait.unwrap_or(default_wait);
+        let deadline = Instant::now()
+            .checked_add(wait)
+            .ok_or_else(|| LockError::invalid_option(format!("wait {wait:?} overflows")))?;
+        Ok(Resolved {
+            ttl,
+            deadline,
+            wait,
+            watchdog: self.watchdog.unwrap_or(true),
+            min_replicas: self.min_replicas.unwrap_or(0),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn out_of_range_values_are_errors_not_clamps() {
+        let d = Duration::from_secs(1);
+        for ttl in [Duration::ZERO, MAX_TTL + Duration::from_millis(1)] {
+            let err = LockOptions::new().ttl(ttl).resolve(d, d).unwrap_err();
+            assert!(matches!(err, LockError::InvalidOption { .. }), "{err}");
+        }
+        let err = LockOptions::new()
+            .wait(Duration::MAX)
+            .resolve(d, d)
+            .unwrap_err();
+        assert!(matches!(err, LockError::InvalidOption { .. }));
+        let ok = LockOptions::new().ttl(MAX_TTL).resolve(d, d).unwrap();
+        assert_eq!(ok.ttl, MAX_TTL);
+        assert_eq!(ok.replica_wait(), Duration::from_secs(1));
+    }
+}

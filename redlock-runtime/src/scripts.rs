@@ -1,0 +1,88 @@
+//! The Lua scripts, one per operation (`scripts/*.lua`), hashed once per process.
+//!
+//! They are sent as `EVALSHA`; on `NOSCRIPT` (a restarted or flushed server) the same
+//! call is repeated as `EVAL` on the same connection, which also caches the script.
+//! Every script is idempotent per owner token, so a retried request cannot corrupt state.
+
+use std::sync::LazyLock;
+
+use redis::aio::ConnectionLike;
+use redis::{Cmd, FromRedisValue, RedisResult, ToRedisArgs};
+
+/// A script body and its SHA1.
+pub(crate) struct LuaScript {
+    body: &'static str,
+    sha: String,
+}
+
+/// `SET NX PX` + fencing `INCR`: see `scripts/acquire.lua`.
+pub(crate) static ACQUIRE: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(include_str!("scripts/acquire.lua")));
+/// Compare-token `DEL` + publish: see `scripts/release.lua`.
+pub(crate) static RELEASE: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(include_str!("scripts/release.lua")));
+/// Compare-token `PEXPIRE`: see `scripts/extend.lua`.
+pub(crate) static EXTEND: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(include_str!("scripts/extend.lua")));
+/// Batched compare-token `PEXPIRE`: see `scripts/renew.lua`.
+pub(crate) static RENEW: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(include_str!("scripts/renew.lua")));
+
+impl LuaScript {
+    fn new(body: &'static str) -> Self {
+        let sha = redis::Script::new(body).get_hash().to_owned();
+        Self { body, sha }
+    }
+
+    /// `EVALSHA sha numkeys keys.. args..`.
+    pub(crate) fn evalsha<K: ToRedisArgs, A: ToRedisArgs>(&self, keys: &[K], args: A) -> Cmd {
+        self.call("EVALSHA", &self.sha, keys, args)
+    }
+
+    /// `EVAL body numkeys keys.. args..`.
+    pub(crate) fn eval<K: ToRedisArgs, A: ToRedisArgs>(&self, keys: &[K], args: A) -> Cmd {
+        self.call("EVAL", self.body, keys, args)
+    }
+
+    /// `SCRIPT LOAD body`.
+    pub(crate) fn load(&self) -> Cmd {
+        let mut cmd = redis::cmd("SCRIPT");
+        cmd.arg("LOAD").arg(self.body);
+        cmd
+    }
+
+    fn call<K: ToRedisArgs, A: ToRedisArgs>(
+        &self,
+        verb: &str,
+        script: &str,
+        keys: &[K],
+        args: A,
+    ) -> Cmd {
+        let mut cmd = redis::cmd(verb);
+        cmd.arg(script).arg(keys.len()).arg(keys).arg(args);
+        cmd
+    }
+
+    /// Runs the script: `EVALSHA`, then `EVAL` once if the server lost its script cache.
+    pub(crate) async fn invoke<T, K, A>(
+        &self,
+        con: &mut impl ConnectionLike,
+        keys: &[K],
+        args: A,
+    ) -> RedisResult<T>
+    where
+        T: FromRedisValue,
+        K: ToRedisArgs,
+        A: ToRedisArgs + Copy,
+    {
+        match self.evalsha(keys, args).query_async(con).await {
+            Err(e) if is_noscript(&e) => self.eval(keys, args).query_async(con).await,
+            other => other,
+        }
+    }
+}
+
+/// Whether the server answered `NOSCRIPT`.
+pub(crate) fn is_noscript(e: &redis::RedisError) -> bool {
+    e.code() == Some("NOSCRIPT")
+}

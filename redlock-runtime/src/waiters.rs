@@ -1,0 +1,156 @@
+//! The bounded local FIFO of tasks waiting for a key, and their wake-ups.
+//!
+//! Per key, this process keeps one [`KeyQueue`]: a one-permit fair semaphore decides
+//! which local task is the *head* (the only one contending on the backend); the others
+//! wait their turn in arrival order without touching the network. A release seen by
+//! this process (its own, or a notification from the server) wakes the head through
+//! [`Notify::notify_waiters`]; the head enables its `Notified` before each attempt, so a
+//! release between a failed attempt and the wait is never missed.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use tokio::sync::{Notify, Semaphore};
+
+/// Called with a key whose queue emptied after its channel was subscribed.
+pub(crate) type OnUnsubscribe = Box<dyn Fn(&str) + Send + Sync>;
+
+/// All keys this process is waiting for.
+pub(crate) struct Waiters {
+    max_per_key: usize,
+    keys: Mutex<HashMap<String, Entry>>,
+    on_unsubscribe: OnUnsubscribe,
+}
+
+impl std::fmt::Debug for Waiters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Waiters").field("max_per_key", &self.max_per_key).finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug)]
+struct Entry {
+    queue: Arc<KeyQueue>,
+    waiting: usize,
+}
+
+/// The local queue of one key.
+#[derive(Debug)]
+pub(crate) struct KeyQueue {
+    /// One permit: whoever holds it is the head.
+    pub(crate) turn: Semaphore,
+    /// Woken on every release of the key seen by this process.
+    pub(crate) wake: Notify,
+    /// Whether the head registered interest in the key's wake-up channel.
+    pub(crate) subscribed: AtomicBool,
+}
+
+/// A task's place in a key's queue; leaving it (drop) frees the slot.
+#[derive(Debug)]
+pub(crate) struct Place<'a> {
+    waiters: &'a Waiters,
+    key: &'a str,
+    pub(crate) queue: Arc<KeyQueue>,
+}
+
+impl Waiters {
+    pub(crate) fn new(max_per_key: usize, on_unsubscribe: OnUnsubscribe) -> Self {
+        Self {
+            max_per_key,
+            keys: Mutex::new(HashMap::new()),
+            on_unsubscribe,
+        }
+    }
+
+    fn keys(&self) -> MutexGuard<'_, HashMap<String, Entry>> {
+        self.keys.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether any local task is queued for `key` (then newcomers queue behind it).
+    pub(crate) fn is_queued(&self, key: &str) -> bool {
+        self.keys().contains_key(key)
+    }
+
+    /// Joins the queue of `key`, or `None` when it already has `max_per_key` tasks.
+    pub(crate) fn join<'a>(&'a self, key: &'a str) -> Option<Place<'a>> {
+        let mut keys = self.keys();
+        let entry = keys.entry(key.to_owned()).or_insert_with(|| Entry {
+            queue: Arc::new(KeyQueue {
+                turn: Semaphore::new(1),
+                wake: Notify::new(),
+                subscribed: AtomicBool::new(false),
+            }),
+            waiting: 0,
+        });
+        if entry.waiting >= self.max_per_key {
+            return None;
+        }
+        entry.waiting += 1;
+        Some(Place {
+            waiters: self,
+            key,
+            queue: entry.queue.clone(),
+        })
+    }
+
+    /// Wakes the head waiting for `key`, if any.
+    pub(crate) fn wake(&self, key: &str) {
+        if let Some(entry) = self.keys().get(key) {
+            entry.queue.wake.notify_waiters();
+        }
+    }
+
+    /// Wakes every head (after a reconnect: notifications may have been lost).
+    pub(crate) fn wake_all(&self) {
+        for entry in self.keys().values() {
+            entry.queue.wake.notify_waiters();
+        }
+    }
+
+    /// Leaves a queue; the last one out releases the key's channel.
+    fn leave(&self, key: &str) {
+        let emptied = {
+            let mut keys = self.keys();
+            let Some(entry) = keys.get_mut(key) else {
+                return;
+            };
+            entry.waiting -= 1;
+            if entry.waiting > 0 {
+                return;
+            }
+            keys.remove(key)
+        };
+        if emptied.is_some_and(|e| e.queue.subscribed.load(Ordering::Acquire)) {
+            (self.on_unsubscribe)(key);
+        }
+    }
+}
+
+impl Drop for Place<'_> {
+    fn drop(&mut self) {
+        self.waiters.leave(self.key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_queue_is_bounded_and_removed_when_empty() {
+        let released = Arc::new(Mutex::new(Vec::new()));
+        let seen = released.clone();
+        let w = Waiters::new(2, Box::new(move |k| seen.lock().unwrap().push(k.to_owned())));
+        let a = w.join("k").unwrap();
+        let b = w.join("k").unwrap();
+        assert!(w.join("k").is_none());
+        assert!(w.is_queued("k"));
+        drop(a);
+        b.queue.subscribed.store(true, Ordering::Release);
+        assert!(released.lock().unwrap().is_empty());
+        drop(b);
+        assert!(!w.is_queued("k"));
+        assert_eq!(*released.lock().unwrap(), ["k"]);
+    }
+}
