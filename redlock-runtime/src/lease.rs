@@ -142,7 +142,12 @@ impl Lease {
             .compare_exchange(HELD, LOST, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
         {
-            tracing::warn!(key = self.key.full(), fencing_token = self.fence, reason, "lock lost");
+            tracing::warn!(
+                key = self.key.full(),
+                fencing_token = self.fence,
+                reason,
+                "lock lost"
+            );
             self.lost.cancel();
         }
     }

@@ -22,6 +22,9 @@ mod watchdog;
 #[doc(hidden)]
 pub mod macro_support;
 
+#[cfg(feature = "tower")]
+pub mod layer;
+
 pub use error::LockError;
 pub use guard::LockGuard;
 pub use key::MAX_KEY_LEN;

@@ -31,7 +31,9 @@ pub struct CallOptions {
 
 /// The explicit manager, else the global one.
 pub fn resolve_manager(explicit: Option<&LockManager>) -> Result<&LockManager, LockError> {
-    explicit.or_else(|| LockManager::global()).ok_or(LockError::NoManager)
+    explicit
+        .or_else(|| LockManager::global())
+        .ok_or(LockError::NoManager)
 }
 
 /// A string starting with the manager's prefix, with room for `capacity` more bytes.

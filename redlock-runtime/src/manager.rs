@@ -173,7 +173,9 @@ impl LockManagerBuilder {
             return Err(LockError::invalid_option("default_wait overflows"));
         }
         if self.max_waiters_per_key == 0 {
-            return Err(LockError::invalid_option("max_waiters_per_key must be at least 1"));
+            return Err(LockError::invalid_option(
+                "max_waiters_per_key must be at least 1",
+            ));
         }
         if self.timeouts.connect.is_zero() || self.timeouts.response.is_zero() {
             return Err(LockError::invalid_option("timeouts must be positive"));
@@ -355,7 +357,11 @@ impl LockManager {
     }
 
     /// Acquires an already prefixed and validated key.
-    pub(crate) async fn acquire(&self, key: LockKey, opts: Resolved) -> Result<LockGuard, LockError> {
+    pub(crate) async fn acquire(
+        &self,
+        key: LockKey,
+        opts: Resolved,
+    ) -> Result<LockGuard, LockError> {
         let span = tracing::debug_span!(
             "redlock.acquire",
             key = key.full(),
@@ -370,18 +376,23 @@ impl LockManager {
                 timeout: opts.replica_wait(),
             });
             if opts.wait.is_zero() || !self.0.shared.waiters.is_queued(key.full()) {
-                match self.attempt(&key, token, &opts, replicas).await? {
-                    Outcome::Acquired(guard) => return Ok(guard),
-                    Outcome::Held(_) if opts.wait.is_zero() => {
+                match self.attempt(&key, token, &opts, replicas).await {
+                    Ok(Outcome::Acquired(guard)) => return Ok(guard),
+                    Ok(Outcome::Held(_)) if opts.wait.is_zero() => {
                         return Err(LockError::Timeout {
                             key: key.into_full(),
                         })
                     }
-                    Outcome::Held(_) => {}
+                    // With time to wait, a failed request is retried by the wait loop.
+                    Ok(Outcome::Held(_)) => {}
+                    Err(LockError::Backend { .. }) if !opts.wait.is_zero() => {}
+                    Err(e) => return Err(e),
                 }
             }
             let wait = tracing::debug_span!("redlock.wait", key = key.full());
-            self.wait_for(&key, token, &opts, replicas).instrument(wait).await
+            self.wait_for(&key, token, &opts, replicas)
+                .instrument(wait)
+                .await
         }
         .instrument(span.clone())
         .await;
@@ -411,11 +422,17 @@ impl LockManager {
             token,
             armed: true,
         };
-        let attempt = shared.backend.acquire(key, token, opts.ttl, replicas).await?;
+        let attempt = shared
+            .backend
+            .acquire(key, token, opts.ttl, replicas)
+            .await?;
         pending.armed = false;
         let fence = match attempt {
             Attempt::Held { remaining } => return Ok(Outcome::Held(remaining)),
-            Attempt::Acquired { fence, replicas: acked } => {
+            Attempt::Acquired {
+                fence,
+                replicas: acked,
+            } => {
                 if let (Some(want), Some(acked)) = (replicas, acked) {
                     if acked < want.replicas {
                         pending.armed = true;
@@ -432,14 +449,7 @@ impl LockManager {
             }
         };
         let id = self.0.next_id.fetch_add(1, Ordering::Relaxed);
-        let lease = Arc::new(Lease::new(
-            id,
-            key.clone(),
-            token,
-            fence,
-            opts.ttl,
-            sent,
-        ));
+        let lease = Arc::new(Lease::new(id, key.clone(), token, fence, opts.ttl, sent));
         if opts.watchdog {
             shared.watch(&lease);
         }
@@ -519,7 +529,9 @@ impl LockManager {
         let shared = &self.0.shared;
         let key = lease.key.full();
         let Some(was) = lease.mark_released() else {
-            return Err(LockError::NotHeld { key: key.to_owned() });
+            return Err(LockError::NotHeld {
+                key: key.to_owned(),
+            });
         };
         shared.unwatch(lease.id);
         let mut pending = PendingAttempt {
@@ -528,8 +540,17 @@ impl LockManager {
             token: lease.token,
             armed: true,
         };
-        let span = tracing::debug_span!("redlock.release", key, backend = self.backend_name(), fencing_token = lease.fence);
-        let released = shared.backend.release(&lease.key, lease.token).instrument(span).await;
+        let span = tracing::debug_span!(
+            "redlock.release",
+            key,
+            backend = self.backend_name(),
+            fencing_token = lease.fence
+        );
+        let released = shared
+            .backend
+            .release(&lease.key, lease.token)
+            .instrument(span)
+            .await;
         pending.armed = false;
         match (released?, was) {
             (true, Ok(())) => {
@@ -538,9 +559,13 @@ impl LockManager {
             }
             (true, Err(())) => {
                 shared.waiters.wake(key);
-                Err(LockError::Lost { key: key.to_owned() })
+                Err(LockError::Lost {
+                    key: key.to_owned(),
+                })
             }
-            (false, _) => Err(LockError::Lost { key: key.to_owned() }),
+            (false, _) => Err(LockError::Lost {
+                key: key.to_owned(),
+            }),
         }
     }
 
@@ -562,7 +587,13 @@ impl LockManager {
             return Err(lost());
         }
         let sent = lease::now();
-        if self.0.shared.backend.extend(&lease.key, lease.token, ttl).await? {
+        if self
+            .0
+            .shared
+            .backend
+            .extend(&lease.key, lease.token, ttl)
+            .await?
+        {
             lease.extended(ttl, sent);
             Ok(())
         } else {

@@ -64,19 +64,16 @@ impl LuaScript {
     }
 
     /// Runs the script: `EVALSHA`, then `EVAL` once if the server lost its script cache.
-    pub(crate) async fn invoke<T, K, A>(
-        &self,
-        con: &mut impl ConnectionLike,
-        keys: &[K],
-        args: A,
-    ) -> RedisResult<T>
+    pub(crate) async fn invoke<T, K, A, C>(&self, con: &C, keys: &[K], args: A) -> RedisResult<T>
     where
         T: FromRedisValue,
         K: ToRedisArgs,
         A: ToRedisArgs + Copy,
+        C: ConnectionLike + Clone,
     {
-        match self.evalsha(keys, args).query_async(con).await {
-            Err(e) if is_noscript(&e) => self.eval(keys, args).query_async(con).await,
+        let mut con = con.clone();
+        match self.evalsha(keys, args).query_async(&mut con).await {
+            Err(e) if is_noscript(&e) => self.eval(keys, args).query_async(&mut con).await,
             other => other,
         }
     }

@@ -25,7 +25,9 @@ pub(crate) struct Waiters {
 
 impl std::fmt::Debug for Waiters {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Waiters").field("max_per_key", &self.max_per_key).finish_non_exhaustive()
+        f.debug_struct("Waiters")
+            .field("max_per_key", &self.max_per_key)
+            .finish_non_exhaustive()
     }
 }
 
@@ -141,7 +143,10 @@ mod tests {
     fn the_queue_is_bounded_and_removed_when_empty() {
         let released = Arc::new(Mutex::new(Vec::new()));
         let seen = released.clone();
-        let w = Waiters::new(2, Box::new(move |k| seen.lock().unwrap().push(k.to_owned())));
+        let w = Waiters::new(
+            2,
+            Box::new(move |k| seen.lock().unwrap().push(k.to_owned())),
+        );
         let a = w.join("k").unwrap();
         let b = w.join("k").unwrap();
         assert!(w.join("k").is_none());

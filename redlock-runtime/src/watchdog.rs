@@ -154,11 +154,17 @@ async fn handle(shared: Arc<Shared>, job: Job) -> bool {
 }
 
 async fn release(shared: &Shared, key: &LockKey, token: Token) {
-    let span = tracing::debug_span!("redlock.release", key = key.full(), backend = shared.backend.name());
+    let span = tracing::debug_span!(
+        "redlock.release",
+        key = key.full(),
+        backend = shared.backend.name()
+    );
     match shared.backend.release(key, token).instrument(span).await {
         Ok(true) => shared.waiters.wake(key.full()),
         Ok(false) => {}
-        Err(e) => tracing::warn!(key = key.full(), error = %e, "background release failed; the ttl will free the lock"),
+        Err(e) => {
+            tracing::warn!(key = key.full(), error = %e, "background release failed; the ttl will free the lock")
+        }
     }
 }
 
@@ -172,10 +178,17 @@ async fn renew(shared: Arc<Shared>, due: Vec<Arc<Lease>>) -> bool {
             ttl: l.ttl(),
         })
         .collect();
-    let span = tracing::debug_span!("redlock.renew", backend = shared.backend.name(), locks = batch.len());
+    let span = tracing::debug_span!(
+        "redlock.renew",
+        backend = shared.backend.name(),
+        locks = batch.len()
+    );
     match shared.backend.renew(&batch).instrument(span).await {
         Ok(flags) => {
-            for (l, ok) in due.iter().zip(flags.into_iter().chain(std::iter::repeat(false))) {
+            for (l, ok) in due
+                .iter()
+                .zip(flags.into_iter().chain(std::iter::repeat(false)))
+            {
                 if ok {
                     l.renewed(sent);
                 } else {

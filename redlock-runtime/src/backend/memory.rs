@@ -60,8 +60,11 @@ impl MemoryBackend {
                 };
             }
         }
-        let expires = now.checked_add(ttl).unwrap_or(now + Duration::from_secs(1 << 32));
-        s.locks.insert(key.full().to_owned(), Held { token, expires });
+        let expires = now
+            .checked_add(ttl)
+            .unwrap_or(now + Duration::from_secs(1 << 32));
+        s.locks
+            .insert(key.full().to_owned(), Held { token, expires });
         let fence = s.fences.entry(key.fence().to_owned()).or_insert(0);
         *fence += 1;
         Attempt::Acquired {
@@ -78,7 +81,11 @@ impl MemoryBackend {
                 .get(key.full())
                 .is_some_and(|h| h.token == token && h.expires > Instant::now());
             // An expired entry of anyone is garbage either way.
-            if ours || s.locks.get(key.full()).is_some_and(|h| h.expires <= Instant::now()) {
+            if ours
+                || s.locks
+                    .get(key.full())
+                    .is_some_and(|h| h.expires <= Instant::now())
+            {
                 s.locks.remove(key.full());
             }
             if !ours {

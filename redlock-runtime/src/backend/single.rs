@@ -45,7 +45,10 @@ impl SingleBackend {
             .into_connection_info()
             .map_err(|e| LockError::invalid_option(format!("invalid Redis URL: {e}")))?
             .set_tcp_settings(TcpSettings::default().set_nodelay(true));
-        let resp3 = info.redis_settings().clone().set_protocol(ProtocolVersion::RESP3);
+        let resp3 = info
+            .redis_settings()
+            .clone()
+            .set_protocol(ProtocolVersion::RESP3);
         let client = Client::open(info.clone()).map_err(LockError::backend("connect"))?;
         let sub_client =
             Client::open(info.set_redis_settings(resp3)).map_err(LockError::backend("connect"))?;
@@ -100,8 +103,7 @@ impl SingleBackend {
         let keys = [key.full(), key.fence()];
         let args = (token.as_bytes(), ttl_ms(ttl));
         let Some(rw) = replicas else {
-            let reply: (i64, i64) = ACQUIRE
-                .invoke(&mut self.con.clone(), &keys, args)
+            let reply: (i64, i64) = reconnecting(|| ACQUIRE.invoke(&self.con, &keys, args))
                 .await
                 .map_err(LockError::backend("acquire"))?;
             return Ok(decode_acquire(reply, None));
@@ -112,9 +114,11 @@ impl SingleBackend {
             Some(con) => con,
             None => slot.insert(
                 self.client
-                    .get_connection_manager_with_config(self.timeouts.manager_config().set_response_timeout(
-                        Some(self.timeouts.response + Duration::from_secs(1)),
-                    ))
+                    .get_connection_manager_with_config(
+                        self.timeouts.manager_config().set_response_timeout(Some(
+                            self.timeouts.response + Duration::from_secs(1),
+                        )),
+                    )
                     .await
                     .map_err(LockError::backend("connect"))?,
             ),
@@ -134,8 +138,8 @@ impl SingleBackend {
     }
 
     pub(crate) async fn release(&self, key: &LockKey, token: Token) -> Result<bool, LockError> {
-        RELEASE
-            .invoke(&mut self.con.clone(), &[key.full()], (token.as_bytes(), "PUBLISH"))
+        let keys = [key.full()];
+        reconnecting(|| RELEASE.invoke(&self.con, &keys, (token.as_bytes(), "PUBLISH")))
             .await
             .map_err(LockError::backend("release"))
     }
@@ -146,8 +150,8 @@ impl SingleBackend {
         token: Token,
         ttl: Duration,
     ) -> Result<bool, LockError> {
-        EXTEND
-            .invoke(&mut self.con.clone(), &[key.full()], (token.as_bytes(), ttl_ms(ttl)))
+        let keys = [key.full()];
+        reconnecting(|| EXTEND.invoke(&self.con, &keys, (token.as_bytes(), ttl_ms(ttl))))
             .await
             .map_err(LockError::backend("extend"))
     }
@@ -193,6 +197,19 @@ impl SingleBackend {
             .await
             .map_err(LockError::backend("force_unlock"))?;
         Ok(deleted)
+    }
+}
+
+/// Runs a request, and once more if the connection had dropped (the connection manager
+/// reconnects on that error). Safe because every script is idempotent per token.
+pub(crate) async fn reconnecting<T, F, Fut>(mut request: F) -> redis::RedisResult<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = redis::RedisResult<T>>,
+{
+    match request().await {
+        Err(e) if e.is_connection_dropped() || e.is_unrecoverable_error() => request().await,
+        other => other,
     }
 }
 

@@ -1,0 +1,89 @@
+use std::fmt;
+use std::mem;
+use std::task::{Context, Poll};
+
+use http::{Request, Response};
+use tower::Service;
+
+use super::future::ResponseFuture;
+use super::KeyFn;
+use crate::{LockManager, LockOptions};
+
+/// The service of a [`LockLayer`](super::LockLayer): calls the inner service while
+/// holding the lock its [`KeyFn`] derives from the request.
+///
+/// `poll_ready` is the inner service's. A request with a key moves the inner service
+/// (the one made ready) into the response future, leaving a clone behind, and calls it
+/// once the lock is held; the future owns the lock's guard until the inner future
+/// resolves or is dropped. A request without a key calls the inner service at once.
+#[derive(Clone)]
+pub struct LockService<S, K> {
+    inner: S,
+    manager: LockManager,
+    key: K,
+    options: LockOptions,
+}
+
+impl<S, K> LockService<S, K> {
+    pub(super) fn new(inner: S, manager: LockManager, key: K, options: LockOptions) -> Self {
+        Self {
+            inner,
+            manager,
+            key,
+            options,
+        }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service, consuming the lock service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, K, ReqBody, ResBody> Service<Request<ReqBody>> for LockService<S, K>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+    K: KeyFn<ReqBody>,
+    ResBody: From<String>,
+{
+    type Response = Response<ResBody>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, ReqBody>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        let Some(key) = self.key.key(&request) else {
+            return ResponseFuture::unlocked(self.inner.call(request));
+        };
+        // The service polled ready goes with the request; its clone stays for the next.
+        let clone = self.inner.clone();
+        let ready = mem::replace(&mut self.inner, clone);
+        let manager = self.manager.clone();
+        let options = self.options.clone();
+        let acquire = Box::pin(async move { manager.lock_with(&key, options).await });
+        ResponseFuture::acquiring(acquire, ready, request)
+    }
+}
+
+impl<S: fmt::Debug, K> fmt::Debug for LockService<S, K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockService")
+            .field("inner", &self.inner)
+            .field("manager", &self.manager)
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,541 @@
+//! The behaviour every backend must have, written once and run for each backend
+//! (`tests/memory.rs`, `tests/single.rs`, and the cluster and Redlock suites).
+//!
+//! A backend is a [`Harness`]: it makes managers that share one lock store, and can
+//! tamper with a lock behind its holder's back, as an operator or a bug would.
+//! `conformance_tests!(harness_expr)` expands to one `#[tokio::test]` per behaviour.
+#![allow(dead_code)]
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use redlock::{LockError, LockManager, LockManagerBuilder, LockOptions};
+
+/// A backend under test.
+pub trait Harness: Send + Sync {
+    /// A builder with the backend chosen; every manager from it shares one lock store.
+    fn builder(&self) -> LockManagerBuilder;
+    /// Deletes the full key whoever holds it.
+    fn delete(&self, full_key: &str) -> impl Future<Output = ()> + Send;
+    /// Replaces the lock's value with another owner's token.
+    fn steal(&self, full_key: &str) -> impl Future<Output = ()> + Send;
+    /// Whether the full key exists in the store.
+    fn exists(&self, full_key: &str) -> impl Future<Output = bool> + Send;
+}
+
+/// A key no other test uses.
+pub fn unique(name: &str) -> String {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    format!(
+        "{name}_{{{}-{}}}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+pub async fn manager<H: Harness>(h: &H) -> LockManager {
+    h.builder().build().await.expect("manager builds")
+}
+
+/// Polls `f` every 10 ms until true or `limit` passes.
+pub async fn eventually<F, Fut>(limit: Duration, mut f: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let end = Instant::now() + limit;
+    while Instant::now() < end {
+        if f().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    f().await
+}
+
+/// Several managers, several tasks each, a deliberately non-atomic read-modify-write
+/// under the lock: the count is exact, never two holders, tokens strictly increase.
+pub async fn mutual_exclusion<H: Harness>(h: &H) {
+    const MANAGERS: usize = 3;
+    const TASKS: usize = 4;
+    const ROUNDS: usize = 15;
+    let key = unique("counter");
+    let counter = Arc::new(Mutex::new(0u64));
+    let active = Arc::new(AtomicUsize::new(0));
+    let tokens = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for _ in 0..MANAGERS {
+        let locks = manager(h).await;
+        for _ in 0..TASKS {
+            let (locks, key) = (locks.clone(), key.clone());
+            let (counter, active, tokens) = (counter.clone(), active.clone(), tokens.clone());
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..ROUNDS {
+                    let guard = locks
+                        .lock_with(&key, LockOptions::new().wait(Duration::from_secs(30)))
+                        .await
+                        .expect("lock");
+                    assert_eq!(active.fetch_add(1, Ordering::SeqCst), 0, "two holders");
+                    tokens.lock().unwrap().push(guard.fencing_token());
+                    let read = *counter.lock().unwrap();
+                    tokio::task::yield_now().await;
+                    tokio::time::sleep(Duration::from_micros(200)).await;
+                    *counter.lock().unwrap() = read + 1;
+                    active.fetch_sub(1, Ordering::SeqCst);
+                    guard.release().await.expect("release");
+                }
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.expect("task");
+    }
+    assert_eq!(*counter.lock().unwrap(), (MANAGERS * TASKS * ROUNDS) as u64);
+    let tokens = tokens.lock().unwrap();
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens not increasing: {tokens:?}"
+    );
+}
+
+/// A holder that vanishes without releasing (no drop, no watchdog) blocks others for
+/// its ttl, and not longer.
+pub async fn crashed_holder_frees_after_ttl<H: Harness>(h: &H) {
+    let (a, b) = (manager(h).await, manager(h).await);
+    let key = unique("crash");
+    let ttl = Duration::from_millis(400);
+    let guard = a
+        .lock_with(&key, LockOptions::new().ttl(ttl).watchdog(false))
+        .await
+        .unwrap();
+    let start = Instant::now();
+    std::mem::forget(guard);
+    let guard = b
+        .lock_with(&key, LockOptions::new().wait(Duration::from_secs(5)))
+        .await
+        .expect("acquired after the ttl");
+    let waited = start.elapsed();
+    assert!(
+        waited >= ttl - Duration::from_millis(50),
+        "acquired too early: {waited:?}"
+    );
+    assert!(
+        waited < ttl + Duration::from_millis(1500),
+        "acquired too late: {waited:?}"
+    );
+    guard.release().await.unwrap();
+}
+
+/// The watchdog keeps a lock well past its ttl; nobody else gets it meanwhile.
+pub async fn watchdog_keeps_the_lock<H: Harness>(h: &H) {
+    let (a, b) = (manager(h).await, manager(h).await);
+    let key = unique("watchdog");
+    let guard = a
+        .lock_with(&key, LockOptions::new().ttl(Duration::from_millis(300)))
+        .await
+        .unwrap();
+    let end = Instant::now() + Duration::from_millis(1500);
+    while Instant::now() < end {
+        assert!(
+            b.try_lock(&key).await.unwrap().is_none(),
+            "taken while renewed"
+        );
+        assert!(guard.is_held());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    guard.release().await.expect("still ours after 5 ttls");
+}
+
+/// Deleting the key behind the holder's back is detected: lost() resolves,
+/// is_held() turns false, release() says Lost.
+pub async fn lost_when_deleted<H: Harness>(h: &H) {
+    let locks = manager(h).await;
+    let key = unique("deleted");
+    let guard = locks
+        .lock_with(&key, LockOptions::new().ttl(Duration::from_millis(300)))
+        .await
+        .unwrap();
+    h.delete(guard.key()).await;
+    tokio::time::timeout(Duration::from_secs(3), guard.lost())
+        .await
+        .expect("loss detected within a few ttls");
+    assert!(!guard.is_held());
+    assert!(matches!(guard.release().await, Err(LockError::Lost { .. })));
+}
+
+/// Another owner's token in the key is detected as loss, and release does not delete
+/// the other owner's lock.
+pub async fn lost_when_stolen<H: Harness>(h: &H) {
+    let locks = manager(h).await;
+    let key = unique("stolen");
+    let guard = locks
+        .lock_with(&key, LockOptions::new().ttl(Duration::from_millis(300)))
+        .await
+        .unwrap();
+    let full = guard.key().to_owned();
+    h.steal(&full).await;
+    tokio::time::timeout(Duration::from_secs(3), guard.lost())
+        .await
+        .expect("loss detected");
+    assert!(!guard.is_held());
+    assert!(matches!(guard.release().await, Err(LockError::Lost { .. })));
+    assert!(h.exists(&full).await, "release deleted someone else's lock");
+}
+
+/// Dropping a guard releases it without waiting: the key disappears shortly.
+pub async fn drop_releases<H: Harness>(h: &H) {
+    let (a, b) = (manager(h).await, manager(h).await);
+    let key = unique("drop");
+    let guard = a.lock(&key).await.unwrap();
+    let full = guard.key().to_owned();
+    drop(guard);
+    assert!(
+        eventually(Duration::from_secs(2), || async { !h.exists(&full).await }).await,
+        "a dropped guard's key remained"
+    );
+    let again = b
+        .lock_with(&key, LockOptions::new().wait(Duration::from_secs(2)))
+        .await
+        .expect("free after drop");
+    again.release().await.unwrap();
+    assert!(!h.exists(&full).await, "key left behind");
+}
+
+/// Cancelled `lock()` futures leave no lock behind and free their queue slots.
+pub async fn cancelled_lock_leaves_nothing<H: Harness>(h: &H) {
+    let holder = manager(h).await;
+    let waiter = h.builder().max_waiters_per_key(4).build().await.unwrap();
+    let key = unique("cancel");
+    let guard = holder.lock(&key).await.unwrap();
+    let full = guard.key().to_owned();
+    // Waiting futures dropped by a timeout, more times than the queue has slots.
+    for _ in 0..12 {
+        let r = tokio::time::timeout(Duration::from_millis(20), waiter.lock(&key)).await;
+        assert!(r.is_err(), "should still be waiting");
+    }
+    guard.release().await.unwrap();
+    // Futures dropped at random points while the lock is free.
+    for i in 0..200u64 {
+        let fut = waiter.lock(&key);
+        let _ = tokio::time::timeout(Duration::from_micros(i * 37 % 900), fut).await;
+    }
+    assert!(
+        eventually(Duration::from_secs(3), || async { !h.exists(&full).await }).await,
+        "a cancelled acquisition left the lock behind"
+    );
+    // Every slot is free again: four waiters can queue at once.
+    let guard = holder.lock(&key).await.unwrap();
+    let mut queued = Vec::new();
+    for _ in 0..4 {
+        let (w, k) = (waiter.clone(), key.clone());
+        queued.push(tokio::spawn(async move {
+            w.lock_with(&k, LockOptions::new().wait(Duration::from_secs(10)))
+                .await
+                .map(|g| drop(g))
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    guard.release().await.unwrap();
+    for q in queued {
+        q.await.unwrap().expect("queued waiter acquires");
+    }
+}
+
+/// Tokens strictly increase across holders and across expiry, and start at 1 or more.
+pub async fn fencing_across_expiry<H: Harness>(h: &H) {
+    let (a, b) = (manager(h).await, manager(h).await);
+    let key = unique("fence");
+    let mut last = 0;
+    for i in 0..10 {
+        let locks = if i % 2 == 0 { &a } else { &b };
+        let guard = locks
+            .lock_with(
+                &key,
+                LockOptions::new()
+                    .ttl(Duration::from_millis(30))
+                    .watchdog(false)
+                    .wait(Duration::from_secs(2)),
+            )
+            .await
+            .unwrap();
+        assert!(
+            guard.fencing_token() > last,
+            "token {} after {last}",
+            guard.fencing_token()
+        );
+        last = guard.fencing_token();
+        if i % 3 == 0 {
+            std::mem::forget(guard); // let it expire
+        } else {
+            drop(guard);
+        }
+    }
+}
+
+/// Concurrent acquisitions over many keys never share a token per key.
+pub async fn fencing_unique_under_concurrency<H: Harness>(h: &H) {
+    let locks = manager(h).await;
+    let key = unique("fence_concurrent");
+    let seen = Arc::new(Mutex::new(HashSet::new()));
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let (locks, key, seen) = (locks.clone(), key.clone(), seen.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..10 {
+                let g = locks.lock(&key).await.unwrap();
+                assert!(
+                    seen.lock().unwrap().insert(g.fencing_token()),
+                    "token reused"
+                );
+                g.release().await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(seen.lock().unwrap().len(), 80);
+}
+
+/// Beyond max_waiters_per_key, lock() fails at once with QueueFull.
+pub async fn queue_full<H: Harness>(h: &H) {
+    let holder = manager(h).await;
+    let waiter = h.builder().max_waiters_per_key(2).build().await.unwrap();
+    let key = unique("queue");
+    let guard = holder.lock(&key).await.unwrap();
+    let mut queued = Vec::new();
+    for _ in 0..2 {
+        let (w, k) = (waiter.clone(), key.clone());
+        queued.push(tokio::spawn(async move { w.lock(&k).await.map(drop) }));
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let start = Instant::now();
+    let err = waiter.lock(&key).await.unwrap_err();
+    assert!(matches!(err, LockError::QueueFull { .. }), "{err}");
+    assert!(
+        start.elapsed() < Duration::from_millis(500),
+        "QueueFull must be immediate"
+    );
+    guard.release().await.unwrap();
+    for q in queued {
+        q.await.unwrap().expect("queued waiters still acquire");
+    }
+}
+
+/// A release wakes the next waiter through a notification: the hand-off takes
+/// milliseconds, not the holder's 30 s ttl.
+pub async fn notified_handoff_is_fast<H: Harness>(h: &H) -> Duration {
+    let (a, b) = (manager(h).await, manager(h).await);
+    let key = unique("handoff");
+    let mut samples = Vec::new();
+    for _ in 0..30 {
+        let guard = a.lock(&key).await.unwrap();
+        let (b2, k2) = (b.clone(), key.clone());
+        let waiter = tokio::spawn(async move {
+            let g = b2.lock(&k2).await.unwrap();
+            let at = Instant::now();
+            g.release().await.unwrap();
+            at
+        });
+        tokio::time::sleep(Duration::from_millis(15)).await;
+        let released = Instant::now();
+        guard.release().await.unwrap();
+        let acquired = waiter.await.unwrap();
+        samples.push(acquired.saturating_duration_since(released));
+    }
+    samples.sort();
+    let median = samples[samples.len() / 2];
+    assert!(
+        median < Duration::from_millis(20),
+        "median hand-off {median:?}"
+    );
+    median
+}
+
+/// try_lock and wait(ZERO) make one attempt.
+pub async fn one_attempt_apis<H: Harness>(h: &H) {
+    let (a, b) = (manager(h).await, manager(h).await);
+    let key = unique("try");
+    let guard = a.try_lock(&key).await.unwrap().expect("free");
+    assert!(b.try_lock(&key).await.unwrap().is_none());
+    let err = b
+        .lock_with(&key, LockOptions::new().wait(Duration::ZERO))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::Timeout { .. }));
+    let start = Instant::now();
+    let err = b
+        .lock_with(&key, LockOptions::new().wait(Duration::from_millis(150)))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::Timeout { .. }));
+    assert!(start.elapsed() >= Duration::from_millis(140));
+    assert!(a.is_locked(&key).await.unwrap());
+    guard.release().await.unwrap();
+    assert!(!a.is_locked(&key).await.unwrap());
+}
+
+/// extend() sets the remaining ttl; a lock without watchdog lives that long.
+pub async fn extend_sets_ttl<H: Harness>(h: &H) {
+    let (a, b) = (manager(h).await, manager(h).await);
+    let key = unique("extend");
+    let guard = a
+        .lock_with(
+            &key,
+            LockOptions::new()
+                .ttl(Duration::from_millis(200))
+                .watchdog(false),
+        )
+        .await
+        .unwrap();
+    guard.extend(Duration::from_secs(3)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(guard.is_held());
+    assert!(
+        b.try_lock(&key).await.unwrap().is_none(),
+        "extension did not hold"
+    );
+    assert!(matches!(
+        guard.extend(Duration::ZERO).await,
+        Err(LockError::InvalidOption { .. })
+    ));
+    guard.release().await.unwrap();
+}
+
+/// Without the watchdog a lock expires; is_held() says so from the local deadline and
+/// lost() resolves.
+pub async fn expiry_without_watchdog<H: Harness>(h: &H) {
+    let locks = manager(h).await;
+    let key = unique("expiry");
+    let guard = locks
+        .lock_with(
+            &key,
+            LockOptions::new()
+                .ttl(Duration::from_millis(100))
+                .watchdog(false),
+        )
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(2), guard.lost())
+        .await
+        .expect("lost");
+    assert!(!guard.is_held());
+    assert!(matches!(guard.release().await, Err(LockError::Lost { .. })));
+}
+
+/// Explicit guards are not reentrant: the same task waits like anyone else.
+pub async fn guards_are_not_reentrant<H: Harness>(h: &H) {
+    let locks = manager(h).await;
+    let key = unique("reentry");
+    let guard = locks.lock(&key).await.unwrap();
+    let err = locks
+        .lock_with(&key, LockOptions::new().wait(Duration::from_millis(100)))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::Timeout { .. }));
+    guard.release().await.unwrap();
+}
+
+/// In one process, waiters acquire in arrival order.
+pub async fn local_waiters_are_fifo<H: Harness>(h: &H) {
+    let locks = manager(h).await;
+    let key = unique("fifo");
+    let guard = locks.lock(&key).await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..6 {
+        let (locks, key, order) = (locks.clone(), key.clone(), order.clone());
+        tasks.push(tokio::spawn(async move {
+            let g = locks.lock(&key).await.unwrap();
+            order.lock().unwrap().push(i);
+            g.release().await.unwrap();
+        }));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    guard.release().await.unwrap();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3, 4, 5]);
+}
+
+/// Bad input is a clear error before any I/O, never a panic.
+pub async fn bad_input_is_rejected<H: Harness>(h: &H) {
+    let locks = manager(h).await;
+    let invalid_key = |r: Result<_, LockError>| matches!(r, Err(LockError::InvalidKey { .. }));
+    assert!(invalid_key(locks.lock("").await.map(drop)));
+    assert!(invalid_key(
+        locks
+            .lock(&"k".repeat(redlock::MAX_KEY_LEN))
+            .await
+            .map(drop)
+    ));
+    assert!(invalid_key(locks.lock("a{}b}").await.map(drop)));
+    let invalid_option =
+        |r: Result<_, LockError>| matches!(r, Err(LockError::InvalidOption { .. }));
+    for opts in [
+        LockOptions::new().ttl(Duration::ZERO),
+        LockOptions::new().ttl(redlock::MAX_TTL + Duration::from_secs(1)),
+        LockOptions::new().wait(Duration::MAX),
+    ] {
+        assert!(invalid_option(
+            locks.lock_with("fine", opts).await.map(drop)
+        ));
+    }
+    assert!(invalid_option(
+        h.builder().max_waiters_per_key(0).build().await.map(drop)
+    ));
+    assert!(invalid_option(
+        h.builder()
+            .default_ttl(Duration::ZERO)
+            .build()
+            .await
+            .map(drop)
+    ));
+    assert!(invalid_option(
+        LockManager::builder().build().await.map(drop)
+    ));
+    // A valid but odd key works and keeps its exact bytes.
+    let odd = unique("ключ with spaces\n");
+    let g = locks.lock(&odd).await.unwrap();
+    assert_eq!(g.key(), format!("lock:{odd}"));
+    g.release().await.unwrap();
+}
+
+/// Everything users touch is Send + Sync + 'static, and futures are Send.
+pub fn static_send_sync_checks(locks: &LockManager) {
+    fn is_send<T: Send>(_: &T) {}
+    fn send_sync_static<T: Send + Sync + 'static>() {}
+    send_sync_static::<LockManager>();
+    send_sync_static::<redlock::LockGuard>();
+    send_sync_static::<LockError>();
+    is_send(&locks.lock("k"));
+    is_send(&locks.try_lock("k"));
+    is_send(&locks.lock_with("k", LockOptions::new()));
+}
+
+/// One `#[tokio::test]` per behaviour, for the harness `$make` builds.
+#[macro_export]
+macro_rules! conformance_tests {
+    ($make:expr) => {
+        $crate::conformance_tests!(@each $make;
+            mutual_exclusion, crashed_holder_frees_after_ttl, watchdog_keeps_the_lock,
+            lost_when_deleted, lost_when_stolen, drop_releases, cancelled_lock_leaves_nothing,
+            fencing_across_expiry, fencing_unique_under_concurrency, queue_full,
+            notified_handoff_is_fast, one_attempt_apis, extend_sets_ttl,
+            expiry_without_watchdog, guards_are_not_reentrant, local_waiters_are_fifo,
+            bad_input_is_rejected);
+    };
+    (@each $make:expr; $($name:ident),*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                let harness = $make;
+                let _ = conformance::$name(&harness).await;
+            }
+        )*
+    };
+}

@@ -1,0 +1,294 @@
+//! The conformance suite and Redis-specific behaviour on one real redis-server.
+
+mod conformance;
+
+use std::time::{Duration, Instant};
+
+use conformance::{manager, unique, Harness};
+use redis::AsyncCommands;
+use redlock::{LockError, LockManager, LockManagerBuilder, LockOptions};
+use redlock_testkit::RedisServer;
+
+/// One redis-server per test, stopped on drop.
+struct Single {
+    server: RedisServer,
+}
+
+impl Single {
+    fn new() -> Self {
+        Self {
+            server: RedisServer::start(),
+        }
+    }
+
+    async fn raw(&self) -> redis::aio::MultiplexedConnection {
+        self.server
+            .client()
+            .get_multiplexed_async_connection()
+            .await
+            .expect("raw connection")
+    }
+}
+
+impl Harness for Single {
+    fn builder(&self) -> LockManagerBuilder {
+        LockManager::builder().single(&self.server.url())
+    }
+
+    async fn delete(&self, full_key: &str) {
+        let n: i64 = self.raw().await.del(full_key).await.unwrap();
+        assert_eq!(n, 1);
+    }
+
+    async fn steal(&self, full_key: &str) {
+        let _: () = self
+            .raw()
+            .await
+            .set_ex(full_key, "someone-else", 60)
+            .await
+            .unwrap();
+    }
+
+    async fn exists(&self, full_key: &str) -> bool {
+        self.raw().await.exists(full_key).await.unwrap()
+    }
+}
+
+conformance_tests!(Single::new());
+
+/// The lock and its fencing counter are stored under one hash tag, the counter outlives
+/// the lock, and nothing else is left behind.
+#[tokio::test]
+async fn stored_keys_share_the_hash_tag() {
+    let h = Single::new();
+    let locks = manager(&h).await;
+    let guard = locks.lock("buy_{42}").await.unwrap();
+    assert_eq!(guard.key(), "lock:buy_{42}");
+    let mut raw = h.raw().await;
+    let mut keys: Vec<String> = raw.keys("*").await.unwrap();
+    keys.sort();
+    assert_eq!(keys, ["lock:buy_{42}", "lock:buy_{42}:fence"]);
+    let pttl: i64 = raw.pttl("lock:buy_{42}").await.unwrap();
+    assert!(
+        pttl > 25_000 && pttl <= 30_000,
+        "default ttl 30 s, got {pttl} ms"
+    );
+    guard.release().await.unwrap();
+    let keys: Vec<String> = raw.keys("*").await.unwrap();
+    assert_eq!(keys, ["lock:buy_{42}:fence"]);
+    let fence: u64 = raw.get("lock:buy_{42}:fence").await.unwrap();
+    assert_eq!(fence, 1);
+    // An untagged key gets its whole name as the counter's tag (same cluster slot).
+    let guard = locks.lock("jobs").await.unwrap();
+    let n: i64 = raw.exists("{lock:jobs}:fence").await.unwrap();
+    assert_eq!(n, 1);
+    guard.release().await.unwrap();
+}
+
+/// Connecting checks the URL and the server at once, and writes nothing.
+#[tokio::test]
+async fn connect_errors_are_immediate_and_clear() {
+    for url in [
+        "not a url",
+        "http://127.0.0.1:6379",
+        "redis://127.0.0.1:99999",
+    ] {
+        let err = LockManager::connect(url).await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                LockError::InvalidOption { .. } | LockError::Backend { .. }
+            ),
+            "{url}: {err}"
+        );
+    }
+    // Nothing listens on a freshly freed port.
+    let port = redlock_testkit::free_port();
+    let start = Instant::now();
+    let err = LockManager::builder()
+        .single(&format!("redis://127.0.0.1:{port}"))
+        .connect_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::Backend { .. }), "{err}");
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        start.elapsed()
+    );
+    let h = Single::new();
+    let _locks = manager(&h).await;
+    let keys: Vec<String> = h.raw().await.keys("*").await.unwrap();
+    assert!(keys.is_empty(), "connect wrote {keys:?}");
+}
+
+/// A paused (SIGSTOP) server cannot hang connect: it fails within the connect timeout.
+#[tokio::test]
+async fn connect_to_a_frozen_server_times_out() {
+    let mut h = Single::new();
+    h.server.pause();
+    let start = Instant::now();
+    let err = h
+        .builder()
+        .connect_timeout(Duration::from_millis(400))
+        .build()
+        .await
+        .unwrap_err();
+    h.server.resume();
+    assert!(matches!(err, LockError::Backend { .. }), "{err}");
+    assert!(start.elapsed() < Duration::from_secs(2));
+}
+
+/// ACL user and password in the URL work; wrong credentials are a clear error.
+#[tokio::test]
+async fn acl_credentials_in_the_url() {
+    let h = Single::new();
+    h.server
+        .cmd_sync(&[
+            "ACL", "SETUSER", "locker", "on", ">s3cret", "~lock:*", "&lock:*", "+@all",
+        ])
+        .unwrap();
+    let port = h.server.port();
+    let locks = LockManager::connect(&format!("redis://locker:s3cret@127.0.0.1:{port}"))
+        .await
+        .expect("ACL user connects");
+    let g = locks.lock("acl_{1}").await.unwrap();
+    g.release().await.unwrap();
+    let err = LockManager::connect(&format!("redis://locker:wrong@127.0.0.1:{port}"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::Backend { .. }), "{err}");
+}
+
+/// A restarted Redis (all locks and scripts gone) does not wedge a live manager.
+#[tokio::test]
+async fn survives_a_redis_restart() {
+    let mut h = Single::new();
+    let (a, b) = (manager(&h).await, manager(&h).await);
+    let key = unique("restart");
+    let g = a.lock(&key).await.unwrap();
+    drop(g);
+    h.server.kill9();
+    // During the outage: a clear Backend error, or a wait within the budget.
+    let start = Instant::now();
+    let err = a
+        .lock_with(&key, LockOptions::new().wait(Duration::from_millis(300)))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, LockError::Backend { .. } | LockError::Timeout { .. }),
+        "{err}"
+    );
+    assert!(start.elapsed() < Duration::from_secs(3));
+    h.server.restart();
+    // Both managers work again within a bounded time.
+    for locks in [&a, &b] {
+        let g = locks
+            .lock_with(&key, LockOptions::new().wait(Duration::from_secs(10)))
+            .await
+            .expect("works after restart");
+        g.release().await.unwrap();
+    }
+    // A waiter parked across a restart is still woken by a release.
+    let g = a.lock(&key).await.unwrap();
+    let (b2, k2) = (b.clone(), key.clone());
+    let waiter = tokio::spawn(async move { b2.lock(&k2).await.map(drop) });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let released = Instant::now();
+    g.release().await.unwrap();
+    waiter.await.unwrap().unwrap();
+    assert!(released.elapsed() < Duration::from_secs(5));
+}
+
+/// SCRIPT FLUSH between calls: NOSCRIPT is recovered transparently, batch renewals too.
+#[tokio::test]
+async fn script_flush_is_recovered() {
+    let h = Single::new();
+    let locks = manager(&h).await;
+    let key = unique("flush");
+    let g = locks
+        .lock_with(&key, LockOptions::new().ttl(Duration::from_millis(300)))
+        .await
+        .unwrap();
+    h.server.cmd_sync(&["SCRIPT", "FLUSH"]).unwrap();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(g.is_held(), "renewal failed after SCRIPT FLUSH");
+    h.server.cmd_sync(&["SCRIPT", "FLUSH"]).unwrap();
+    g.extend(Duration::from_secs(5)).await.unwrap();
+    h.server.cmd_sync(&["SCRIPT", "FLUSH"]).unwrap();
+    g.release().await.unwrap();
+    h.server.cmd_sync(&["SCRIPT", "FLUSH"]).unwrap();
+    locks.lock(&key).await.unwrap().release().await.unwrap();
+}
+
+/// Hostile state: a key of the wrong type is a Backend error, not a panic, and leaks
+/// nothing; so is a fencing counter of the wrong type.
+#[tokio::test]
+async fn wrong_type_keys_are_clear_errors() {
+    let h = Single::new();
+    let locks = manager(&h).await;
+    h.server
+        .cmd_sync(&["HSET", "lock:typed_{1}", "f", "v"])
+        .unwrap();
+    let err = locks.lock("typed_{1}").await.unwrap_err();
+    assert!(matches!(err, LockError::Backend { .. }), "{err}");
+    h.server
+        .cmd_sync(&["HSET", "lock:fenced_{1}:fence", "f", "v"])
+        .unwrap();
+    let err = locks.lock("fenced_{1}").await.unwrap_err();
+    assert!(matches!(err, LockError::Backend { .. }), "{err}");
+    let mut raw = h.raw().await;
+    let exists: bool = raw.exists("lock:fenced_{1}").await.unwrap();
+    assert!(!exists, "a failed acquisition left its lock key");
+}
+
+/// A client that knows the key but not the token can neither release nor extend:
+/// the token is what proves ownership (128 random bits).
+#[tokio::test]
+async fn foreign_clients_cannot_release() {
+    let h = Single::new();
+    let locks = manager(&h).await;
+    let g = locks.lock("owned_{1}").await.unwrap();
+    let mut raw = h.raw().await;
+    let value: Vec<u8> = raw.get("lock:owned_{1}").await.unwrap();
+    assert_eq!(value.len(), 16, "the token is 128 bits");
+    let other = manager(&h).await;
+    assert!(other.try_lock("owned_{1}").await.unwrap().is_none());
+    assert!(g.is_held());
+    g.release().await.unwrap();
+}
+
+/// Waiting is notified, and a waiter whose holder is a crashed process (no release
+/// message) is woken by the ttl fallback, not before.
+#[tokio::test]
+async fn ttl_fallback_wakes_waiters_of_crashed_holders() {
+    let h = Single::new();
+    let (a, b) = (manager(&h).await, manager(&h).await);
+    let key = unique("fallback");
+    let g = a
+        .lock_with(
+            &key,
+            LockOptions::new()
+                .ttl(Duration::from_millis(600))
+                .watchdog(false),
+        )
+        .await
+        .unwrap();
+    std::mem::forget(g);
+    let start = Instant::now();
+    b.lock(&key).await.unwrap().release().await.unwrap();
+    let waited = start.elapsed();
+    assert!(
+        waited >= Duration::from_millis(550) && waited < Duration::from_secs(2),
+        "{waited:?}"
+    );
+}
+
+/// The hand-off median on one real server (printed for the closing note).
+#[tokio::test]
+async fn handoff_median_is_printed() {
+    let h = Single::new();
+    let median = conformance::notified_handoff_is_fast(&h).await;
+    println!("notified hand-off median on one redis-server: {median:?}");
+}
