@@ -101,7 +101,9 @@ impl Call {
         F: Future<Output = Result<T, E>>,
         E: From<LockError>,
     {
-        let mut held = HELD.try_with(Clone::clone).unwrap_or_default();
+        let mut held: Vec<LockGuard> = HELD
+            .try_with(|held| held.iter().map(LockGuard::view).collect())
+            .unwrap_or_default();
         if self.owner {
             held.push(self.guard.view());
         }
@@ -127,11 +129,5 @@ impl Call {
         if let Err(e) = self.guard.release().await {
             tracing::warn!(key, error = %e, "release after the call failed");
         }
-    }
-}
-
-impl Clone for LockGuard {
-    fn clone(&self) -> Self {
-        self.view()
     }
 }
