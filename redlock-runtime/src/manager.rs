@@ -9,7 +9,10 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tracing::{field, Instrument};
 
-use crate::backend::{Attempt, Backend, MemoryBackend, ReplicaWait, SingleBackend, Timeouts};
+use crate::backend::{
+    Attempt, Backend, ClusterBackend, MemoryBackend, RedlockBackend, ReplicaWait, SingleBackend,
+    Timeouts, DEFAULT_NODE_TIMEOUT,
+};
 use crate::key::LockKey;
 use crate::lease::{self, Lease};
 use crate::options::{check_ttl, Resolved};
@@ -68,6 +71,8 @@ struct Inner {
 enum Target {
     Memory,
     Single(String),
+    Cluster(Vec<String>),
+    Redlock(Vec<String>),
 }
 
 /// Configures and connects a [`LockManager`]; from [`LockManager::builder`].
@@ -80,6 +85,7 @@ pub struct LockManagerBuilder {
     default_wait: Duration,
     max_waiters_per_key: usize,
     timeouts: Timeouts,
+    redlock_node_timeout: Duration,
 }
 
 /// The default key prefix.
@@ -103,6 +109,7 @@ impl Default for LockManagerBuilder {
                 connect: Duration::from_secs(3),
                 response: Duration::from_secs(1),
             },
+            redlock_node_timeout: DEFAULT_NODE_TIMEOUT,
         }
     }
 }
@@ -112,6 +119,40 @@ impl LockManagerBuilder {
     /// (`rediss://` with the `tls` feature).
     pub fn single(mut self, url: &str) -> Self {
         self.target = Some(Target::Single(url.to_owned()));
+        self
+    }
+
+    /// A Redis Cluster, given one or more seed nodes (`redis://host:port`); the others are
+    /// discovered. Every key a lock uses shares its hash tag, wake-ups use sharded
+    /// pub/sub (Redis 7+), and `MOVED`/`ASK` and failovers are followed.
+    pub fn cluster<I, S>(mut self, urls: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let urls = urls.into_iter().map(|u| u.as_ref().to_owned()).collect();
+        self.target = Some(Target::Cluster(urls));
+        self
+    }
+
+    /// Redlock over N independent Redis masters (use an odd N, usually 3 or 5): a lock
+    /// is held when a majority granted it in time. See the README's "Redlock mode" for
+    /// what its fencing tokens guarantee, and the delayed-restart rule. Every node must
+    /// answer at `build`; later, up to N − (N/2+1) nodes may be down.
+    pub fn redlock<I, S>(mut self, urls: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let urls = urls.into_iter().map(|u| u.as_ref().to_owned()).collect();
+        self.target = Some(Target::Redlock(urls));
+        self
+    }
+
+    /// Redlock only: the bound on each node's reply (default 200 ms; for each lock at
+    /// most its ttl/10), so a frozen node slows a request by at most this much.
+    pub fn redlock_node_timeout(mut self, timeout: Duration) -> Self {
+        self.redlock_node_timeout = timeout;
         self
     }
 
@@ -181,7 +222,7 @@ impl LockManagerBuilder {
             return Err(LockError::invalid_option("timeouts must be positive"));
         }
         let target = self.target.ok_or_else(|| {
-            LockError::invalid_option("no backend chosen: call .single(url) or .in_memory()")
+            LockError::invalid_option("no backend chosen: call .single(url), .cluster(urls), .redlock(urls) or .in_memory()")
         })?;
         let (jobs, rx) = mpsc::unbounded_channel();
         let unsubscribe = jobs.downgrade();
@@ -195,6 +236,18 @@ impl LockManagerBuilder {
         ));
         let backend = match target {
             Target::Memory => Backend::Memory(MemoryBackend::new(Arc::downgrade(&waiters))),
+            Target::Cluster(urls) => Backend::Cluster(
+                ClusterBackend::connect(&urls, self.timeouts, Arc::downgrade(&waiters)).await?,
+            ),
+            Target::Redlock(urls) => Backend::Redlock(
+                RedlockBackend::connect(
+                    &urls,
+                    self.timeouts,
+                    self.redlock_node_timeout,
+                    Arc::downgrade(&waiters),
+                )
+                .await?,
+            ),
             Target::Single(url) => Backend::Single(
                 SingleBackend::connect(&url, self.timeouts, Arc::downgrade(&waiters)).await?,
             ),
@@ -276,7 +329,7 @@ impl LockManager {
         &self.0.prefix
     }
 
-    /// The backend's name: `"memory"` or `"single"`.
+    /// The backend's name: `"memory"`, `"single"`, `"cluster"` or `"redlock"`.
     pub fn backend_name(&self) -> &'static str {
         self.0.shared.backend.name()
     }

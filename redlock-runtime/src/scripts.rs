@@ -27,6 +27,9 @@ pub(crate) static EXTEND: LazyLock<LuaScript> =
 /// Batched compare-token `PEXPIRE`: see `scripts/renew.lua`.
 pub(crate) static RENEW: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(include_str!("scripts/renew.lua")));
+/// Compare-token raise of the fencing counter (Redlock): see `scripts/fence_floor.lua`.
+pub(crate) static FENCE_FLOOR: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(include_str!("scripts/fence_floor.lua")));
 
 impl LuaScript {
     fn new(body: &'static str) -> Self {

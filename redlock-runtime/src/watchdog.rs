@@ -18,7 +18,7 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::{mpsc, Notify};
 use tracing::Instrument;
 
-use crate::backend::{Backend, Renewal};
+use crate::backend::{Backend, Renewal, Renewed};
 use crate::key::LockKey;
 use crate::lease::{self, Lease};
 use crate::token::Token;
@@ -184,15 +184,20 @@ async fn renew(shared: Arc<Shared>, due: Vec<Arc<Lease>>) -> bool {
         locks = batch.len()
     );
     match shared.backend.renew(&batch).instrument(span).await {
-        Ok(flags) => {
-            for (l, ok) in due
+        Ok(outcomes) => {
+            let now = lease::now();
+            for (l, outcome) in due
                 .iter()
-                .zip(flags.into_iter().chain(std::iter::repeat(false)))
+                .zip(outcomes.into_iter().chain(std::iter::repeat(Renewed::Lost)))
             {
-                if ok {
-                    l.renewed(sent);
-                } else {
-                    l.mark_lost("the server no longer holds this lock's token");
+                match outcome {
+                    Renewed::Yes => l.renewed(sent),
+                    Renewed::Lost => l.mark_lost("the server no longer holds this lock's token"),
+                    // Its node or slot did not answer: retry soon, like a failed batch.
+                    Renewed::Unknown => {
+                        let retry = (l.ttl() / 10).min(Duration::from_millis(500));
+                        l.retry_at(now.saturating_add(lease::nanos(retry)));
+                    }
                 }
             }
         }

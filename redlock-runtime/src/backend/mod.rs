@@ -6,12 +6,16 @@
 //! It also turns the manager's interest in a key's wake-up channel into a subscription.
 //! The manager owns everything else: queuing, waiting, the watchdog and guards.
 
+mod cluster;
 mod memory;
+mod redlock;
 mod single;
 
 use std::time::Duration;
 
+pub(crate) use cluster::ClusterBackend;
 pub(crate) use memory::MemoryBackend;
+pub(crate) use redlock::{RedlockBackend, DEFAULT_NODE_TIMEOUT};
 pub(crate) use single::SingleBackend;
 
 use crate::key::LockKey;
@@ -52,12 +56,39 @@ pub(crate) struct Renewal<'a> {
     pub(crate) ttl: Duration,
 }
 
+/// What one renewal of a batch found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Renewed {
+    /// The lock lives another ttl.
+    Yes,
+    /// The server (or a Redlock majority) no longer has our token.
+    Lost,
+    /// No answer for this lock (its node or slot failed): retry soon.
+    Unknown,
+}
+
+impl From<bool> for Renewed {
+    fn from(renewed: bool) -> Self {
+        if renewed {
+            Self::Yes
+        } else {
+            Self::Lost
+        }
+    }
+}
+
 /// Where locks live.
+// One value per manager, behind an `Arc`: boxing the larger variants would buy nothing.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Backend {
     /// Process memory.
     Memory(MemoryBackend),
     /// One Redis server.
     Single(SingleBackend),
+    /// A Redis Cluster.
+    Cluster(ClusterBackend),
+    /// N independent masters with a quorum.
+    Redlock(RedlockBackend),
 }
 
 impl Backend {
@@ -66,6 +97,8 @@ impl Backend {
         match self {
             Self::Memory(_) => "memory",
             Self::Single(_) => "single",
+            Self::Cluster(_) => "cluster",
+            Self::Redlock(_) => "redlock",
         }
     }
 
@@ -79,6 +112,8 @@ impl Backend {
         match self {
             Self::Memory(b) => Ok(b.acquire(key, token, ttl)),
             Self::Single(b) => b.acquire(key, token, ttl, replicas).await,
+            Self::Cluster(b) => b.acquire(key, token, ttl, replicas).await,
+            Self::Redlock(b) => b.acquire(key, token, ttl, replicas).await,
         }
     }
 
@@ -87,6 +122,8 @@ impl Backend {
         match self {
             Self::Memory(b) => Ok(b.release(key, token)),
             Self::Single(b) => b.release(key, token).await,
+            Self::Cluster(b) => b.release(key, token).await,
+            Self::Redlock(b) => b.release(key, token).await,
         }
     }
 
@@ -100,17 +137,27 @@ impl Backend {
         match self {
             Self::Memory(b) => Ok(b.extend(key, token, ttl)),
             Self::Single(b) => b.extend(key, token, ttl).await,
+            Self::Cluster(b) => b.extend(key, token, ttl).await,
+            Self::Redlock(b) => b.extend(key, token, ttl).await,
         }
     }
 
-    /// Renews every lock of the batch; one flag per lock, false when it was lost.
-    pub(crate) async fn renew(&self, batch: &[Renewal<'_>]) -> Result<Vec<bool>, LockError> {
+    /// Renews every lock of the batch; one outcome per lock, in batch order. `Err` when
+    /// nothing could be renewed at all.
+    pub(crate) async fn renew(&self, batch: &[Renewal<'_>]) -> Result<Vec<Renewed>, LockError> {
         match self {
             Self::Memory(b) => Ok(batch
                 .iter()
-                .map(|r| b.extend(r.key, r.token, r.ttl))
+                .map(|r| b.extend(r.key, r.token, r.ttl).into())
                 .collect()),
-            Self::Single(b) => b.renew(batch).await,
+            Self::Single(b) => Ok(b
+                .renew(batch)
+                .await?
+                .into_iter()
+                .map(Renewed::from)
+                .collect()),
+            Self::Cluster(b) => b.renew(batch).await,
+            Self::Redlock(b) => b.renew(batch).await,
         }
     }
 
@@ -119,6 +166,8 @@ impl Backend {
         match self {
             Self::Memory(b) => Ok(b.is_locked(key)),
             Self::Single(b) => b.is_locked(key).await,
+            Self::Cluster(b) => b.is_locked(key).await,
+            Self::Redlock(b) => b.is_locked(key).await,
         }
     }
 
@@ -127,6 +176,8 @@ impl Backend {
         match self {
             Self::Memory(b) => Ok(b.force_unlock(key)),
             Self::Single(b) => b.force_unlock(key).await,
+            Self::Cluster(b) => b.force_unlock(key).await,
+            Self::Redlock(b) => b.force_unlock(key).await,
         }
     }
 
@@ -135,6 +186,8 @@ impl Backend {
         match self {
             Self::Memory(_) => Ok(()),
             Self::Single(b) => b.subscriber().subscribe(key).await,
+            Self::Cluster(b) => b.subscriber().subscribe(key).await,
+            Self::Redlock(b) => b.subscribe(key).await,
         }
     }
 
@@ -143,6 +196,8 @@ impl Backend {
         match self {
             Self::Memory(_) => Ok(()),
             Self::Single(b) => b.subscriber().unsubscribe(key).await,
+            Self::Cluster(b) => b.subscriber().unsubscribe(key).await,
+            Self::Redlock(b) => b.unsubscribe(key).await,
         }
     }
 }

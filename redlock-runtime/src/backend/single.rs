@@ -93,6 +93,11 @@ impl SingleBackend {
         &self.subscriber
     }
 
+    /// The command connection (a cheap clone), for backends built on this one.
+    pub(crate) fn connection(&self) -> ConnectionManager {
+        self.con.clone()
+    }
+
     pub(crate) async fn acquire(
         &self,
         key: &LockKey,

@@ -1,0 +1,588 @@
+//! Redis Cluster: every key a lock touches lives in the lock's hash slot.
+//!
+//! The lock key, its fencing counter ([`LockKey::fence`]) and its wake-up channel share
+//! one hash tag, so every script is single-slot (no `CROSSSLOT`) and is routed by its
+//! first key; redis-rs's async cluster client follows `MOVED`/`ASK` and refreshes the
+//! slot map after a failover. Wake-ups use sharded pub/sub: `release.lua` runs
+//! `SPUBLISH` on the slot's owner and a [`ShardSubscriber`] `SSUBSCRIBE`s there.
+//!
+//! # redis-rs 1.8 workarounds
+//! - **Stray `sunsubscribe`** (a slot moved away from the node serving a channel): the
+//!   client takes the push for a reply and drops the channel from its own
+//!   resubscription tracker. Lock commands therefore never share the subscriber's
+//!   connection, and the subscriber treats any `SUnsubscribe` for a channel it still
+//!   wants as "wake its waiters and subscribe again" (the new `SSUBSCRIBE` follows
+//!   `MOVED` to the slot's new owner).
+//! - **Cross-slot resubscription**: after a reconnect redis-rs re-sends all of a node's
+//!   shard channels in one `SSUBSCRIBE`, which fails with `CROSSSLOT` as soon as they
+//!   span two slots. On every `Disconnection` push the subscriber wakes all waiters and
+//!   re-subscribes each wanted channel on its own, retrying with backoff while the
+//!   cluster is failing over.
+//! - **Script loading on every node**: `Script::invoke_async` answers `NOSCRIPT` with a
+//!   `SCRIPT LOAD` sent to all nodes, so one unhealthy unrelated node fails an acquire.
+//!   [`LuaScript::invoke`](crate::scripts) falls back to `EVAL` instead, routed by the
+//!   same key as the `EVALSHA`; pipelines load the script inside the pipeline, which is
+//!   routed explicitly to the key's master.
+//! - **Timeouts and retries**: the cluster client has no response timeout by default,
+//!   and a timed-out request can be parked and re-sent much later. Both a per-node
+//!   response timeout and a finite overall timeout are set, and retries are few and
+//!   short, so during a failover an acquire attempt fails within about twice the
+//!   response timeout and the manager's wait loop tries again. Every script is
+//!   idempotent per owner token, so a re-sent request cannot corrupt a lock.
+//! - `WAIT` (for `min_replicas`) is never sent bare, which would go to every primary: it
+//!   is pipelined after the acquire script and the pipeline is routed to the key's
+//!   master, on a dedicated connection because `WAIT` blocks the connection it runs on.
+//!
+//! The watchdog's renewals are grouped by hash slot: one `renew.lua` call per slot
+//! (scripts cannot span slots), all sent concurrently, so a batch costs about one round
+//! trip per node however many locks it holds.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex as StdMutex, MutexGuard, PoisonError, Weak};
+use std::time::Duration;
+
+use futures_util::stream::{self, StreamExt};
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{
+    MultipleNodeRoutingInfo, ResponsePolicy, Route, RoutingInfo, SingleNodeRoutingInfo, Slot,
+    SlotAddr,
+};
+use redis::io::tcp::TcpSettings;
+use redis::{FromRedisValue, IntoConnectionInfo, ProtocolVersion, PushInfo, PushKind, Value};
+use tokio::sync::{mpsc, Mutex};
+
+use super::single::{decode_acquire, ttl_ms};
+use super::{Attempt, Renewal, Renewed, ReplicaWait, Timeouts};
+use crate::key::LockKey;
+use crate::scripts::{ACQUIRE, EXTEND, RELEASE, RENEW};
+use crate::token::Token;
+use crate::waiters::Waiters;
+use crate::LockError;
+
+/// Renewals per script call (one slot's locks per call).
+const RENEW_CHUNK: usize = 1000;
+/// Slot groups renewed concurrently.
+const RENEW_CONCURRENCY: usize = 64;
+/// Retries of one request inside the cluster client (redirects, `TRYAGAIN`,
+/// `CLUSTERDOWN`, reconnects), each after 50-500 ms.
+const CLIENT_RETRIES: u32 = 3;
+/// First and longest pause between resubscription rounds while the cluster fails over.
+const RESUBSCRIBE_BACKOFF: (Duration, Duration) =
+    (Duration::from_millis(50), Duration::from_secs(1));
+
+/// The locks (batch indices) of one `renew.lua` call, and its reply.
+type SlotRenewal = (Vec<usize>, Result<Vec<i64>, redis::RedisError>);
+
+/// A Redis Cluster.
+pub(crate) struct ClusterBackend {
+    urls: Vec<String>,
+    con: ClusterConnection,
+    subscriber: ShardSubscriber,
+    wait_con: Mutex<Option<ClusterConnection>>,
+    timeouts: Timeouts,
+}
+
+impl ClusterBackend {
+    /// Opens the command and subscriber connections (each sees the whole cluster) and
+    /// PINGs every node, within the connect timeout.
+    pub(crate) async fn connect(
+        urls: &[String],
+        timeouts: Timeouts,
+        waiters: Weak<Waiters>,
+    ) -> Result<Self, LockError> {
+        if urls.is_empty() {
+            return Err(LockError::invalid_option(
+                "cluster() needs at least one node URL",
+            ));
+        }
+        let client = builder(urls, timeouts)?
+            .build()
+            .map_err(|e| LockError::invalid_option(format!("invalid cluster URL: {e}")))?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let sub_client = builder(urls, timeouts)?
+            .use_protocol(ProtocolVersion::RESP3)
+            .push_sender(tx)
+            .build()
+            .map_err(|e| LockError::invalid_option(format!("invalid cluster URL: {e}")))?;
+        let connect = async {
+            let mut con = client.get_async_connection().await?;
+            let sub_con = sub_client.get_async_connection().await?;
+            con.route_command(
+                redis::cmd("PING"),
+                RoutingInfo::MultiNode((
+                    MultipleNodeRoutingInfo::AllNodes,
+                    Some(ResponsePolicy::AllSucceeded),
+                )),
+            )
+            .await?;
+            Ok::<_, redis::RedisError>((con, sub_con))
+        };
+        // redis-rs #1953: the cluster connect can hang; the timeout bounds it.
+        let (con, sub_con) = tokio::time::timeout(timeouts.connect, connect)
+            .await
+            .map_err(|_| timed_out("connect", timeouts.connect))?
+            .map_err(LockError::backend("connect"))?;
+        Ok(Self {
+            urls: urls.to_vec(),
+            con,
+            subscriber: ShardSubscriber::new(sub_con, rx, waiters, timeouts.response * 2),
+            wait_con: Mutex::new(None),
+            timeouts,
+        })
+    }
+
+    pub(crate) fn subscriber(&self) -> &ShardSubscriber {
+        &self.subscriber
+    }
+
+    pub(crate) async fn acquire(
+        &self,
+        key: &LockKey,
+        token: Token,
+        ttl: Duration,
+        replicas: Option<ReplicaWait>,
+    ) -> Result<Attempt, LockError> {
+        let keys = [key.full(), key.fence()];
+        let args = (token.as_bytes(), ttl_ms(ttl));
+        let Some(rw) = replicas else {
+            let reply: (i64, i64) = ACQUIRE
+                .invoke(&self.con, &keys, args)
+                .await
+                .map_err(LockError::backend("acquire"))?;
+            return Ok(decode_acquire(reply, None));
+        };
+        // WAIT blocks the node connection it runs on: a dedicated cluster connection,
+        // and the pipeline explicitly routed to the key's master (never a bare WAIT).
+        let mut slot = self.wait_con.lock().await;
+        let con = match slot.as_mut() {
+            Some(con) => con,
+            None => {
+                let client = wait_client(&self.urls, self.timeouts, rw.timeout)?;
+                let con =
+                    tokio::time::timeout(self.timeouts.connect, client.get_async_connection())
+                        .await
+                        .map_err(|_| timed_out("connect", self.timeouts.connect))?
+                        .map_err(LockError::backend("connect"))?;
+                slot.insert(con)
+            }
+        };
+        let mut pipe = redis::pipe();
+        pipe.add_command(ACQUIRE.load())
+            .add_command(ACQUIRE.evalsha(&keys, args))
+            .cmd("WAIT")
+            .arg(rw.replicas)
+            .arg(ttl_ms(rw.timeout));
+        let replies = con
+            .route_pipeline(pipe, 0, 3, master_of(key.full()))
+            .await
+            .map_err(LockError::backend("acquire"))?;
+        let (reply, acked): ((i64, i64), u32) = match <[Value; 3]>::try_from(replies) {
+            Ok([_, reply, acked]) => (decode(reply, "acquire")?, decode(acked, "acquire")?),
+            Err(other) => return Err(unexpected("acquire", other.len())),
+        };
+        Ok(decode_acquire(reply, Some(acked)))
+    }
+
+    pub(crate) async fn release(&self, key: &LockKey, token: Token) -> Result<bool, LockError> {
+        RELEASE
+            .invoke(&self.con, &[key.full()], (token.as_bytes(), "SPUBLISH"))
+            .await
+            .map_err(LockError::backend("release"))
+    }
+
+    pub(crate) async fn extend(
+        &self,
+        key: &LockKey,
+        token: Token,
+        ttl: Duration,
+    ) -> Result<bool, LockError> {
+        EXTEND
+            .invoke(&self.con, &[key.full()], (token.as_bytes(), ttl_ms(ttl)))
+            .await
+            .map_err(LockError::backend("extend"))
+    }
+
+    /// One `renew.lua` call per hash slot (up to [`RENEW_CHUNK`] locks each), sent
+    /// concurrently; a slot whose call failed leaves its locks [`Renewed::Unknown`].
+    /// Fails as a whole only when every call failed.
+    pub(crate) async fn renew(&self, batch: &[Renewal<'_>]) -> Result<Vec<Renewed>, LockError> {
+        let mut groups: HashMap<Slot, Vec<usize>> = HashMap::new();
+        for (i, r) in batch.iter().enumerate() {
+            groups
+                .entry(Slot::for_key(r.key.full()))
+                .or_default()
+                .push(i);
+        }
+        let calls: Vec<Vec<usize>> = groups
+            .into_values()
+            .flat_map(|indices| {
+                indices
+                    .chunks(RENEW_CHUNK)
+                    .map(<[usize]>::to_vec)
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let total = calls.len();
+        let renew_slot = |indices: Vec<usize>| async move {
+            let keys: Vec<&str> = indices.iter().map(|&i| batch[i].key.full()).collect();
+            let mut args: Vec<Vec<u8>> = Vec::with_capacity(indices.len() * 2);
+            for &i in &indices {
+                args.push(batch[i].token.as_bytes().to_vec());
+                args.push(ttl_ms(batch[i].ttl).to_string().into_bytes());
+            }
+            let reply: Result<Vec<i64>, _> = RENEW.invoke(&self.con, &keys, args.as_slice()).await;
+            (indices, reply)
+        };
+        let results: Vec<SlotRenewal> = stream::iter(calls)
+            .map(renew_slot)
+            .buffer_unordered(RENEW_CONCURRENCY)
+            .collect()
+            .await;
+        let mut out = vec![Renewed::Unknown; batch.len()];
+        let mut failed = 0;
+        let mut last_error = None;
+        for (indices, reply) in results {
+            match reply {
+                Ok(flags) => {
+                    for (&i, flag) in indices
+                        .iter()
+                        .zip(flags.into_iter().map(Some).chain(std::iter::repeat(None)))
+                    {
+                        out[i] = match flag {
+                            Some(1) => Renewed::Yes,
+                            Some(_) => Renewed::Lost,
+                            None => Renewed::Unknown,
+                        };
+                    }
+                }
+                Err(e) => {
+                    failed += 1;
+                    last_error = Some(e);
+                }
+            }
+        }
+        match last_error {
+            Some(e) if failed == total => Err(LockError::backend("renew")(e)),
+            Some(e) => {
+                tracing::warn!(failed, of = total, error = %e, "some slots' renewals failed; retrying them");
+                Ok(out)
+            }
+            None => Ok(out),
+        }
+    }
+
+    pub(crate) async fn is_locked(&self, key: &LockKey) -> Result<bool, LockError> {
+        redis::cmd("EXISTS")
+            .arg(key.full())
+            .query_async(&mut self.con.clone())
+            .await
+            .map_err(LockError::backend("exists"))
+    }
+
+    pub(crate) async fn force_unlock(&self, key: &LockKey) -> Result<bool, LockError> {
+        let mut pipe = redis::pipe();
+        pipe.cmd("DEL")
+            .arg(key.full())
+            .cmd("SPUBLISH")
+            .arg(key.full())
+            .arg("");
+        let replies = self
+            .con
+            .clone()
+            .route_pipeline(pipe, 0, 2, master_of(key.full()))
+            .await
+            .map_err(LockError::backend("force_unlock"))?;
+        let deleted = replies
+            .into_iter()
+            .next()
+            .ok_or_else(|| unexpected("force_unlock", 0))?;
+        decode(deleted, "force_unlock")
+    }
+}
+
+/// The route to the master of `key`'s slot.
+fn master_of(key: &str) -> SingleNodeRoutingInfo {
+    SingleNodeRoutingInfo::SpecificNode(Route::with_key(key, SlotAddr::Master))
+}
+
+/// A cluster client builder with the library's timeouts and bounded retries.
+fn builder(urls: &[String], timeouts: Timeouts) -> Result<ClusterClientBuilder, LockError> {
+    let infos = urls
+        .iter()
+        .map(|url| {
+            url.as_str()
+                .into_connection_info()
+                .map_err(|e| LockError::invalid_option(format!("invalid Redis URL {url:?}: {e}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(ClusterClientBuilder::new(infos)
+        .tcp_settings(TcpSettings::default().set_nodelay(true))
+        .connection_timeout(timeouts.connect)
+        .response_timeout(timeouts.response)
+        .overall_response_timeout(Some(timeouts.response * 2))
+        .retries(CLIENT_RETRIES)
+        .min_retry_wait(50)
+        .max_retry_wait(500))
+}
+
+/// A client whose timeouts leave room for a `WAIT` of up to `wait`.
+fn wait_client(
+    urls: &[String],
+    timeouts: Timeouts,
+    wait: Duration,
+) -> Result<ClusterClient, LockError> {
+    let response = timeouts.response + wait.max(Duration::from_secs(1));
+    builder(urls, timeouts)?
+        .response_timeout(response)
+        .overall_response_timeout(Some(response * 2))
+        .build()
+        .map_err(LockError::backend("connect"))
+}
+
+fn timed_out(operation: &'static str, after: Duration) -> LockError {
+    LockError::Backend {
+        operation,
+        source: std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("no answer within {after:?}"),
+        )
+        .into(),
+    }
+}
+
+/// Decodes one reply of a pipeline.
+fn decode<T: FromRedisValue>(value: Value, operation: &'static str) -> Result<T, LockError> {
+    redis::from_redis_value(value).map_err(|e| LockError::backend(operation)(e.into()))
+}
+
+fn unexpected(operation: &'static str, replies: usize) -> LockError {
+    LockError::Backend {
+        operation,
+        source: redis::RedisError::from((
+            redis::ErrorKind::UnexpectedReturnType,
+            "unexpected number of pipeline replies",
+            replies.to_string(),
+        )),
+    }
+}
+
+/// Sharded pub/sub wake-ups for the whole cluster: one RESP3 [`ClusterConnection`] (one
+/// socket per node) that carries nothing but `SSUBSCRIBE`/`SUNSUBSCRIBE`, shared by all
+/// keys with a reference count per channel.
+///
+/// Two tasks serve it: the dispatcher turns `smessage` pushes into wake-ups, and on a
+/// `Disconnection` push, or a `sunsubscribe` push for a channel still wanted (redis-rs
+/// loses those subscriptions), wakes the waiters at once and hands the channels to the
+/// resubscriber, which subscribes each one on its own (never several slots in one
+/// command), retrying with backoff while the slot has no reachable owner, and wakes the
+/// channel's waiters again once it is back. Both tasks end with the subscriber.
+pub(crate) struct ShardSubscriber {
+    inner: Arc<SubInner>,
+}
+
+struct SubInner {
+    con: ClusterConnection,
+    /// Wanted channels and the number of interests in each.
+    interest: StdMutex<HashMap<String, usize>>,
+    /// Serialises (un)subscribe commands so the server sees them in decision order.
+    ops: Mutex<()>,
+    resubscribe: mpsc::UnboundedSender<String>,
+    timeout: Duration,
+}
+
+impl ShardSubscriber {
+    fn new(
+        con: ClusterConnection,
+        pushes: mpsc::UnboundedReceiver<PushInfo>,
+        waiters: Weak<Waiters>,
+        timeout: Duration,
+    ) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let inner = Arc::new(SubInner {
+            con,
+            interest: StdMutex::new(HashMap::new()),
+            ops: Mutex::new(()),
+            resubscribe: tx,
+            timeout,
+        });
+        tokio::spawn(dispatch(pushes, Arc::downgrade(&inner), waiters.clone()));
+        tokio::spawn(resubscriber(rx, Arc::downgrade(&inner), waiters));
+        Self { inner }
+    }
+
+    /// Adds one interest in `key`'s channel; the first one subscribes (and waits for
+    /// the server's confirmation).
+    pub(crate) async fn subscribe(&self, key: &str) -> Result<(), LockError> {
+        let inner = &self.inner;
+        let _ops = inner.ops.lock().await;
+        if let Some(n) = inner.interest().get_mut(key) {
+            *n += 1;
+            return Ok(());
+        }
+        inner.ssubscribe(key).await?;
+        inner.interest().insert(key.to_owned(), 1);
+        Ok(())
+    }
+
+    /// Drops one interest in `key`'s channel; the last one unsubscribes.
+    pub(crate) async fn unsubscribe(&self, key: &str) -> Result<(), LockError> {
+        let inner = &self.inner;
+        let _ops = inner.ops.lock().await;
+        {
+            let mut interest = inner.interest();
+            let Some(n) = interest.get_mut(key) else {
+                return Ok(());
+            };
+            *n -= 1;
+            if *n > 0 {
+                return Ok(());
+            }
+            interest.remove(key);
+        }
+        let mut con = inner.con.clone();
+        tokio::time::timeout(inner.timeout, con.sunsubscribe(key))
+            .await
+            .map_err(|_| timed_out("unsubscribe", inner.timeout))?
+            .map_err(LockError::backend("unsubscribe"))
+    }
+}
+
+impl SubInner {
+    fn interest(&self) -> MutexGuard<'_, HashMap<String, usize>> {
+        self.interest.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn wants(&self, channel: &str) -> bool {
+        self.interest().contains_key(channel)
+    }
+
+    /// One `SSUBSCRIBE` for one channel, bounded by the timeout.
+    async fn ssubscribe(&self, channel: &str) -> Result<(), LockError> {
+        let mut con = self.con.clone();
+        tokio::time::timeout(self.timeout, con.ssubscribe(channel))
+            .await
+            .map_err(|_| timed_out("subscribe", self.timeout))?
+            .map_err(LockError::backend("subscribe"))
+    }
+
+    /// Subscribes `channel` again if it is still wanted; `Ok(false)` when it is not.
+    async fn resubscribe(&self, channel: &str) -> Result<bool, LockError> {
+        let _ops = self.ops.lock().await;
+        if !self.wants(channel) {
+            return Ok(false);
+        }
+        self.ssubscribe(channel).await.map(|()| true)
+    }
+}
+
+/// The channel a subscription push is about (its first element).
+fn channel_of(push: &PushInfo) -> Option<String> {
+    match push.data.first()? {
+        Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
+        Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+async fn dispatch(
+    mut pushes: mpsc::UnboundedReceiver<PushInfo>,
+    inner: Weak<SubInner>,
+    waiters: Weak<Waiters>,
+) {
+    // Ends when the subscriber's connection is dropped (the sender goes with it).
+    while let Some(push) = pushes.recv().await {
+        let (Some(waiters), Some(inner)) = (waiters.upgrade(), inner.upgrade()) else {
+            return;
+        };
+        match push.kind {
+            PushKind::SMessage | PushKind::Message => {
+                if let Some(msg) = redis::Msg::from_push_info(push) {
+                    waiters.wake(msg.get_channel_name());
+                }
+            }
+            PushKind::Disconnection => {
+                tracing::debug!(
+                    "cluster subscriber reconnecting: waking every waiter and resubscribing"
+                );
+                waiters.wake_all();
+                let wanted: Vec<String> = inner.interest().keys().cloned().collect();
+                for channel in wanted {
+                    let _ = inner.resubscribe.send(channel);
+                }
+            }
+            PushKind::SUnsubscribe => {
+                // Ours (after the last interest left) or the server's, when the slot moved.
+                if let Some(channel) = channel_of(&push).filter(|c| inner.wants(c)) {
+                    tracing::debug!(
+                        channel,
+                        "shard channel unsubscribed by the server; resubscribing"
+                    );
+                    waiters.wake(&channel);
+                    let _ = inner.resubscribe.send(channel);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+async fn resubscriber(
+    mut requests: mpsc::UnboundedReceiver<String>,
+    inner: Weak<SubInner>,
+    waiters: Weak<Waiters>,
+) {
+    let (min, max) = RESUBSCRIBE_BACKOFF;
+    let mut pending: HashSet<String> = HashSet::new();
+    let mut backoff = min;
+    // Ends when the subscriber is dropped (its sender goes with it); each round either
+    // empties `pending` or sleeps a growing backoff first.
+    loop {
+        if pending.is_empty() {
+            match requests.recv().await {
+                Some(channel) => {
+                    pending.insert(channel);
+                }
+                None => return,
+            }
+        }
+        while let Ok(channel) = requests.try_recv() {
+            pending.insert(channel);
+        }
+        let Some(sub) = inner.upgrade() else {
+            return;
+        };
+        let mut failed = HashSet::new();
+        for channel in pending.drain() {
+            match sub.resubscribe(&channel).await {
+                Ok(true) => {
+                    // A release between the loss and now went unheard: retry at once.
+                    if let Some(w) = waiters.upgrade() {
+                        w.wake(&channel);
+                    }
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::debug!(channel, error = %e, "resubscription failed; will retry");
+                    failed.insert(channel);
+                }
+            }
+        }
+        drop(sub);
+        pending = failed;
+        if pending.is_empty() {
+            backoff = min;
+            continue;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(backoff) => {}
+            more = requests.recv() => match more {
+                Some(channel) => {
+                    pending.insert(channel);
+                }
+                None => return,
+            },
+        }
+        backoff = (backoff * 2).min(max);
+    }
+}

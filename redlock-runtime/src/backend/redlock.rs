@@ -1,0 +1,465 @@
+//! Redlock: the same lock on N independent Redis masters, held by a majority.
+//!
+//! Every operation goes to all N nodes at once, each request bounded by the per-node
+//! timeout (default 200 ms, at most ttl/10), so a frozen or partitioned node costs at
+//! most that long and never hangs a call. Each node is a [`SingleBackend`] (its own
+//! command and subscriber connections, reconnecting by themselves).
+//!
+//! - **Acquire** runs `acquire.lua` (`SET NX PX` plus the node's fencing `INCR`) on every
+//!   node. The lock is ours iff a quorum (N/2+1) said yes *and* the validity
+//!   ttl − elapsed − drift (drift = 1 % of the ttl + 2 ms) is still positive. Otherwise
+//!   the attempt is undone on every node at once (a node whose reply was lost may have
+//!   applied it) and reported as [`Attempt::Held`] (retried by the manager after the
+//!   holders' remaining ttl plus a random jitter, or at once on a release notification),
+//!   or as [`LockError::QuorumUnavailable`] when fewer than a quorum of nodes answered.
+//! - **Release and extend** go to every node; they succeed when a quorum confirms, report
+//!   the lock lost when so many nodes deny it that no quorum can, and fail with
+//!   `QuorumUnavailable` when too few answered to tell.
+//! - **Renewal** (the watchdog) extends each lock on every node in one round trip per
+//!   node; a lock is lost once a majority no longer confirms it.
+//! - **Wake-ups**: waiters subscribe on every node, and any node's message wakes them
+//!   (a release publishes on every node it reaches).
+//!
+//! # Fencing tokens
+//! Each node keeps its own counter per key, raised by one on every `SET NX` it grants,
+//! in the same script. The token of an acquisition is the **maximum** counter among the
+//! nodes that granted it. That maximum must be *vouched for* by a quorum: nodes whose
+//! counter already equals it, plus nodes raised to it by `fence_floor.lua` (a
+//! compare-token `counter = max(counter, token)`, run only while the node still holds our
+//! lock key). When all granting nodes agree (the normal case) this costs nothing; when
+//! they disagree (a node was down or restarted) a second round trip raises the lagging
+//! ones before the guard is handed out, and an attempt that cannot get a quorum to vouch
+//! is undone like any failed attempt. Granting nodes that lag behind while a quorum
+//! already vouches are raised in the background.
+//!
+//! **Guaranteed, whatever the clocks and pauses do**: take two successful acquisitions
+//! A and B of a key, and a node *n* that vouched for A's token and granted B. B's
+//! `SET NX` on *n* succeeded, so A's key was gone from *n* by then; A's key was still
+//! there when *n* vouched (the vouch is compare-token); so B's `INCR` on *n* came after
+//! *n*'s counter reached A's token, and B's token is larger. Two quorums always share a
+//! node, so as long as no node loses its data, the tokens of any two acquisitions differ,
+//! and the one that took the shared node later has the larger token. With non-overlapping
+//! holds (Redlock's mutual exclusion working) that is real-time order: tokens strictly
+//! increase, and they start at 1.
+//!
+//! **Not guaranteed when nodes lose data** (a restart without persistence, or with
+//! `appendfsync everysec` losing its last second): a node that comes back empty has
+//! forgotten both the lock keys and its counters. Mutual exclusion needs the
+//! *delayed-restart rule*: a crashed node must stay down longer than the longest ttl in
+//! use (including `extend`), so every lock it knew has expired or been renewed on the
+//! others before it answers again. Tokens stay increasing as long as every quorum still
+//! meets a node that vouched for the previous token and kept its counter: with V vouching
+//! nodes and f of them restarted empty, that holds when V − f > N − quorum. An
+//! acquisition that won all N nodes tolerates ⌊N/2⌋ lost counters; one that won just a
+//! quorum tolerates none. Restarted nodes catch up with the next acquisition that wins
+//! them (their low counter is raised to the token). Persistence with
+//! `appendfsync always` on every node removes the caveat for both.
+
+use std::future::Future;
+use std::sync::Weak;
+use std::time::{Duration, Instant};
+
+use futures_util::future::join_all;
+
+use super::single::SingleBackend;
+use super::{Attempt, Renewal, Renewed, ReplicaWait, Timeouts};
+use crate::key::LockKey;
+use crate::lease::drift;
+use crate::scripts::FENCE_FLOOR;
+use crate::token::Token;
+use crate::waiters::Waiters;
+use crate::LockError;
+
+/// The default bound on each node's reply.
+pub(crate) const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(200);
+/// The longest random delay added to a retry after a failed attempt.
+const MAX_JITTER: Duration = Duration::from_millis(50);
+
+/// N independent masters.
+pub(crate) struct RedlockBackend {
+    nodes: Vec<SingleBackend>,
+    quorum: usize,
+    node_timeout: Duration,
+}
+
+/// How a quorum vote came out.
+enum Vote {
+    /// A quorum confirmed.
+    Yes,
+    /// So many nodes denied that no quorum can confirm.
+    No,
+    /// Too few answered to tell.
+    Unknown,
+}
+
+impl RedlockBackend {
+    /// Connects to and PINGs every node concurrently, within the connect timeout.
+    pub(crate) async fn connect(
+        urls: &[String],
+        timeouts: Timeouts,
+        node_timeout: Duration,
+        waiters: Weak<Waiters>,
+    ) -> Result<Self, LockError> {
+        if urls.is_empty() {
+            return Err(LockError::invalid_option(
+                "redlock() needs at least one node URL",
+            ));
+        }
+        if node_timeout.is_zero() {
+            return Err(LockError::invalid_option(
+                "redlock_node_timeout must be positive",
+            ));
+        }
+        let connected = join_all(
+            urls.iter()
+                .map(|url| SingleBackend::connect(url, timeouts, waiters.clone())),
+        )
+        .await;
+        let nodes = connected.into_iter().collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            quorum: nodes.len() / 2 + 1,
+            nodes,
+            node_timeout,
+        })
+    }
+
+    /// The per-node bound for a lock of `ttl`: the configured timeout, at most ttl/10.
+    fn node_timeout(&self, ttl: Duration) -> Duration {
+        self.node_timeout
+            .min(ttl / 10)
+            .max(Duration::from_millis(1))
+    }
+
+    /// Runs `f` on every node at once, each bounded by `timeout`.
+    async fn on_all<'a, T, F, Fut>(
+        &'a self,
+        operation: &'static str,
+        timeout: Duration,
+        f: F,
+    ) -> Vec<Result<T, LockError>>
+    where
+        F: Fn(&'a SingleBackend) -> Fut,
+        Fut: Future<Output = Result<T, LockError>> + 'a,
+    {
+        join_all(self.nodes.iter().map(|node| {
+            let request = f(node);
+            async move {
+                tokio::time::timeout(timeout, request)
+                    .await
+                    .unwrap_or_else(|_| Err(timed_out(operation, timeout)))
+            }
+        }))
+        .await
+    }
+
+    /// Counts confirmations and denials.
+    fn vote(&self, answers: impl IntoIterator<Item = Option<bool>>) -> Vote {
+        let (mut yes, mut no) = (0, 0);
+        for answer in answers {
+            match answer {
+                Some(true) => yes += 1,
+                Some(false) => no += 1,
+                None => {}
+            }
+        }
+        if yes >= self.quorum {
+            Vote::Yes
+        } else if no > self.nodes.len() - self.quorum {
+            Vote::No
+        } else {
+            Vote::Unknown
+        }
+    }
+
+    fn unavailable(&self, key: &LockKey, answers: &[Result<bool, LockError>]) -> LockError {
+        if let Some(Err(e)) = answers.iter().find(|a| a.is_err()) {
+            tracing::debug!(key = key.full(), error = %e, "redlock: too few nodes answered");
+        }
+        LockError::QuorumUnavailable {
+            key: key.full().to_owned(),
+            reached: answers.iter().filter(|a| a.is_ok()).count(),
+            needed: self.quorum,
+        }
+    }
+
+    pub(crate) async fn acquire(
+        &self,
+        key: &LockKey,
+        token: Token,
+        ttl: Duration,
+        replicas: Option<ReplicaWait>,
+    ) -> Result<Attempt, LockError> {
+        if replicas.is_some() {
+            return Err(LockError::invalid_option(
+                "min_replicas is not available with the redlock backend (its quorum of masters replaces it)",
+            ));
+        }
+        let started = Instant::now();
+        let timeout = self.node_timeout(ttl);
+        let answers = self
+            .on_all("acquire", timeout, |n| n.acquire(key, token, ttl, None))
+            .await;
+        let mut granted: Vec<(usize, u64)> = Vec::new();
+        let mut held: Vec<Option<Duration>> = Vec::new();
+        let mut last_error = None;
+        for (i, answer) in answers.into_iter().enumerate() {
+            match answer {
+                Ok(Attempt::Acquired { fence, .. }) => granted.push((i, fence)),
+                Ok(Attempt::Held { remaining }) => held.push(remaining),
+                Err(e) => last_error = Some(e),
+            }
+        }
+        if granted.len() >= self.quorum {
+            if let Some(fence) = self.settle_fence(key, token, &granted, timeout).await {
+                let validity = ttl
+                    .saturating_sub(started.elapsed())
+                    .saturating_sub(drift(ttl));
+                if !validity.is_zero() {
+                    return Ok(Attempt::Acquired {
+                        fence,
+                        replicas: None,
+                    });
+                }
+                tracing::debug!(key = key.full(), elapsed = ?started.elapsed(), "redlock: quorum won too late; undoing");
+            }
+        }
+        // Undo everywhere at once: a node whose reply was lost may have granted it.
+        self.on_all("release", timeout, |n| n.release(key, token))
+            .await;
+        let answered = granted.len() + held.len();
+        if answered < self.quorum {
+            if let Some(e) = last_error {
+                tracing::debug!(key = key.full(), error = %e, "redlock: too few nodes answered");
+            }
+            return Err(LockError::QuorumUnavailable {
+                key: key.full().to_owned(),
+                reached: answered,
+                needed: self.quorum,
+            });
+        }
+        Ok(Attempt::Held {
+            remaining: Some(self.retry_after(&held, ttl)),
+        })
+    }
+
+    /// The fencing token of a won quorum (the highest counter among `granted`), once a
+    /// quorum vouches for it; `None` when it cannot (the attempt must be undone).
+    async fn settle_fence(
+        &self,
+        key: &LockKey,
+        token: Token,
+        granted: &[(usize, u64)],
+        timeout: Duration,
+    ) -> Option<u64> {
+        let fence = granted.iter().map(|&(_, f)| f).max()?;
+        let behind: Vec<usize> = granted
+            .iter()
+            .filter(|&&(_, f)| f < fence)
+            .map(|&(i, _)| i)
+            .collect();
+        if behind.is_empty() {
+            return Some(fence);
+        }
+        let vouching = granted.len() - behind.len();
+        let raise = |i: usize| {
+            let con = self.nodes.get(i).map(SingleBackend::connection);
+            let keys = [key.full().to_owned(), key.fence().to_owned()];
+            async move {
+                let con = con.as_ref()?;
+                let raised =
+                    FENCE_FLOOR.invoke::<bool, _, _, _>(con, &keys, (token.as_bytes(), fence));
+                tokio::time::timeout(timeout, raised).await.ok()?.ok()
+            }
+        };
+        if vouching >= self.quorum {
+            // Already safe; bring the laggards up in the background.
+            let catch_up = join_all(behind.into_iter().map(raise));
+            tokio::spawn(async move {
+                catch_up.await;
+            });
+            return Some(fence);
+        }
+        let raised = join_all(behind.into_iter().map(raise))
+            .await
+            .into_iter()
+            .filter(|r| *r == Some(true))
+            .count();
+        if vouching + raised >= self.quorum {
+            Some(fence)
+        } else {
+            tracing::debug!(
+                key = key.full(),
+                "redlock: too few nodes vouch for the fencing token"
+            );
+            None
+        }
+    }
+
+    /// When to try again after losing: once enough holders' keys expire that a quorum
+    /// becomes possible (at once after a split vote), plus a random jitter so competing
+    /// clients do not collide again.
+    fn retry_after(&self, held: &[Option<Duration>], ttl: Duration) -> Duration {
+        // Holding nodes that must free up before the others can form a quorum.
+        let must_free = (self.quorum + held.len()).saturating_sub(self.nodes.len());
+        let base = if must_free == 0 {
+            Duration::ZERO
+        } else {
+            let mut remaining: Vec<Duration> = held
+                .iter()
+                .map(|r| r.unwrap_or(Duration::from_secs(1)))
+                .collect();
+            remaining.sort_unstable();
+            remaining.get(must_free - 1).copied().unwrap_or_default()
+        };
+        base + jitter((ttl / 10).clamp(Duration::from_millis(2), MAX_JITTER))
+    }
+
+    /// Releases on every node; true when a quorum deleted our token.
+    pub(crate) async fn release(&self, key: &LockKey, token: Token) -> Result<bool, LockError> {
+        let answers = self
+            .on_all("release", self.node_timeout, |n| n.release(key, token))
+            .await;
+        match self.vote(answers.iter().map(|a| a.as_ref().ok().copied())) {
+            Vote::Yes => Ok(true),
+            Vote::No => Ok(false),
+            Vote::Unknown => Err(self.unavailable(key, &answers)),
+        }
+    }
+
+    /// Extends on every node; true when a quorum still had our token.
+    pub(crate) async fn extend(
+        &self,
+        key: &LockKey,
+        token: Token,
+        ttl: Duration,
+    ) -> Result<bool, LockError> {
+        let answers = self
+            .on_all("extend", self.node_timeout(ttl), |n| {
+                n.extend(key, token, ttl)
+            })
+            .await;
+        match self.vote(answers.iter().map(|a| a.as_ref().ok().copied())) {
+            Vote::Yes => Ok(true),
+            Vote::No => Ok(false),
+            Vote::Unknown => Err(self.unavailable(key, &answers)),
+        }
+    }
+
+    /// One batched renewal per node, all at once; each lock is decided by its own vote.
+    pub(crate) async fn renew(&self, batch: &[Renewal<'_>]) -> Result<Vec<Renewed>, LockError> {
+        let shortest = batch
+            .iter()
+            .map(|r| r.ttl)
+            .min()
+            .unwrap_or(self.node_timeout);
+        let answers = self
+            .on_all("renew", self.node_timeout(shortest), |n| n.renew(batch))
+            .await;
+        if answers.iter().all(Result::is_err) {
+            if let Some(Err(e)) = answers.into_iter().next() {
+                return Err(e);
+            }
+            return Ok(vec![Renewed::Unknown; batch.len()]);
+        }
+        Ok((0..batch.len())
+            .map(|i| {
+                let votes = answers
+                    .iter()
+                    .map(|a| a.as_ref().ok().and_then(|flags| flags.get(i).copied()));
+                match self.vote(votes) {
+                    Vote::Yes => Renewed::Yes,
+                    Vote::No => Renewed::Lost,
+                    Vote::Unknown => Renewed::Unknown,
+                }
+            })
+            .collect())
+    }
+
+    /// Held when a quorum of nodes has the key.
+    pub(crate) async fn is_locked(&self, key: &LockKey) -> Result<bool, LockError> {
+        let answers = self
+            .on_all("exists", self.node_timeout, |n| n.is_locked(key))
+            .await;
+        match self.vote(answers.iter().map(|a| a.as_ref().ok().copied())) {
+            Vote::Yes => Ok(true),
+            Vote::No => Ok(false),
+            Vote::Unknown => Err(self.unavailable(key, &answers)),
+        }
+    }
+
+    /// Deletes the key on every node and wakes the waiters; true when any node had it.
+    pub(crate) async fn force_unlock(&self, key: &LockKey) -> Result<bool, LockError> {
+        let answers = self
+            .on_all("force_unlock", self.node_timeout, |n| n.force_unlock(key))
+            .await;
+        if answers.iter().filter(|a| a.is_ok()).count() < self.quorum {
+            return Err(self.unavailable(key, &answers));
+        }
+        Ok(answers.iter().any(|a| matches!(a, Ok(true))))
+    }
+
+    /// Subscribes on every node; enough when any node confirms (a release publishes on
+    /// every node it reaches, and the fallback timer covers the rest).
+    pub(crate) async fn subscribe(&self, key: &str) -> Result<(), LockError> {
+        let answers = self
+            .on_all("subscribe", self.node_timeout, |n| {
+                n.subscriber().subscribe(key)
+            })
+            .await;
+        first_ok(answers)
+    }
+
+    /// Drops one interest in `key` on every node.
+    pub(crate) async fn unsubscribe(&self, key: &str) -> Result<(), LockError> {
+        let answers = self
+            .on_all("unsubscribe", self.node_timeout, |n| {
+                n.subscriber().unsubscribe(key)
+            })
+            .await;
+        first_ok(answers)
+    }
+}
+
+/// `Ok` when any node succeeded, else the first error.
+fn first_ok(answers: Vec<Result<(), LockError>>) -> Result<(), LockError> {
+    let mut first_error = None;
+    for answer in answers {
+        match answer {
+            Ok(()) => return Ok(()),
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    first_error.map_or(Ok(()), Err)
+}
+
+/// A uniformly random duration in `0..=max`.
+fn jitter(max: Duration) -> Duration {
+    let span = u64::try_from(max.as_micros()).unwrap_or(u64::MAX).max(1);
+    let r = getrandom::u64().unwrap_or(0);
+    Duration::from_micros(r % span.saturating_add(1))
+}
+
+fn timed_out(operation: &'static str, after: Duration) -> LockError {
+    LockError::Backend {
+        operation,
+        source: std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("node did not answer within {after:?}"),
+        )
+        .into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jitter_stays_in_range() {
+        for _ in 0..100 {
+            assert!(jitter(Duration::from_millis(5)) <= Duration::from_millis(5));
+        }
+    }
+}
