@@ -1,0 +1,397 @@
+//! The attribute's options: `#[distributed_lock(key = "...", ttl = "10s", ...)]`.
+//!
+//! Every option is parsed on its own: a malformed value, an unknown option or a
+//! duplicate is recorded in the [`Ctxt`] and parsing goes on with the next
+//! option, so one compile pass reports every mistake. Each option keeps the
+//! tokens it was written with, for error spans.
+
+use proc_macro2::{Span, TokenStream, TokenTree};
+use quote::ToTokens;
+use syn::ext::IdentExt;
+use syn::parse::{ParseStream, Parser};
+use syn::{Expr, Ident, LitBool, LitStr, Path, Token};
+
+use crate::valid::Ctxt;
+
+/// The custom keywords of the attribute (`crate` is a real keyword, `Token![crate]`).
+pub(crate) mod kw {
+    syn::custom_keyword!(key);
+    syn::custom_keyword!(ttl);
+    syn::custom_keyword!(wait);
+    syn::custom_keyword!(watchdog);
+    syn::custom_keyword!(manager);
+    syn::custom_keyword!(guard);
+    syn::custom_keyword!(on_lost);
+}
+
+/// Every option name, in the order the docs list them (for "expected one of").
+const OPTION_NAMES: &str =
+    "`key`, `ttl`, `wait`, `watchdog`, `manager`, `guard`, `on_lost`, `crate`";
+
+/// The longest `ttl` the runtime accepts: 30 days.
+const MAX_TTL_MILLIS: u64 = 30 * 24 * 60 * 60 * 1000;
+
+/// One option: where it was first written (its `name = value` tokens) and its
+/// value, if the value was valid.
+pub(crate) struct Attr<T> {
+    name: &'static str,
+    tokens: Option<TokenStream>,
+    value: Option<T>,
+}
+
+impl<T> Attr<T> {
+    fn none(name: &'static str) -> Self {
+        Attr {
+            name,
+            tokens: None,
+            value: None,
+        }
+    }
+
+    /// Records that the option was written with `tokens`. A second occurrence is
+    /// a "duplicate" error spanned at the second one; the first one wins.
+    /// Returns whether this is the first occurrence.
+    fn seen(&mut self, cx: &Ctxt, tokens: &TokenStream) -> bool {
+        if self.tokens.is_some() {
+            cx.error_spanned_by(
+                tokens,
+                format_args!("duplicate option `{}`: it is already set above", self.name),
+            );
+            false
+        } else {
+            self.tokens = Some(tokens.clone());
+            true
+        }
+    }
+
+    /// Whether the option was written at all (even with an invalid value).
+    pub(crate) fn is_written(&self) -> bool {
+        self.tokens.is_some()
+    }
+
+    /// The valid value, if any.
+    pub(crate) fn get(&self) -> Option<&T> {
+        self.value.as_ref()
+    }
+}
+
+/// A duration literal such as `"10s"`, checked at compile time.
+pub(crate) struct DurationLit {
+    /// The duration in whole milliseconds.
+    pub(crate) millis: u64,
+    /// The literal as written, for spans.
+    pub(crate) lit: LitStr,
+}
+
+/// What happens when the lock is lost while the body runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OnLost {
+    /// Drop the body and return `Err(LockError::Lost.into())` (the default).
+    Abort,
+    /// Log and let the body finish.
+    Continue,
+}
+
+/// All options of one attribute.
+pub(crate) struct Options {
+    pub(crate) key: Attr<LitStr>,
+    pub(crate) ttl: Attr<DurationLit>,
+    pub(crate) wait: Attr<DurationLit>,
+    pub(crate) watchdog: Attr<LitBool>,
+    pub(crate) manager: Attr<Expr>,
+    pub(crate) guard: Attr<Ident>,
+    pub(crate) on_lost: Attr<OnLost>,
+    pub(crate) krate: Attr<Path>,
+}
+
+impl Options {
+    /// Parses the attribute's arguments, recording every problem in `cx`.
+    pub(crate) fn parse(cx: &Ctxt, args: TokenStream) -> Options {
+        let mut options = Options {
+            key: Attr::none("key"),
+            ttl: Attr::none("ttl"),
+            wait: Attr::none("wait"),
+            watchdog: Attr::none("watchdog"),
+            manager: Attr::none("manager"),
+            guard: Attr::none("guard"),
+            on_lost: Attr::none("on_lost"),
+            krate: Attr::none("crate"),
+        };
+        let parser = |input: ParseStream| -> syn::Result<()> {
+            while !input.is_empty() {
+                match options.parse_one(cx, input) {
+                    Ok(()) if input.is_empty() || input.peek(Token![,]) => {}
+                    Ok(()) => {
+                        cx.syn_error(input.error("expected `,` between options"));
+                        skip_to_comma(input)?;
+                    }
+                    Err(err) => {
+                        cx.syn_error(err);
+                        skip_to_comma(input)?;
+                    }
+                }
+                if !input.is_empty() {
+                    input.parse::<Token![,]>()?;
+                }
+            }
+            Ok(())
+        };
+        if let Err(err) = parser.parse2(args) {
+            cx.syn_error(err);
+        }
+        if !options.key.is_written() {
+            cx.error_at(
+                Span::call_site(),
+                "missing required option `key`, e.g. `#[distributed_lock(key = \"order_<id>\")]`",
+            );
+        }
+        options
+    }
+
+    /// Parses one `name = value` option.
+    fn parse_one(&mut self, cx: &Ctxt, input: ParseStream) -> syn::Result<()> {
+        let start = input.cursor();
+        let lookahead = input.lookahead1();
+        if lookahead.peek(kw::key) {
+            input.parse::<kw::key>()?;
+            let lit: LitStr = value(
+                &mut self.key,
+                input,
+                start,
+                "a string literal such as \"order_<id>\"",
+            )?;
+            if self.key.seen(cx, &tokens_since(start, input)) {
+                if lit.value().is_empty() {
+                    cx.error_spanned_by(&lit, "the lock key must not be empty");
+                } else {
+                    self.key.value = Some(lit);
+                }
+            }
+        } else if lookahead.peek(kw::ttl) {
+            input.parse::<kw::ttl>()?;
+            let lit: LitStr = value(
+                &mut self.ttl,
+                input,
+                start,
+                "a duration string such as \"10s\"",
+            )?;
+            if self.ttl.seen(cx, &tokens_since(start, input)) {
+                self.ttl.value = parse_duration(cx, lit, DurationKind::Ttl);
+            }
+        } else if lookahead.peek(kw::wait) {
+            input.parse::<kw::wait>()?;
+            let lit: LitStr = value(
+                &mut self.wait,
+                input,
+                start,
+                "a duration string such as \"2s\"",
+            )?;
+            if self.wait.seen(cx, &tokens_since(start, input)) {
+                self.wait.value = parse_duration(cx, lit, DurationKind::Wait);
+            }
+        } else if lookahead.peek(kw::watchdog) {
+            input.parse::<kw::watchdog>()?;
+            let lit: LitBool = value(&mut self.watchdog, input, start, "`true` or `false`")?;
+            if self.watchdog.seen(cx, &tokens_since(start, input)) {
+                self.watchdog.value = Some(lit);
+            }
+        } else if lookahead.peek(kw::manager) {
+            input.parse::<kw::manager>()?;
+            let expr: Expr = value(
+                &mut self.manager,
+                input,
+                start,
+                "an expression that evaluates to a `LockManager`",
+            )?;
+            if self.manager.seen(cx, &tokens_since(start, input)) {
+                self.manager.value = Some(expr);
+            }
+        } else if lookahead.peek(kw::guard) {
+            input.parse::<kw::guard>()?;
+            let ident: Ident = value(
+                &mut self.guard,
+                input,
+                start,
+                "an identifier to bind the `&LockGuard` to",
+            )?;
+            if self.guard.seen(cx, &tokens_since(start, input)) {
+                self.guard.value = Some(ident);
+            }
+        } else if lookahead.peek(kw::on_lost) {
+            input.parse::<kw::on_lost>()?;
+            let lit: LitStr = value(&mut self.on_lost, input, start, "\"abort\" or \"continue\"")?;
+            if self.on_lost.seen(cx, &tokens_since(start, input)) {
+                match lit.value().as_str() {
+                    "abort" => self.on_lost.value = Some(OnLost::Abort),
+                    "continue" => self.on_lost.value = Some(OnLost::Continue),
+                    other => cx.error_spanned_by(
+                        &lit,
+                        format_args!(
+                            "invalid `on_lost` value `{other}`: expected \"abort\" or \"continue\""
+                        ),
+                    ),
+                }
+            }
+        } else if lookahead.peek(Token![crate]) {
+            input.parse::<Token![crate]>()?;
+            let lit: LitStr = value(
+                &mut self.krate,
+                input,
+                start,
+                "a path in a string literal such as \"::redlock\"",
+            )?;
+            if self.krate.seen(cx, &tokens_since(start, input)) {
+                match lit.parse_with(Path::parse_mod_style) {
+                    Ok(path) => self.krate.value = Some(path),
+                    Err(_) => cx.error_spanned_by(
+                        &lit,
+                        format_args!(
+                            "invalid `crate` path `{}`: expected a path such as \"::redlock\"",
+                            lit.value()
+                        ),
+                    ),
+                }
+            }
+        } else if input.peek(Ident::peek_any) {
+            let name = input.call(Ident::parse_any)?;
+            cx.error_spanned_by(
+                &name,
+                format_args!("unknown option `{name}`: expected one of {OPTION_NAMES}"),
+            );
+            // Skip `= value` so that the next option is still checked.
+            skip_to_comma(input)?;
+        } else {
+            return Err(lookahead.error());
+        }
+        Ok(())
+    }
+}
+
+/// Skips the rest of an option, up to (not including) the next top-level comma.
+fn skip_to_comma(input: ParseStream) -> syn::Result<()> {
+    while !input.is_empty() && !input.peek(Token![,]) {
+        input.parse::<TokenTree>()?;
+    }
+    Ok(())
+}
+
+/// Parses an option's `= value`, saying what was expected if it is not there.
+/// An option with an invalid value still counts as written (no "missing key"
+/// on top of "expected a string literal").
+fn value<T: syn::parse::Parse, U>(
+    attr: &mut Attr<U>,
+    input: ParseStream,
+    start: syn::buffer::Cursor<'_>,
+    expected: &str,
+) -> syn::Result<T> {
+    let parsed = input.parse::<Token![=]>().and_then(|_| {
+        input
+            .parse::<T>()
+            .map_err(|err| syn::Error::new(err.span(), format_args!("expected {expected}")))
+    });
+    if parsed.is_err() && attr.tokens.is_none() {
+        attr.tokens = Some(tokens_since(start, input));
+    }
+    parsed
+}
+
+/// The tokens consumed from `start` up to where `input` is now.
+fn tokens_since(start: syn::buffer::Cursor<'_>, input: ParseStream) -> TokenStream {
+    let end = input.cursor();
+    let mut tokens = TokenStream::new();
+    let mut cursor = start;
+    while cursor < end {
+        match cursor.token_tree() {
+            Some((tt, next)) => {
+                tt.to_tokens(&mut tokens);
+                cursor = next;
+            }
+            None => break,
+        }
+    }
+    tokens
+}
+
+/// Which duration option is being parsed (they differ in their bounds).
+#[derive(Clone, Copy)]
+enum DurationKind {
+    Ttl,
+    Wait,
+}
+
+/// Parses a duration literal (`"250ms"`, `"10s"`, `"1m"`), reporting errors at the literal.
+fn parse_duration(cx: &Ctxt, lit: LitStr, kind: DurationKind) -> Option<DurationLit> {
+    let text = lit.value();
+    let millis = match duration_millis(&text) {
+        Ok(millis) => millis,
+        Err(reason) => {
+            cx.error_spanned_by(
+                &lit,
+                format_args!(
+                    "invalid duration \"{text}\": {reason}; expected a whole number followed by \
+                     `ms`, `s` or `m`, e.g. \"500ms\", \"10s\" or \"1m\""
+                ),
+            );
+            return None;
+        }
+    };
+    if let DurationKind::Ttl = kind {
+        if millis == 0 {
+            cx.error_spanned_by(&lit, "`ttl` must be at least 1ms");
+            return None;
+        }
+        if millis > MAX_TTL_MILLIS {
+            cx.error_spanned_by(
+                &lit,
+                format_args!("`ttl` must be at most 30 days (\"43200m\"), got \"{text}\""),
+            );
+            return None;
+        }
+    }
+    Some(DurationLit { millis, lit })
+}
+
+/// The milliseconds a duration literal stands for, or why it is invalid.
+fn duration_millis(text: &str) -> Result<u64, &'static str> {
+    let digits_end = text
+        .char_indices()
+        .find(|(_, c)| !c.is_ascii_digit())
+        .map_or(text.len(), |(i, _)| i);
+    let (digits, unit) = text.split_at(digits_end);
+    if digits.is_empty() {
+        return Err("it does not start with a number");
+    }
+    let factor = match unit {
+        "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "" => return Err("the unit is missing"),
+        _ => return Err("unknown unit"),
+    };
+    digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(factor))
+        .ok_or("the number is too large")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::duration_millis;
+
+    #[test]
+    fn durations() {
+        assert_eq!(duration_millis("10ms"), Ok(10));
+        assert_eq!(duration_millis("2s"), Ok(2_000));
+        assert_eq!(duration_millis("1m"), Ok(60_000));
+        assert_eq!(duration_millis("0s"), Ok(0));
+        assert!(duration_millis("10").is_err());
+        assert!(duration_millis("s").is_err());
+        assert!(duration_millis("1h").is_err());
+        assert!(duration_millis("1.5s").is_err());
+        assert!(duration_millis("-1s").is_err());
+        assert!(duration_millis(" 1s").is_err());
+        assert!(duration_millis("99999999999999999999s").is_err());
+        assert!(duration_millis("999999999999999999m").is_err());
+    }
+}

@@ -1,0 +1,442 @@
+//! Code generation: the annotated function, rewritten to run its body while
+//! holding the lock.
+//!
+//! For an `async fn` the expansion has this shape (`<crate>` is `::redlock` or
+//! the `crate = "..."` path; `__redlock_*` locals are hygienic, invisible to the
+//! body):
+//!
+//! ```text
+//! #[attrs] vis async fn buy(goods_id: u64, qty: u32) -> Result<Order, ShopError> where ... {
+//!     // only with `manager = EXPR`, evaluated once:
+//!     let __redlock_manager_ref: &<crate>::LockManager = &(EXPR);
+//!     let __redlock_manager: &<crate>::LockManager =
+//!         match <crate>::__private::resolve_manager(Some(__redlock_manager_ref) /* or None */) {
+//!             Ok(m) => m,
+//!             Err(e) => return Err(From::from(e)),
+//!         };
+//!     let __redlock_key = {
+//!         let mut __redlock_k = <crate>::__private::key_buffer(__redlock_manager, HINT);
+//!         let _ = Write::write_fmt(&mut __redlock_k, format_args!("buy_{{{}}}", goods_id));
+//!         __redlock_k
+//!     };
+//!     let __redlock_call = match <crate>::__private::enter(
+//!         __redlock_manager,
+//!         __redlock_key,
+//!         CallOptions { ttl: Some(Duration::from_millis(10000)), wait: None, watchdog: true, abort_on_lost: true },
+//!     ).await {
+//!         Ok(c) => c,
+//!         Err(e) => return Err(From::from(e)),
+//!     };
+//!     let g: &<crate>::LockGuard = __redlock_call.guard(); // only with `guard = g`
+//!     let __redlock_result = __redlock_call.run(async move {
+//!         if let Some(__redlock_ret) = None::<RET> { return __redlock_ret; } // fixes the type early
+//!         let __redlock_ret: RET = BODY; // `return` and `?` in BODY leave this block
+//!         __redlock_ret
+//!     }).await;
+//!     __redlock_call.finish().await;
+//!     __redlock_result
+//! }
+//! ```
+//!
+//! `RET` is the declared return type with any `impl Trait` replaced by `_`.
+//! The manager borrow ends at `enter`, so the body may move `self` or any
+//! parameter the manager expression or the key borrowed.
+//!
+//! A method already transformed by `#[async_trait]` is a plain `fn` whose body
+//! ends in `Box::pin(async move { ... })`; the prelude then goes at the start of
+//! a new `async move` block given to the same `Box::pin`, and the original block
+//! is the future passed to `run`:
+//!
+//! ```text
+//! fn m<'life0, 'async_trait>(&'life0 self, ...) -> Pin<Box<dyn Future<Output = RET> + Send + 'async_trait>> {
+//!     Box::pin(async move {
+//!         if let Some(__redlock_ret) = None::<RET> { return __redlock_ret; }
+//!         PRELUDE
+//!         let __redlock_result = __redlock_call.run(async move { /* as #[async_trait] wrote it */ }).await;
+//!         __redlock_call.finish().await;
+//!         __redlock_result
+//!     })
+//! }
+//! ```
+
+use proc_macro2::{Literal, Span, TokenStream};
+use quote::{quote, quote_spanned, ToTokens};
+use syn::spanned::Spanned;
+use syn::visit_mut::VisitMut;
+use syn::{
+    parse_quote, AttrStyle, Attribute, Expr, ExprAsync, Ident, ItemFn, Path, ReturnType, Stmt, Type,
+};
+
+use crate::attr::{DurationLit, OnLost, Options};
+use crate::key_template::{KeyTemplate, Scope};
+use crate::valid::{self, Ctxt};
+
+/// Expands `#[distributed_lock(args)] item`.
+pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
+    let cx = Ctxt::new();
+    let options = Options::parse(&cx, args);
+    let func: ItemFn = match syn::parse2(item.clone()) {
+        Ok(func) => func,
+        Err(_) => {
+            not_a_function(&cx, item.clone());
+            return with_errors(cx, item);
+        }
+    };
+
+    let async_trait = AsyncTraitBody::from_fn(&func);
+    let ret = valid::check_function(&cx, &func, async_trait.as_ref());
+    let scope = Scope::from_fn(&func, async_trait.as_ref().map(|body| &body.future.block));
+    let key = options
+        .key
+        .get()
+        .and_then(|lit| KeyTemplate::parse(&cx, lit, &scope));
+    let krate: Path = match options.krate.get() {
+        Some(path) => path.clone(),
+        None => parse_quote!(::redlock),
+    };
+
+    if let Err(err) = cx.check() {
+        return error_output(err, &func, &options, &krate);
+    }
+    let (Some(ret), Some(key)) = (ret, key) else {
+        // Unreachable: a missing return type or key has been reported above.
+        let err = syn::Error::new(Span::call_site(), "#[distributed_lock]: invalid input");
+        return error_output(err, &func, &options, &krate);
+    };
+
+    let expansion = Expansion {
+        krate,
+        options: &options,
+        key,
+        ret: erase_impl_trait(ret),
+    };
+    match &async_trait {
+        None => expansion.async_fn(&func),
+        Some(body) => expansion.async_trait_fn(&func, body),
+    }
+}
+
+/// The error for an item that is not a function with a body.
+fn not_a_function(cx: &Ctxt, item: TokenStream) {
+    if let Ok(decl) = syn::parse2::<syn::TraitItemFn>(item) {
+        if decl.default.is_none() {
+            cx.error_spanned_by(
+                &decl.sig,
+                "#[distributed_lock] needs the function's body: put it on the method in the \
+                 `impl`, not on the trait's declaration",
+            );
+            return;
+        }
+    }
+    cx.error_at(
+        Span::call_site(),
+        "#[distributed_lock] can only be used on an `async fn`",
+    );
+}
+
+/// Every recorded error, then `item` untouched.
+fn with_errors(cx: Ctxt, item: TokenStream) -> TokenStream {
+    let errors = cx.check().err().map(|err| err.to_compile_error());
+    quote!(#errors #item)
+}
+
+/// The errors, then the function as it was written, so that the only errors
+/// the user sees are the real ones. With `guard = g`, the body still gets a `g`
+/// (of the right type, never evaluated), so that its uses are not reported too.
+fn error_output(err: syn::Error, func: &ItemFn, options: &Options, krate: &Path) -> TokenStream {
+    let errors = err.to_compile_error();
+    let Some(guard) = options.guard.get() else {
+        return quote!(#errors #func);
+    };
+    let dummy = syn::parse2::<Stmt>(quote! {
+        #[allow(unused_variables, unreachable_code)]
+        let #guard: &#krate::LockGuard = {
+            fn __redlock_never<T>() -> T {
+                ::core::unreachable!()
+            }
+            __redlock_never()
+        };
+    });
+    let Ok(dummy) = dummy else {
+        return quote!(#errors #func);
+    };
+    let mut func = func.clone();
+    func.block.stmts.insert(0, dummy);
+    quote!(#errors #func)
+}
+
+/// A method body as `#[async_trait]` writes it: a non-`async` fn whose last
+/// expression is `Box::pin(async move { ... })` and whose return type is a
+/// boxed `Future<Output = T>`. (Found like tracing's `AsyncInfo`.)
+pub(crate) struct AsyncTraitBody<'a> {
+    /// The `T` of `Future<Output = T>`.
+    output: &'a Type,
+    /// The position of the `Box::pin(...)` statement in the fn's block.
+    stmt_index: usize,
+    /// The `Box::pin` path, kept as written.
+    box_pin: &'a Expr,
+    /// The `async move { ... }` argument.
+    future: &'a ExprAsync,
+}
+
+impl<'a> AsyncTraitBody<'a> {
+    pub(crate) fn from_fn(func: &'a ItemFn) -> Option<Self> {
+        if func.sig.asyncness.is_some() {
+            return None;
+        }
+        let ReturnType::Type(_, ret) = &func.sig.output else {
+            return None;
+        };
+        let output = valid::future_output(ret)?;
+        let (stmt_index, last) =
+            func.block
+                .stmts
+                .iter()
+                .enumerate()
+                .next_back()
+                .and_then(|(i, stmt)| match stmt {
+                    Stmt::Expr(expr, None) => Some((i, expr)),
+                    _ => None,
+                })?;
+        let Expr::Call(call) = last else {
+            return None;
+        };
+        let Expr::Path(path) = &*call.func else {
+            return None;
+        };
+        let mut segments = path.path.segments.iter().rev();
+        let is_box_pin = segments.next().is_some_and(|s| s.ident == "pin")
+            && segments.next().is_some_and(|s| s.ident == "Box");
+        if !is_box_pin || call.args.len() != 1 {
+            return None;
+        }
+        let Some(Expr::Async(future)) = call.args.first() else {
+            return None;
+        };
+        Some(AsyncTraitBody {
+            output,
+            stmt_index,
+            box_pin: &call.func,
+            future,
+        })
+    }
+
+    /// The future's output type, as declared.
+    pub(crate) fn output(&self) -> &'a Type {
+        self.output
+    }
+}
+
+/// Everything needed to write the expansion of a valid input.
+struct Expansion<'a> {
+    krate: Path,
+    options: &'a Options,
+    key: KeyTemplate,
+    /// The body's output type, `impl Trait` erased to `_`.
+    ret: Type,
+}
+
+/// The hygienic name of one of the expansion's locals.
+fn local(name: &str) -> Ident {
+    Ident::new(name, Span::mixed_site())
+}
+
+impl Expansion<'_> {
+    /// An `async fn`: the prelude, then the body in `run`.
+    fn async_fn(&self, func: &ItemFn) -> TokenStream {
+        let (outer_attrs, inner_attrs) = split_attrs(&func.attrs);
+        let vis = &func.vis;
+        let sig = &func.sig;
+        let ret = &self.ret;
+        let body = &func.block;
+        let prelude = self.prelude();
+        let call = local("__redlock_call");
+        let result = local("__redlock_result");
+        let ret_value = local("__redlock_ret");
+        let core = self.core();
+        let body_future = quote_spanned! {Span::mixed_site()=>
+            async move {
+                if let #core::option::Option::Some(#ret_value) = #core::option::Option::None::<#ret> {
+                    #[allow(unreachable_code)]
+                    return #ret_value;
+                }
+                let #ret_value: #ret = #body;
+                #[allow(unreachable_code)]
+                #ret_value
+            }
+        };
+        let run = quote_spanned! {Span::mixed_site()=>
+            let #result = #call.run(#body_future).await;
+            #call.finish().await;
+            #result
+        };
+        quote! {
+            #(#outer_attrs)*
+            #vis #sig {
+                #(#inner_attrs)*
+                #prelude
+                #run
+            }
+        }
+    }
+
+    /// A method transformed by `#[async_trait]`: the prelude at the start of a
+    /// new `async move` block, the original block given to `run`.
+    fn async_trait_fn(&self, func: &ItemFn, body: &AsyncTraitBody<'_>) -> TokenStream {
+        let (outer_attrs, inner_attrs) = split_attrs(&func.attrs);
+        let vis = &func.vis;
+        let sig = &func.sig;
+        let ret = &self.ret;
+        let before = &func.block.stmts[..body.stmt_index.min(func.block.stmts.len())];
+        let box_pin = body.box_pin;
+        let future = body.future;
+        let prelude = self.prelude();
+        let call = local("__redlock_call");
+        let result = local("__redlock_result");
+        let ret_value = local("__redlock_ret");
+        let core = self.core();
+        let locked = quote_spanned! {Span::mixed_site()=>
+            async move {
+                if let #core::option::Option::Some(#ret_value) = #core::option::Option::None::<#ret> {
+                    #[allow(unreachable_code)]
+                    return #ret_value;
+                }
+                #prelude
+                let #result = #call.run(#future).await;
+                #call.finish().await;
+                #result
+            }
+        };
+        quote! {
+            #(#outer_attrs)*
+            #vis #sig {
+                #(#inner_attrs)*
+                #(#before)*
+                #box_pin(#locked)
+            }
+        }
+    }
+
+    /// `<crate>::__private::core`.
+    fn core(&self) -> TokenStream {
+        let krate = &self.krate;
+        quote!(#krate::__private::core)
+    }
+
+    /// Resolves the manager, builds the key, enters the lock and binds the
+    /// guard; an error returns `Err(From::from(error))` from the enclosing body.
+    fn prelude(&self) -> TokenStream {
+        let krate = &self.krate;
+        let core = self.core();
+        let manager = local("__redlock_manager");
+        let manager_ref = local("__redlock_manager_ref");
+        let key = local("__redlock_key");
+        let buffer = local("__redlock_k");
+        let call = local("__redlock_call");
+        let value = local("__redlock_value");
+        let error = local("__redlock_error");
+
+        let (manager_ref_stmt, explicit) = match self.options.manager.get() {
+            Some(expr) => {
+                let stmt = quote_spanned! {expr.span()=>
+                    let #manager_ref: &#krate::LockManager = &(#expr);
+                };
+                let explicit = quote_spanned! {Span::mixed_site()=>
+                    #core::option::Option::Some(#manager_ref)
+                };
+                (stmt, explicit)
+            }
+            None => (
+                TokenStream::new(),
+                quote_spanned!(Span::mixed_site()=> #core::option::Option::None),
+            ),
+        };
+
+        let hint = Literal::usize_unsuffixed(self.key.capacity_hint());
+        let write = self.key.write_to(krate, &buffer);
+
+        let duration = |lit: Option<&DurationLit>| match lit {
+            Some(duration) => {
+                let millis = Literal::u64_suffixed(duration.millis);
+                quote_spanned! {duration.lit.span()=>
+                    #core::option::Option::Some(#core::time::Duration::from_millis(#millis))
+                }
+            }
+            None => quote_spanned!(Span::mixed_site()=> #core::option::Option::None),
+        };
+        let ttl = duration(self.options.ttl.get());
+        let wait = duration(self.options.wait.get());
+        let watchdog = match self.options.watchdog.get() {
+            Some(lit) => lit.into_token_stream(),
+            None => quote!(true),
+        };
+        let abort_on_lost = match self.options.on_lost.get() {
+            Some(OnLost::Continue) => quote!(false),
+            Some(OnLost::Abort) | None => quote!(true),
+        };
+        let guard = self.options.guard.get().map(|guard| {
+            quote_spanned! {Span::mixed_site()=>
+                let #guard: &#krate::LockGuard = #call.guard();
+            }
+        });
+        let bail = quote_spanned! {Span::mixed_site()=>
+            return #core::result::Result::Err(#core::convert::From::from(#error))
+        };
+
+        quote_spanned! {Span::mixed_site()=>
+            #manager_ref_stmt
+            let #manager: &#krate::LockManager = match #krate::__private::resolve_manager(#explicit) {
+                #core::result::Result::Ok(#value) => #value,
+                #core::result::Result::Err(#error) => #bail,
+            };
+            let #key = {
+                let mut #buffer = #krate::__private::key_buffer(#manager, #hint);
+                #write
+                #buffer
+            };
+            let #call = match #krate::__private::enter(
+                #manager,
+                #key,
+                #krate::__private::CallOptions {
+                    ttl: #ttl,
+                    wait: #wait,
+                    watchdog: #watchdog,
+                    abort_on_lost: #abort_on_lost,
+                },
+            )
+            .await
+            {
+                #core::result::Result::Ok(#value) => #value,
+                #core::result::Result::Err(#error) => #bail,
+            };
+            #guard
+        }
+    }
+}
+
+/// Splits a function's attributes into the outer ones and the inner ones
+/// (`#![...]` at the top of the body, which syn keeps with the outer ones).
+fn split_attrs(attrs: &[Attribute]) -> (Vec<&Attribute>, Vec<&Attribute>) {
+    attrs
+        .iter()
+        .partition(|attr| matches!(attr.style, AttrStyle::Outer))
+}
+
+/// `ty` with every `impl Trait` replaced by `_`, so that it can annotate a `let`.
+fn erase_impl_trait(ty: &Type) -> Type {
+    struct Eraser;
+    impl VisitMut for Eraser {
+        fn visit_type_mut(&mut self, ty: &mut Type) {
+            if let Type::ImplTrait(imp) = ty {
+                *ty = Type::Infer(syn::TypeInfer {
+                    underscore_token: syn::Token![_](imp.span()),
+                });
+            } else {
+                syn::visit_mut::visit_type_mut(self, ty);
+            }
+        }
+    }
+    let mut ty = ty.clone();
+    Eraser.visit_type_mut(&mut ty);
+    ty
+}

@@ -1,0 +1,10 @@
+use redlock::{distributed_lock, LockError};
+
+#[distributed_lock(key = "")]
+async fn job(id: u64) -> Result<u64, LockError> {
+    Ok(id)
+}
+
+fn main() {
+    let _ = job(1);
+}
