@@ -20,12 +20,21 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub use redlock_runtime::{
-    LockError, LockGuard, LockManager, LockManagerBuilder, LockOptions, DEFAULT_MAX_WAITERS_PER_KEY,
-    DEFAULT_PREFIX, DEFAULT_TTL, DEFAULT_WAIT, MAX_KEY_LEN, MAX_TTL, MIN_TTL,
+    LockError, LockGuard, LockManager, LockManagerBuilder, LockOptions,
+    DEFAULT_MAX_WAITERS_PER_KEY, DEFAULT_PREFIX, DEFAULT_TTL, DEFAULT_WAIT, MAX_KEY_LEN, MAX_TTL,
+    MIN_TTL,
 };
 
 #[cfg(feature = "macros")]
 pub use redlock_macros::distributed_lock;
+
+/// Web integration (feature `tower`): [`LockLayer`](tower::LockLayer), a `tower::Layer`
+/// that serialises requests per lock key, its key extractors and the HTTP error mapping.
+/// With the `axum` feature, `LockError` also implements `axum::response::IntoResponse`.
+#[cfg(feature = "tower")]
+pub mod tower {
+    pub use redlock_runtime::layer::*;
+}
 
 /// What `#[distributed_lock]` expansions use. Not public API.
 #[doc(hidden)]

@@ -13,23 +13,51 @@ use super::response::{error_response, HeldLock};
 use crate::{LockError, LockGuard};
 
 type Acquire = Pin<Box<dyn Future<Output = Result<LockGuard, LockError>> + Send>>;
+type Release = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// Releases the request's lock now; a lost lock or a failed release is logged, as the
+/// response goes out all the same.
+fn release(guard: LockGuard) -> Release {
+    Box::pin(async move {
+        let key = guard.key().to_owned();
+        let fencing_token = guard.fencing_token();
+        match guard.release().await {
+            Ok(()) => {}
+            Err(LockError::Lost { .. }) => tracing::warn!(
+                key,
+                fencing_token,
+                "lock lost while the request was handled; response returned"
+            ),
+            // The ttl frees the lock.
+            Err(error) => tracing::warn!(
+                key,
+                fencing_token,
+                error = %error,
+                "releasing the request's lock failed; response returned"
+            ),
+        }
+    })
+}
 
 pin_project! {
     /// The response future of [`LockService`](super::LockService): acquires the lock,
-    /// then calls the inner service and owns the lock's guard until the inner future
-    /// resolves. Dropping it at any point releases the lock (or abandons the attempt).
+    /// calls the inner service, and once the inner future resolves releases the lock
+    /// (one round trip) before it returns the response, so a client that sends its next
+    /// request on receiving the response finds the lock free. It owns the lock's guard
+    /// throughout: dropping it at any point releases the lock in the background (or
+    /// abandons the attempt to acquire it).
     pub struct ResponseFuture<S, B>
     where
         S: Service<Request<B>>,
     {
         #[pin]
-        state: State<S, B, S::Future>,
+        state: State<S, B, S::Future, Result<S::Response, S::Error>>,
     }
 }
 
 pin_project! {
     #[project = StateProj]
-    enum State<S, B, F> {
+    enum State<S, B, F, O> {
         // Waiting for the lock, with the ready inner service and the request.
         Acquiring {
             acquire: Acquire,
@@ -42,7 +70,12 @@ pin_project! {
             future: F,
             guard: Option<LockGuard>,
         },
-        // The rejection was returned.
+        // Releasing the lock, with the inner service's output.
+        Releasing {
+            release: Release,
+            output: Option<O>,
+        },
+        // The output was returned.
         Done,
     }
 }
@@ -123,17 +156,21 @@ where
                 },
                 StateProj::Running { future, guard } => {
                     let output = ready!(future.poll(cx));
-                    if let Some(guard) = guard.take() {
-                        if !guard.is_held() {
-                            tracing::warn!(
-                                key = guard.key(),
-                                fencing_token = guard.fencing_token(),
-                                "lock lost while the request was handled; response returned"
-                            );
-                        }
-                        // Released in the background: the response is not delayed.
-                        drop(guard);
-                    }
+                    let Some(guard) = guard.take() else {
+                        this.state.set(State::Done);
+                        return Poll::Ready(output);
+                    };
+                    this.state.set(State::Releasing {
+                        release: release(guard),
+                        output: Some(output),
+                    });
+                }
+                StateProj::Releasing { release, output } => {
+                    ready!(release.as_mut().poll(cx));
+                    let Some(output) = output.take() else {
+                        unreachable!("the output is taken only here")
+                    };
+                    this.state.set(State::Done);
                     return Poll::Ready(output);
                 }
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
@@ -151,6 +188,7 @@ where
             State::Acquiring { .. } => "acquiring",
             State::Running { guard: Some(_), .. } => "running",
             State::Running { guard: None, .. } => "running unlocked",
+            State::Releasing { .. } => "releasing",
             State::Done => "done",
         };
         f.debug_struct("ResponseFuture")

@@ -8,7 +8,9 @@
 //! - **no key**: calls the inner service at once, without locking;
 //! - **a key**: acquires the lock (with the layer's ttl and wait, through the manager's
 //!   prefix, local FIFO queue and wake-ups), then calls the inner service and holds the
-//!   lock until the inner service's future resolves. The guard is owned by the response
+//!   lock until the inner service's future resolves; it releases the lock (one round
+//!   trip) before handing the response on, so a client that sends its next request on
+//!   receiving the response finds the lock free. The guard is owned by the response
 //!   future, so the lock is also released when that future is dropped — when the client
 //!   disconnects, or a timeout layer gives up on the request. A handler reads the lock
 //!   from the request extensions as a [`HeldLock`] (key, fencing token, `lost()`);
