@@ -65,7 +65,7 @@ use super::single::SingleBackend;
 use super::{Attempt, Renewal, Renewed, ReplicaWait, Timeouts};
 use crate::key::LockKey;
 use crate::lease::drift;
-use crate::scripts::FENCE_FLOOR;
+use crate::scripts::{FENCE_FLOOR, RELEASE};
 use crate::token::Token;
 use crate::waiters::Waiters;
 use crate::LockError;
@@ -223,20 +223,23 @@ impl RedlockBackend {
                 tracing::debug!(key = key.full(), elapsed = ?started.elapsed(), "redlock: quorum won too late; undoing");
             }
         }
-        // Undo everywhere at once: a node whose reply was lost may have granted it.
-        self.on_all("release", timeout, |n| n.release(key, token))
-            .await;
         let answered = granted.len() + held.len();
         if answered < self.quorum {
             if let Some(e) = last_error {
                 tracing::debug!(key = key.full(), error = %e, "redlock: too few nodes answered");
             }
+            // The manager releases what a failed attempt may have taken, on every node,
+            // in the background: the error is not delayed by another round of timeouts.
             return Err(LockError::QuorumUnavailable {
                 key: key.full().to_owned(),
                 reached: answered,
                 needed: self.quorum,
             });
         }
+        // Undo everywhere at once (a node whose reply was lost may have granted it),
+        // before retrying, so that competing clients find the nodes free.
+        self.on_all("release", timeout, |n| undo(n, key, token))
+            .await;
         Ok(Attempt::Held {
             remaining: Some(self.retry_after(&held, ttl)),
         })
@@ -317,7 +320,7 @@ impl RedlockBackend {
     /// Releases on every node; true when a quorum deleted our token.
     pub(crate) async fn release(&self, key: &LockKey, token: Token) -> Result<bool, LockError> {
         let answers = self
-            .on_all("release", self.node_timeout, |n| n.release(key, token))
+            .on_all("release", self.node_timeout, |n| undo(n, key, token))
             .await;
         match self.vote(answers.iter().map(|a| a.as_ref().ok().copied())) {
             Vote::Yes => Ok(true),
@@ -418,6 +421,20 @@ impl RedlockBackend {
             .await;
         first_ok(answers)
     }
+}
+
+/// Compare-token delete and publish on one node, as one self-contained `EVAL`.
+///
+/// Not `EVALSHA`: when a node answers late, the caller stops waiting but the request is
+/// still delivered, in order after the acquire it undoes. An `EVALSHA` answered with
+/// `NOSCRIPT` (a restarted node) would then be lost with nobody left to send the
+/// fallback, leaving the late acquire in place for its whole ttl.
+async fn undo(node: &SingleBackend, key: &LockKey, token: Token) -> Result<bool, LockError> {
+    RELEASE
+        .eval(&[key.full()], (token.as_bytes(), "PUBLISH"))
+        .query_async(&mut node.connection())
+        .await
+        .map_err(LockError::backend("release"))
 }
 
 /// `Ok` when any node succeeded, else the first error.

@@ -1,0 +1,506 @@
+//! Redlock over 5 independent redis-server processes: the conformance suite, node
+//! failures (kill -9, SIGSTOP, late replies), fencing across restarts, and latency.
+
+mod conformance;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use conformance::{unique, Harness};
+use redis::AsyncCommands;
+use redlock::{LockError, LockManager, LockManagerBuilder, LockOptions};
+use redlock_testkit::{wait_until, ChaosProxy, Fault, RedisServer, RedisSet};
+
+/// Five independent masters, stopped on drop.
+struct Redlock {
+    set: RedisSet,
+}
+
+impl Redlock {
+    fn new() -> Self {
+        Self {
+            set: RedisSet::start(5),
+        }
+    }
+
+    fn managers(&self) -> LockManagerBuilder {
+        LockManager::builder().redlock(self.set.urls())
+    }
+}
+
+/// A fresh connection to one server.
+async fn raw(server: &RedisServer) -> redis::aio::MultiplexedConnection {
+    server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .expect("raw connection")
+}
+
+/// `GET` of an integer key on one server (0 when absent).
+fn get_int(server: &RedisServer, key: &str) -> i64 {
+    match server.cmd_sync(&["GET", key]).expect("GET") {
+        redis::Value::BulkString(b) => String::from_utf8_lossy(&b).parse().expect("integer"),
+        _ => 0,
+    }
+}
+
+fn exists(server: &RedisServer, key: &str) -> bool {
+    server.cmd_sync(&["EXISTS", key]).expect("EXISTS") == redis::Value::Int(1)
+}
+
+impl Harness for Redlock {
+    fn builder(&self) -> LockManagerBuilder {
+        self.managers()
+    }
+
+    async fn delete(&self, full_key: &str) {
+        let mut deleted = 0;
+        for node in self.set.nodes() {
+            let n: i64 = raw(node).await.del(full_key).await.unwrap();
+            deleted += n;
+        }
+        assert!(deleted >= 3, "the lock was on {deleted} nodes");
+    }
+
+    async fn steal(&self, full_key: &str) {
+        for node in self.set.nodes() {
+            let _: () = raw(node)
+                .await
+                .set_ex(full_key, "someone-else", 60)
+                .await
+                .unwrap();
+        }
+    }
+
+    async fn exists(&self, full_key: &str) -> bool {
+        for node in self.set.nodes() {
+            let there: bool = raw(node).await.exists(full_key).await.unwrap();
+            if there {
+                return true;
+            }
+        }
+        false
+    }
+}
+
+conformance_tests!(Redlock::new());
+
+/// Several managers and tasks over many keys: exact counts, never two holders, and
+/// tokens strictly increasing per key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_exclusion_over_many_keys() {
+    const KEYS: usize = 6;
+    const MANAGERS: usize = 3;
+    const TASKS: usize = 4;
+    const ROUNDS: usize = 10;
+    let h = Redlock::new();
+    let keys: Vec<String> = (0..KEYS).map(|i| unique(&format!("many{i}"))).collect();
+    let counters = Arc::new(Mutex::new(HashMap::<String, u64>::new()));
+    let active: Arc<Vec<AtomicUsize>> = Arc::new((0..KEYS).map(|_| AtomicUsize::new(0)).collect());
+    let last_token = Arc::new(Mutex::new(HashMap::<String, u64>::new()));
+    let mut tasks = Vec::new();
+    for m in 0..MANAGERS {
+        let locks = h.managers().build().await.unwrap();
+        for t in 0..TASKS {
+            let (locks, keys) = (locks.clone(), keys.clone());
+            let (counters, active, last_token) =
+                (counters.clone(), active.clone(), last_token.clone());
+            tasks.push(tokio::spawn(async move {
+                for r in 0..ROUNDS {
+                    let k = (m + t + r) % KEYS;
+                    let guard = locks
+                        .lock_with(&keys[k], LockOptions::new().wait(Duration::from_secs(30)))
+                        .await
+                        .expect("lock");
+                    assert_eq!(active[k].fetch_add(1, Ordering::SeqCst), 0, "two holders");
+                    {
+                        let mut last = last_token.lock().unwrap();
+                        let prev = last.insert(keys[k].clone(), guard.fencing_token());
+                        assert!(
+                            prev.is_none_or(|p| p < guard.fencing_token()),
+                            "token {} after {prev:?}",
+                            guard.fencing_token()
+                        );
+                    }
+                    let read = counters.lock().unwrap().get(&keys[k]).copied().unwrap_or(0);
+                    tokio::time::sleep(Duration::from_micros(300)).await;
+                    counters.lock().unwrap().insert(keys[k].clone(), read + 1);
+                    active[k].fetch_sub(1, Ordering::SeqCst);
+                    guard.release().await.expect("release");
+                }
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.expect("task");
+    }
+    let total: u64 = counters.lock().unwrap().values().sum();
+    assert_eq!(total, (MANAGERS * TASKS * ROUNDS) as u64);
+}
+
+/// With 2 of 5 nodes killed the lock still works; with 3 killed it fails fast with
+/// QuorumUnavailable (and takes nothing); once a node is back it works again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_dead_nodes_are_tolerated_three_are_quorum_unavailable() {
+    let mut h = Redlock::new();
+    let (a, b) = (
+        h.managers().build().await.unwrap(),
+        h.managers().build().await.unwrap(),
+    );
+    let key = unique("dead");
+    a.lock(&key).await.unwrap().release().await.unwrap();
+    h.set.node_mut(0).kill9();
+    h.set.node_mut(1).kill9();
+    for _ in 0..5 {
+        let g = a.lock(&key).await.expect("works with 3 of 5");
+        assert!(b.try_lock(&key).await.unwrap().is_none(), "two holders");
+        g.release().await.unwrap();
+    }
+    // A lock held across the failures stays held by the majority's renewals.
+    let held = a
+        .lock_with(&key, LockOptions::new().ttl(Duration::from_millis(600)))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert!(held.is_held(), "renewals on 3 of 5 keep the lock");
+    held.release().await.unwrap();
+
+    h.set.node_mut(2).kill9();
+    let start = Instant::now();
+    let err = b
+        .lock_with(&key, LockOptions::new().wait(Duration::from_secs(10)))
+        .await
+        .unwrap_err();
+    let took = start.elapsed();
+    println!("redlock: QuorumUnavailable with 3 of 5 nodes down after {took:?}");
+    assert!(
+        matches!(
+            err,
+            LockError::QuorumUnavailable {
+                reached: 2,
+                needed: 3,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.is_retryable());
+    assert!(took < Duration::from_secs(1), "took {took:?}");
+    for i in 3..5 {
+        assert!(
+            !exists(h.set.node(i), &format!("lock:{key}")),
+            "a failed attempt left its key"
+        );
+    }
+    h.set.node_mut(2).restart();
+    // The connection to the restarted node comes back within a few attempts.
+    let start = Instant::now();
+    let g = loop {
+        match b.lock(&key).await {
+            Ok(g) => break g,
+            Err(e @ LockError::QuorumUnavailable { .. })
+                if start.elapsed() < Duration::from_secs(10) =>
+            {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("not working again after {:?}: {e}", start.elapsed()),
+        }
+    };
+    println!(
+        "redlock: working again {:?} after the restart",
+        start.elapsed()
+    );
+    g.release().await.unwrap();
+}
+
+/// A node frozen (SIGSTOP) for longer than the ttl neither hangs nor breaks anything:
+/// requests are bounded by the per-node timeout, the held lock keeps its majority, and
+/// after SIGCONT the node's expired copy is simply gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_paused_past_the_ttl() {
+    let mut h = Redlock::new();
+    let (a, b) = (
+        h.managers().build().await.unwrap(),
+        h.managers().build().await.unwrap(),
+    );
+    let key = unique("paused");
+    let ttl = Duration::from_millis(500);
+    let guard = a
+        .lock_with(&key, LockOptions::new().ttl(ttl))
+        .await
+        .unwrap();
+    h.set.node_mut(0).pause();
+    let paused = Instant::now();
+    let mut slowest = Duration::ZERO;
+    while paused.elapsed() < ttl * 3 {
+        let start = Instant::now();
+        assert!(
+            b.try_lock(&key).await.unwrap().is_none(),
+            "taken while held"
+        );
+        let other = b
+            .lock(&unique("free"))
+            .await
+            .expect("other keys still work");
+        other.release().await.unwrap();
+        slowest = slowest.max(start.elapsed());
+        assert!(guard.is_held(), "renewals on 4 of 5 keep the lock");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    h.set.node_mut(0).resume();
+    println!("redlock: slowest try_lock + lock + release with one node frozen: {slowest:?}");
+    // Two round trips, each bounded by the per-node timeout (ttl/10 = 50 ms here for
+    // the try_lock, 200 ms for the others).
+    assert!(slowest < Duration::from_secs(2), "{slowest:?}");
+    assert!(guard.is_held());
+    let full = guard.key().to_owned();
+    assert!(
+        wait_until(Duration::from_secs(2), Duration::from_millis(20), || {
+            !exists(h.set.node(0), &full)
+        }),
+        "the frozen node's copy expired in wall-clock time"
+    );
+    guard.release().await.unwrap();
+    let g = b.lock(&key).await.expect("free after release");
+    g.release().await.unwrap();
+}
+
+/// A node whose acquire reply comes too late (here: a proxy delays it past the per-node
+/// timeout) applies the SET anyway; the release still reaches it and removes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_reaches_a_node_whose_reply_was_late() {
+    let h = Redlock::new();
+    let proxy = ChaosProxy::start(h.set.node(4).addr()).await.unwrap();
+    let mut urls = h.set.urls();
+    urls[4] = proxy.url();
+    let locks = LockManager::builder().redlock(&urls).build().await.unwrap();
+    let key = unique("late");
+    // Scripts cached on every node, as in any running system.
+    locks.lock(&key).await.unwrap().release().await.unwrap();
+    proxy.set(Fault::Delay(Duration::from_millis(300)));
+    let guard = locks
+        .lock_with(&key, LockOptions::new().ttl(Duration::from_secs(10)))
+        .await
+        .expect("4 of 5 in time");
+    let full = guard.key().to_owned();
+    let late = h.set.node(4);
+    assert!(
+        wait_until(
+            Duration::from_secs(3),
+            Duration::from_millis(20),
+            || exists(late, &full)
+        ),
+        "the late node applied the SET"
+    );
+    guard.release().await.expect("released on a quorum");
+    assert!(
+        wait_until(Duration::from_secs(3), Duration::from_millis(20), || {
+            !exists(late, &full)
+        }),
+        "the release reached the late node"
+    );
+    for node in h.set.nodes() {
+        assert!(!exists(node, &full));
+    }
+}
+
+/// Fencing tokens stay increasing when nodes restart empty (no persistence), and
+/// disagreeing counters are settled before a token is handed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_tokens_across_node_restarts() {
+    let mut h = Redlock::new();
+    let locks = h.managers().build().await.unwrap();
+    let key = unique("restarts");
+    let fence_key = format!("lock:{key}:fence");
+    let mut last = 0;
+    let mut take = |token: u64| {
+        assert!(token > last, "token {token} after {last}");
+        last = token;
+    };
+    for _ in 0..5 {
+        let g = locks.lock(&key).await.unwrap();
+        take(g.fencing_token());
+        g.release().await.unwrap();
+    }
+    // Two nodes come back empty: their counters restart from 0.
+    h.set.node_mut(0).restart();
+    h.set.node_mut(1).restart();
+    // Let the manager notice the dropped connections and reconnect.
+    for _ in 0..3 {
+        let _ = locks.is_locked(&key).await;
+    }
+    let g = locks
+        .lock_with(&key, LockOptions::new().wait(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    take(g.fencing_token());
+    let token = g.fencing_token();
+    // The restarted nodes were raised to the token (in the background: a quorum of
+    // up-to-date nodes already vouched for it).
+    for i in 0..2 {
+        assert!(
+            wait_until(
+                Duration::from_secs(2),
+                Duration::from_millis(10),
+                || get_int(h.set.node(i), &fence_key) == i64::try_from(token).unwrap()
+            ),
+            "node {i} did not catch up"
+        );
+    }
+    g.release().await.unwrap();
+
+    // Counters that disagree so that no quorum is up to date: [50, 50, 7, 7, 7].
+    for i in 0..5 {
+        let v = if i < 2 { "50" } else { "7" };
+        h.set.node(i).cmd_sync(&["SET", &fence_key, v]).unwrap();
+    }
+    let g = locks.lock(&key).await.unwrap();
+    assert_eq!(g.fencing_token(), 51, "the maximum over the quorum");
+    take(51);
+    for i in 0..5 {
+        assert!(
+            get_int(h.set.node(i), &fence_key) >= 51,
+            "node {i} vouches for the token before it is handed out"
+        );
+    }
+    g.release().await.unwrap();
+    let g = locks.lock(&key).await.unwrap();
+    assert_eq!(g.fencing_token(), 52, "all counters agree again");
+    g.release().await.unwrap();
+}
+
+/// The per-node timeout bounds every request, so an acquisition against a frozen
+/// majority is QuorumUnavailable after about one timeout, never a hang.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frozen_majority_is_quorum_unavailable_quickly() {
+    let mut h = Redlock::new();
+    let locks = h
+        .managers()
+        .redlock_node_timeout(Duration::from_millis(100))
+        .build()
+        .await
+        .unwrap();
+    for i in 0..3 {
+        h.set.node_mut(i).pause();
+    }
+    let start = Instant::now();
+    let err = locks.lock(&unique("frozen")).await.unwrap_err();
+    let took = start.elapsed();
+    for i in 0..3 {
+        h.set.node_mut(i).resume();
+    }
+    assert!(matches!(err, LockError::QuorumUnavailable { .. }), "{err}");
+    // One attempt (100 ms) plus its undo (100 ms).
+    assert!(took < Duration::from_millis(600), "took {took:?}");
+}
+
+/// Redlock has no `WAIT`: asking for replicas is an InvalidOption, not a silent no-op.
+#[tokio::test]
+async fn min_replicas_is_rejected() {
+    let h = Redlock::new();
+    let locks = h.managers().build().await.unwrap();
+    let err = locks
+        .lock_with("replicas", LockOptions::new().min_replicas(1))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::InvalidOption { .. }), "{err}");
+}
+
+/// Building checks every node: a dead one is an error within the connect timeout; an
+/// empty list is an InvalidOption.
+#[tokio::test]
+async fn build_checks_every_node() {
+    let h = Redlock::new();
+    let mut urls = h.set.urls();
+    urls[2] = format!("redis://127.0.0.1:{}", redlock_testkit::free_port());
+    let start = Instant::now();
+    let err = LockManager::builder()
+        .redlock(&urls)
+        .connect_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::Backend { .. }), "{err}");
+    assert!(start.elapsed() < Duration::from_secs(2));
+    let none: [&str; 0] = [];
+    let err = LockManager::builder()
+        .redlock(none)
+        .build()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::InvalidOption { .. }), "{err}");
+    // Owned strings work as well as &str.
+    let owned: Vec<String> = h.set.urls();
+    let locks = LockManager::builder().redlock(owned).build().await.unwrap();
+    assert_eq!(locks.backend_name(), "redlock");
+}
+
+/// Uncontended lock+release latency, Redlock over 5 masters vs one server, measured in
+/// the same run (printed for the closing note).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn latency_redlock_vs_single() {
+    const ROUNDS: usize = 200;
+    let h = Redlock::new();
+    let single = RedisServer::start();
+    let red = h.managers().build().await.unwrap();
+    let one = LockManager::connect(&single.url()).await.unwrap();
+    async fn median(locks: &LockManager, key: &str) -> Duration {
+        for _ in 0..20 {
+            locks.lock(key).await.unwrap().release().await.unwrap();
+        }
+        let mut samples = Vec::with_capacity(ROUNDS);
+        for _ in 0..ROUNDS {
+            let start = Instant::now();
+            locks.lock(key).await.unwrap().release().await.unwrap();
+            samples.push(start.elapsed());
+        }
+        samples.sort();
+        samples[ROUNDS / 2]
+    }
+    let key = unique("latency");
+    // Interleaved twice, to even out machine noise.
+    let s1 = median(&one, &key).await;
+    let r1 = median(&red, &key).await;
+    let s2 = median(&one, &key).await;
+    let r2 = median(&red, &key).await;
+    let (s, r) = (s1.min(s2), r1.min(r2));
+    // The machine's own floor: one raw PING vs five in parallel (5 servers share the
+    // cores with the client here; on separate hosts this ratio is close to 1).
+    let mut cons = Vec::new();
+    for node in h.set.nodes() {
+        cons.push(raw(node).await);
+    }
+    let mut raw_samples = |parallel: usize| {
+        let cons = cons[..parallel].to_vec();
+        async move {
+            let mut samples = Vec::with_capacity(ROUNDS);
+            for i in 0..ROUNDS + 20 {
+                let start = Instant::now();
+                futures::future::join_all(cons.iter().map(|c| async move {
+                    let _: () = redis::cmd("PING")
+                        .query_async(&mut c.clone())
+                        .await
+                        .unwrap();
+                }))
+                .await;
+                if i >= 20 {
+                    samples.push(start.elapsed());
+                }
+            }
+            samples.sort();
+            samples[ROUNDS / 2]
+        }
+    };
+    let (raw1, raw5) = (raw_samples(1).await, raw_samples(5).await);
+    println!(
+        "lock+release median over {ROUNDS}: redlock-5 {r:?}, single {s:?}, ratio {:.2} \
+         (machine floor: raw PING x5 in parallel {raw5:?} vs x1 {raw1:?}, ratio {:.2})",
+        r.as_secs_f64() / s.as_secs_f64(),
+        raw5.as_secs_f64() / raw1.as_secs_f64()
+    );
+    assert!(r < s * 10, "redlock {r:?} vs single {s:?}");
+}
