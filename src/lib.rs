@@ -28,13 +28,11 @@ pub use redlock_runtime::{
 #[cfg(feature = "macros")]
 pub use redlock_macros::distributed_lock;
 
-/// Web integration (feature `tower`): [`LockLayer`](tower::LockLayer), a `tower::Layer`
-/// that serialises requests per lock key, its key extractors and the HTTP error mapping.
-/// With the `axum` feature, `LockError` also implements `axum::response::IntoResponse`.
+// Web integration (feature `tower`): `LockLayer`, key extractors, the HTTP error
+// mapping; inlined so the module's documentation (status codes) shows here.
 #[cfg(feature = "tower")]
-pub mod tower {
-    pub use redlock_runtime::layer::*;
-}
+#[doc(inline)]
+pub use redlock_runtime::layer as tower;
 
 /// What `#[distributed_lock]` expansions use. Not public API.
 #[doc(hidden)]
