@@ -377,14 +377,16 @@ async fn full_queue_gets_503_with_retry_after(backend: Backend) {
         async move { post_(&client, addr, "/goods/5/hold").await }
     });
     assert_eq!(control.entered().await, 5);
-    let waiter = tokio::spawn({
-        let client = client.clone();
-        async move { post_(&client, addr, "/goods/5/hold").await }
-    });
-    // Let the waiter take the one queue slot.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-
-    let rejected = post_(&client, addr, "/goods/5/hold").await;
+    // Two more: whichever comes second finds the one queue slot taken, at once.
+    let (done, mut replies) = mpsc::unbounded_channel();
+    for _ in 0..2 {
+        let (client, done) = (client.clone(), done.clone());
+        tokio::spawn(async move { done.send(post_(&client, addr, "/goods/5/hold").await) });
+    }
+    let rejected = tokio::time::timeout(Duration::from_secs(10), replies.recv())
+        .await
+        .expect("one request is rejected while the holder still runs")
+        .unwrap();
     assert_eq!(
         rejected.status,
         StatusCode::SERVICE_UNAVAILABLE,
@@ -404,7 +406,8 @@ async fn full_queue_gets_503_with_retry_after(backend: Backend) {
 
     control.open();
     assert_eq!(holder.await.unwrap().status, StatusCode::OK);
-    assert_eq!(waiter.await.unwrap().status, StatusCode::OK);
+    let waiter = replies.recv().await.unwrap();
+    assert_eq!(waiter.status, StatusCode::OK, "the queued request ran");
     assert_eq!(control.calls.load(Ordering::SeqCst), 2);
 }
 
