@@ -234,7 +234,7 @@ pub async fn cancelled_lock_leaves_nothing<H: Harness>(h: &H) {
         queued.push(tokio::spawn(async move {
             w.lock_with(&k, LockOptions::new().wait(Duration::from_secs(10)))
                 .await
-                .map(|g| drop(g))
+                .map(drop)
         }));
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
