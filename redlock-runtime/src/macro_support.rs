@@ -32,7 +32,7 @@ pub struct CallOptions {
 /// The explicit manager, else the global one.
 pub fn resolve_manager(explicit: Option<&LockManager>) -> Result<&LockManager, LockError> {
     explicit
-        .or_else(|| LockManager::global())
+        .or(LockManager::global())
         .ok_or(LockError::NoManager)
 }
 
