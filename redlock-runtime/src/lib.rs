@@ -15,6 +15,8 @@ mod manager;
 mod notify;
 mod options;
 mod scripts;
+#[cfg(feature = "tls")]
+mod tls;
 mod token;
 mod waiters;
 mod watchdog;
