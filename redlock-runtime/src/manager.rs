@@ -234,6 +234,8 @@ impl LockManagerBuilder {
                 }
             }),
         ));
+        #[cfg(feature = "tls")]
+        crate::tls::install_crypto_provider();
         let backend = match target {
             Target::Memory => Backend::Memory(MemoryBackend::new(Arc::downgrade(&waiters))),
             Target::Cluster(urls) => Backend::Cluster(
