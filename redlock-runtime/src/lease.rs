@@ -6,8 +6,11 @@
 //! renewed it, plus its ttl, minus a clock-drift allowance (1 % of the ttl + 2 ms), so
 //! a holder gives the lock up before any server could let someone else take it.
 
+use std::future::Future as _;
+use std::pin::pin;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::LazyLock;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
@@ -165,20 +168,26 @@ impl Lease {
     /// Resolves once the lease is lost: the watchdog or a server said so, or the
     /// deadline passed.
     pub(crate) async fn lost(&self) {
-        // Each round sleeps until the current deadline, which only moves forward.
+        // Each round sleeps until the current deadline, which only moves forward. The
+        // clock is also read at every poll: a task resumed after a pause (SIGSTOP, a
+        // stalled runtime) sees the loss at its first poll, even before the expired timer
+        // has been fired, so `select!`ing on this stops the other branch at its next await.
         loop {
-            if self.state.load(Ordering::Acquire) == LOST {
-                return;
-            }
-            let deadline = self.deadline();
-            tokio::select! {
-                () = self.lost.cancelled() => return,
-                () = tokio::time::sleep_until(instant(deadline).into()) => {
-                    if now() >= self.deadline() {
-                        self.mark_lost("the lease deadline passed without a renewal");
-                        return;
-                    }
+            let mut sleep = pin!(tokio::time::sleep_until(instant(self.deadline()).into()));
+            let mut cancelled = pin!(self.lost.cancelled());
+            let over = std::future::poll_fn(|cx| {
+                if cancelled.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(true);
                 }
+                if now() >= self.deadline() {
+                    self.mark_lost("the lease deadline passed without a renewal");
+                    return Poll::Ready(true);
+                }
+                sleep.as_mut().poll(cx).map(|()| false)
+            })
+            .await;
+            if over {
+                return;
             }
         }
     }
