@@ -111,12 +111,15 @@ impl Call {
         if !self.abort_on_lost {
             return body.await;
         }
+        // Loss first: once the lease is lost the body is never polled again. Polled
+        // second, a body whose awaits complete without yielding (a fast reply, a
+        // descheduled thread) would run on for several steps after the loss was known.
         tokio::select! {
             biased;
-            result = body => result,
             () = self.guard.lost() => Err(E::from(LockError::Lost {
                 key: self.guard.key().to_owned(),
             })),
+            result = body => result,
         }
     }
 
