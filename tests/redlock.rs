@@ -474,7 +474,7 @@ async fn latency_redlock_vs_single() {
     for node in h.set.nodes() {
         cons.push(raw(node).await);
     }
-    let mut raw_samples = |parallel: usize| {
+    let raw_samples = |parallel: usize| {
         let cons = cons[..parallel].to_vec();
         async move {
             let mut samples = Vec::with_capacity(ROUNDS);
