@@ -52,7 +52,10 @@
 //!     Box::pin(async move {
 //!         if let Some(__redlock_ret) = None::<RET> { return __redlock_ret; }
 //!         PRELUDE
-//!         let __redlock_result = __redlock_call.run(async move { /* as #[async_trait] wrote it */ }).await;
+//!         let __redlock_result = __redlock_call.run(async move {
+//!             /* as #[async_trait] wrote it, with `let _ = (&id,);` (the key's
+//!                bindings) just before the body */
+//!         }).await;
 //!         __redlock_call.finish().await;
 //!         __redlock_result
 //!     })
@@ -64,7 +67,8 @@ use quote::{quote, quote_spanned, ToTokens};
 use syn::spanned::Spanned;
 use syn::visit_mut::VisitMut;
 use syn::{
-    parse_quote, AttrStyle, Attribute, Expr, ExprAsync, Ident, ItemFn, Path, ReturnType, Stmt, Type,
+    parse_quote, AttrStyle, Attribute, Expr, ExprAsync, Ident, ItemFn, Pat, Path, ReturnType, Stmt,
+    Type,
 };
 
 use crate::attr::{DurationLit, OnLost, Options};
@@ -227,6 +231,18 @@ impl<'a> AsyncTraitBody<'a> {
     }
 }
 
+/// `let __ret: RET = BLOCK;`, the statement where `#[async_trait]` puts the body.
+fn is_ret_binding(stmt: &Stmt) -> bool {
+    let Stmt::Local(local) = stmt else {
+        return false;
+    };
+    let pat = match &local.pat {
+        Pat::Type(typed) => &*typed.pat,
+        other => other,
+    };
+    matches!(pat, Pat::Ident(pat) if pat.ident == "__ret")
+}
+
 /// Everything needed to write the expansion of a valid input.
 struct Expansion<'a> {
     krate: Path,
@@ -260,6 +276,8 @@ impl Expansion<'_> {
                     #[allow(unreachable_code)]
                     return #ret_value;
                 }
+                // A body that is only `todo!()` or `panic!()` is fine.
+                #[allow(clippy::diverging_sub_expression)]
                 let #ret_value: #ret = #body;
                 #[allow(unreachable_code)]
                 #ret_value
@@ -289,7 +307,7 @@ impl Expansion<'_> {
         let ret = &self.ret;
         let before = &func.block.stmts[..body.stmt_index.min(func.block.stmts.len())];
         let box_pin = body.box_pin;
-        let future = body.future;
+        let future = self.use_key_roots(body.future);
         let prelude = self.prelude();
         let call = local("__redlock_call");
         let result = local("__redlock_result");
@@ -315,6 +333,21 @@ impl Expansion<'_> {
                 #box_pin(#locked)
             }
         }
+    }
+
+    /// `#[async_trait]` moves each by-value parameter into its future
+    /// (`let id = id;`), where one read only by the key (which is built before
+    /// the future) would be reported unused: the future reads the key's
+    /// bindings once, before the body (`let _ = (&id,);`).
+    fn use_key_roots(&self, future: &ExprAsync) -> ExprAsync {
+        let mut future = future.clone();
+        let roots = self.key.roots();
+        let body_at = future.block.stmts.iter().position(is_ret_binding);
+        if let (false, Some(index)) = (roots.is_empty(), body_at) {
+            let stmt: Stmt = parse_quote!(let _ = (#(&#roots,)*););
+            future.block.stmts.insert(index, stmt);
+        }
+        future
     }
 
     /// `<crate>::__private::core`.

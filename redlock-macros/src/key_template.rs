@@ -214,6 +214,8 @@ struct Placeholder {
     /// The destructuring it needs first, if its root is bound in an
     /// `#[async_trait]` body: `(param, pattern)`.
     destructure: Option<(Ident, Box<Pat>)>,
+    /// The binding it starts from, unless that is `self`.
+    root: Option<Ident>,
 }
 
 impl KeyTemplate {
@@ -404,6 +406,19 @@ impl KeyTemplate {
             .sum::<usize>()
             + if self.has_hash_tag { 0 } else { 2 }
     }
+
+    /// The bindings the placeholders start from, `self` excepted, each once.
+    pub(crate) fn roots(&self) -> Vec<&Ident> {
+        let mut seen = BTreeSet::new();
+        self.pieces
+            .iter()
+            .filter_map(|piece| match piece {
+                Piece::Placeholder(placeholder) => placeholder.root.as_ref(),
+                Piece::Text(_) => None,
+            })
+            .filter(|root| seen.insert(root.to_string()))
+            .collect()
+    }
 }
 
 /// Where the literal's value starts in its source text, when value bytes map
@@ -445,7 +460,7 @@ fn resolve(inner: &str, span: Span, scope: &Scope) -> syn::Result<Placeholder> {
     }
     let mut parts = inner.split('.');
     let root = parts.next().ok_or_else(invalid)?;
-    let (mut expr, destructure) = if root == "self" {
+    let (mut expr, destructure, root) = if root == "self" {
         let Some(self_span) = scope.receiver else {
             return Err(syn::Error::new(
                 span,
@@ -456,7 +471,7 @@ fn resolve(inner: &str, span: Span, scope: &Scope) -> syn::Result<Placeholder> {
             ));
         };
         let ident = Ident::new("self", span.resolved_at(self_span));
-        (quote!(#ident), None)
+        (quote!(#ident), None, None)
     } else {
         // Keywords are allowed, for raw identifiers: `<type>` names `r#type`.
         let name = Ident::parse_any.parse_str(root).map_err(|_| invalid())?;
@@ -476,7 +491,7 @@ fn resolve(inner: &str, span: Span, scope: &Scope) -> syn::Result<Placeholder> {
             Source::InScope => None,
             Source::Destructure { param, pat } => Some((param.clone(), pat.clone())),
         };
-        (quote!(#ident), destructure)
+        (quote!(#ident), destructure, Some(binding.ident.clone()))
     };
     for field in parts {
         let member = if !field.is_empty() && field.bytes().all(|b| b.is_ascii_digit()) {
@@ -487,7 +502,11 @@ fn resolve(inner: &str, span: Span, scope: &Scope) -> syn::Result<Placeholder> {
         };
         expr = quote!(#expr.#member);
     }
-    Ok(Placeholder { expr, destructure })
+    Ok(Placeholder {
+        expr,
+        destructure,
+        root,
+    })
 }
 
 /// The identifier of a named field: `id`, or `r#type` for `type`.
