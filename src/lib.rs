@@ -26,6 +26,7 @@ pub use redlock_runtime::{
 };
 
 #[cfg(feature = "macros")]
+#[doc = include_str!("distributed_lock.md")]
 pub use redlock_macros::distributed_lock;
 
 // Web integration (feature `tower`): `LockLayer`, key extractors, the HTTP error
