@@ -605,12 +605,37 @@ async fn master_failover_under_load() {
         }
     }
     let probe = h.builder().build().await.unwrap();
+    // A waiter parked on a key of the doomed master, held with a 30 s ttl: its
+    // subscription dies with the master and must come back on the promoted replica.
+    // Keys in the victim's slot that the load does not use: a load task's lock caught by
+    // the kill (its release failed) legitimately blocks its key until the ttl.
+    let tag = victim.split(['{', '}']).nth(1).unwrap_or("x").to_owned();
+    let parked = format!("parked_{{{tag}}}");
+    let probe_key = format!("probe_{{{tag}}}");
+    let holder = h.builder().build().await.unwrap();
+    let held = holder
+        .lock_with(
+            &parked,
+            LockOptions::new()
+                .ttl(Duration::from_secs(30))
+                .watchdog(false),
+        )
+        .await
+        .unwrap();
+    let (waiter, p2) = (h.builder().build().await.unwrap(), parked.clone());
+    let parked_waiter = tokio::spawn(async move {
+        let g = waiter
+            .lock_with(&p2, LockOptions::new().wait(Duration::from_secs(25)))
+            .await?;
+        let at = Instant::now();
+        g.release().await.map(|()| at)
+    });
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(done.load(Ordering::SeqCst) > 0, "load is running");
 
     let killed = h.cluster.kill_master_for_key(&format!("lock:{victim}"));
     let killed_at = Instant::now();
-    let (p2, v2) = (probe.clone(), victim.clone());
+    let (p2, v2) = (probe.clone(), probe_key.clone());
     let probing = tokio::spawn(async move {
         let mut slowest = Duration::ZERO;
         let mut attempts = 0;
@@ -638,6 +663,20 @@ async fn master_failover_under_load() {
     });
     let (recovered, attempts, slowest) = probing.await.expect("probe");
     let done_at_recovery = done.load(Ordering::SeqCst);
+    // The holder releases on the new master; the parked waiter is woken by that (or,
+    // had the lock not been replicated before the kill, by its own retry after the
+    // reconnect), not by the 30 s ttl.
+    let released = Instant::now();
+    let _ = held.release().await;
+    let acquired = parked_waiter
+        .await
+        .unwrap()
+        .expect("the parked waiter acquires");
+    let parked_wait = acquired.saturating_duration_since(released);
+    println!(
+        "cluster failover: a waiter parked across it acquired {parked_wait:?} after the release"
+    );
+    assert!(parked_wait < Duration::from_secs(3), "{parked_wait:?}");
     println!(
         "cluster failover: kill -9 of master {killed}: replica promoted after {promoted:?}, \
          its slots' locks work again after {recovered:?} ({attempts} try_lock attempts, the \
@@ -670,4 +709,42 @@ async fn master_failover_under_load() {
         done.load(Ordering::SeqCst),
         failures.load(Ordering::SeqCst)
     );
+}
+
+/// Building checks the seeds at once: a bad URL or an empty list is an InvalidOption,
+/// an unreachable seed or a server that is not a cluster is a Backend error within the
+/// connect timeout. Needs no cluster.
+#[tokio::test]
+async fn build_checks_the_seeds() {
+    let none: Vec<String> = Vec::new();
+    let err = LockManager::builder()
+        .cluster(none)
+        .build()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::InvalidOption { .. }), "{err}");
+    let err = LockManager::builder()
+        .cluster(["not a url"])
+        .build()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::InvalidOption { .. }), "{err}");
+
+    let dead = format!("redis://127.0.0.1:{}", redlock_testkit::free_port());
+    let standalone = redlock_testkit::RedisServer::start();
+    for url in [dead, standalone.url()] {
+        let start = Instant::now();
+        let err = LockManager::builder()
+            .cluster([url.as_str()])
+            .connect_timeout(Duration::from_millis(500))
+            .build()
+            .await
+            .unwrap_err();
+        assert!(matches!(err, LockError::Backend { .. }), "{url}: {err}");
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "{url}: {:?}",
+            start.elapsed()
+        );
+    }
 }

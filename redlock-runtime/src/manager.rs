@@ -425,7 +425,7 @@ impl LockManager {
         );
         let started = Instant::now();
         let result = async {
-            let token = Token::random();
+            let mut token = Token::random();
             let replicas = (opts.min_replicas > 0).then(|| ReplicaWait {
                 replicas: opts.min_replicas,
                 timeout: opts.replica_wait(),
@@ -440,7 +440,12 @@ impl LockManager {
                     }
                     // With time to wait, a failed request is retried by the wait loop.
                     Ok(Outcome::Held(_)) => {}
-                    Err(LockError::Backend { .. }) if !opts.wait.is_zero() => {}
+                    // A failed request may still be applied, and is released in the
+                    // background with its token: later attempts use a fresh one, so that
+                    // release can never delete a lock they take.
+                    Err(LockError::Backend { .. }) if !opts.wait.is_zero() => {
+                        token = Token::random();
+                    }
                     Err(e) => return Err(e),
                 }
             }
@@ -515,7 +520,7 @@ impl LockManager {
     async fn wait_for(
         &self,
         key: &LockKey,
-        token: Token,
+        mut token: Token,
         opts: &Resolved,
         replicas: Option<ReplicaWait>,
     ) -> Result<LockGuard, LockError> {
@@ -563,6 +568,8 @@ impl LockManager {
                 }
                 Err(e @ LockError::Backend { .. }) => {
                     tracing::debug!(error = %e, "acquire attempt failed; retrying");
+                    // Its background release must not hit the next attempt's lock.
+                    token = Token::random();
                     backoff = (backoff * 2).min(Duration::from_millis(500));
                     (backoff, Some(e))
                 }

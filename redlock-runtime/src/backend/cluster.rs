@@ -552,8 +552,10 @@ async fn resubscriber(
         let Some(sub) = inner.upgrade() else {
             return;
         };
-        let mut failed = HashSet::new();
-        for channel in pending.drain() {
+        // One failure ends the round (the cluster is probably failing over): a round
+        // costs at most one request timeout, and the rest waits for the next one.
+        let mut round: Vec<String> = pending.drain().collect();
+        while let Some(channel) = round.pop() {
             match sub.resubscribe(&channel).await {
                 Ok(true) => {
                     // A release between the loss and now went unheard: retry at once.
@@ -564,12 +566,12 @@ async fn resubscriber(
                 Ok(false) => {}
                 Err(e) => {
                     tracing::debug!(channel, error = %e, "resubscription failed; will retry");
-                    failed.insert(channel);
+                    pending.insert(channel);
+                    pending.extend(round.drain(..));
                 }
             }
         }
         drop(sub);
-        pending = failed;
         if pending.is_empty() {
             backoff = min;
             continue;
