@@ -466,6 +466,14 @@ impl SubInner {
             .map_err(LockError::backend("subscribe"))
     }
 
+    /// Hands every wanted channel to the resubscriber.
+    fn resubscribe_all(&self) {
+        let wanted: Vec<String> = self.interest().keys().cloned().collect();
+        for channel in wanted {
+            let _ = self.resubscribe.send(channel);
+        }
+    }
+
     /// Subscribes `channel` again if it is still wanted; `Ok(false)` when it is not.
     async fn resubscribe(&self, channel: &str) -> Result<bool, LockError> {
         let _ops = self.ops.lock().await;
@@ -506,22 +514,26 @@ async fn dispatch(
                     "cluster subscriber reconnecting: waking every waiter and resubscribing"
                 );
                 waiters.wake_all();
-                let wanted: Vec<String> = inner.interest().keys().cloned().collect();
-                for channel in wanted {
-                    let _ = inner.resubscribe.send(channel);
-                }
+                inner.resubscribe_all();
             }
-            PushKind::SUnsubscribe => {
+            PushKind::SUnsubscribe => match channel_of(&push) {
                 // Ours (after the last interest left) or the server's, when the slot moved.
-                if let Some(channel) = channel_of(&push).filter(|c| inner.wants(c)) {
-                    tracing::debug!(
-                        channel,
-                        "shard channel unsubscribed by the server; resubscribing"
-                    );
-                    waiters.wake(&channel);
-                    let _ = inner.resubscribe.send(channel);
+                Some(channel) => {
+                    if inner.wants(&channel) {
+                        tracing::debug!(
+                            channel,
+                            "shard channel unsubscribed by the server; resubscribing"
+                        );
+                        waiters.wake(&channel);
+                        let _ = inner.resubscribe.send(channel);
+                    }
                 }
-            }
+                // Not the documented shape: assume the worst for every channel.
+                None => {
+                    waiters.wake_all();
+                    inner.resubscribe_all();
+                }
+            },
             _ => {}
         }
     }
