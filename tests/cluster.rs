@@ -161,6 +161,9 @@ async fn cluster_behaviour() {
     noscript_reloads_on_the_keys_node_only(&mut h).await;
     step("NOSCRIPT fallback", t);
     let t = Instant::now();
+    frozen_master_bounds_each_attempt(&mut h).await;
+    step("frozen master", t);
+    let t = Instant::now();
     cross_slot_resubscription_after_reconnect(&h).await;
     step("cross-slot resubscription", t);
 
@@ -385,6 +388,37 @@ async fn noscript_reloads_on_the_keys_node_only(h: &mut Cluster) {
     h.cluster.node_mut(unrelated).resume();
     result.expect("acquire, extend and release after SCRIPT FLUSH");
     assert!(took < Duration::from_millis(500), "took {took:?}");
+}
+
+/// The cluster client has no response timeout by default (a request to a frozen master
+/// would wait for SIGCONT); the backend sets one, and an overall bound on retries, so an
+/// attempt against a frozen master fails within about twice the response timeout. The
+/// pause stays below the cluster's node timeout, so no failover starts.
+async fn frozen_master_bounds_each_attempt(h: &mut Cluster) {
+    let locks = h
+        .builder()
+        .response_timeout(Duration::from_millis(200))
+        .build()
+        .await
+        .unwrap();
+    let key = "frozen_{3}";
+    let master = h.master_of("lock:frozen_{3}");
+    locks.lock(key).await.unwrap().release().await.unwrap();
+    h.cluster.node_mut(master).pause();
+    let start = Instant::now();
+    let outcome = locks.try_lock(key).await;
+    let took = start.elapsed();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    h.cluster.node_mut(master).resume();
+    let err = outcome.map(drop).unwrap_err();
+    assert!(matches!(err, LockError::Backend { .. }), "{err}");
+    assert!(took < Duration::from_millis(650), "took {took:?}");
+    // Back to normal at once; whatever the late request did is released.
+    let g = locks
+        .lock_with(key, LockOptions::new().wait(Duration::from_secs(5)))
+        .await
+        .expect("works after SIGCONT");
+    g.release().await.unwrap();
 }
 
 /// redis-rs re-sends all of a node's shard channels in one SSUBSCRIBE after a
