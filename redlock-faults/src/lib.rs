@@ -1,0 +1,21 @@
+//! Support for redlock's fault-injection suite (`tests/faults/`): what the tests and the
+//! `fault-holder` process share.
+//!
+//! * [`clock`]: one monotonic clock readable from every process of the machine, so the
+//!   critical sections of a killed or paused holder process and of in-process clients
+//!   can be put on one time line.
+//! * [`resource`]: a *fenced* resource kept in Redis: it remembers the highest fencing
+//!   token it has seen and rejects anyone older (Kleppmann's storage-side check).
+//! * [`history`]: a recorder of critical sections (client, fencing token, enter, exit) and
+//!   the checker of the suite's invariants: no overlap unless a holder lost its lease and
+//!   the resource rejected it; tokens strictly increasing in grant order; the protected
+//!   counter exact.
+//! * [`protocol`]: the line protocol between the tests and the `fault-holder` process.
+//!
+//! Not published; not an API.
+#![warn(missing_docs, unreachable_pub)]
+
+pub mod clock;
+pub mod history;
+pub mod protocol;
+pub mod resource;

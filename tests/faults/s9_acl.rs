@@ -1,0 +1,311 @@
+//! Scenario 9: least privilege and foreign clients.
+//!
+//! * The library works under an ACL user limited to its key prefix, its channels and the
+//!   commands it sends ([`ACL_COMMANDS`], the line documented in `docs/guarantees.md`): a
+//!   workload that exercises every code path (acquire, notified waiting, watchdog
+//!   renewals, extend, release, `is_locked`, `force_unlock`, `min_replicas`, recovery
+//!   after `SCRIPT FLUSH`) runs without a single `ACL LOG` entry.
+//! * Each command of the line is needed: with it removed, the workload fails or the
+//!   server logs a denial. (On Redis 7.2+ redis-rs also sends `CLIENT SETINFO` when it
+//!   connects and ignores its failure: `+client|setinfo` keeps `ACL LOG` clean there; Redis
+//!   7.0, which the suite runs on, does not have the command and rejects the rule.)
+//! * A client that knows the key but not the 128-bit token can neither release nor extend
+//!   the lock through the library's compare-token scripts, even with the same ACL user.
+//!   A client of a user restricted to another prefix cannot touch the lock at all.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use redis::{AsyncCommands, Value};
+use redlock::{LockError, LockManager, LockOptions};
+use redlock_testkit::RedisServer;
+
+use crate::support::{require_redis, HEAVY};
+
+/// Every command the library sends, as ACL rules: the scripts' commands are checked
+/// against the caller's ACL too (`get set incr del pexpire pttl publish`).
+const ACL_COMMANDS: &[&str] = &[
+    "+evalsha",
+    "+eval",
+    "+script|load",
+    "+get",
+    "+set",
+    "+incr",
+    "+del",
+    "+pexpire",
+    "+pttl",
+    "+publish",
+    "+exists",
+    "+subscribe",
+    "+unsubscribe",
+    "+ping",
+    "+wait",
+];
+
+/// Keys and channels of the default prefix `lock:`: lock keys `lock:*`, the fencing
+/// counters of untagged keys `{lock:*}:fence`, and wake-up channels named after lock keys.
+const ACL_PATTERNS: &[&str] = &["~lock:*", "~{lock:*", "&lock:*"];
+
+/// The documented line (without the password).
+fn acl_line(user: &str, commands: &[&str]) -> Vec<String> {
+    let mut line: Vec<String> = ["ACL", "SETUSER", user, "reset", "on", ">pw"]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+    line.extend(ACL_PATTERNS.iter().map(|s| (*s).to_owned()));
+    line.push("-@all".to_owned());
+    line.extend(commands.iter().map(|s| (*s).to_owned()));
+    line
+}
+
+fn admin(server: &RedisServer, args: &[String]) -> Value {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    server.cmd_sync(&args).expect("admin command")
+}
+
+/// Runs every code path of the library as `user`; `Err` names the first thing that failed.
+async fn workload(server: &RedisServer, user: &str, tag: &str) -> Result<(), String> {
+    let url = format!("redis://{user}:pw@127.0.0.1:{}", server.port());
+    let build = || {
+        LockManager::builder()
+            .single(&url)
+            .default_ttl(Duration::from_millis(150))
+            .connect_timeout(Duration::from_secs(1))
+            .build()
+    };
+    let e = |what: &str| {
+        let what = what.to_owned();
+        move |e: LockError| format!("{what}: {e:?}")
+    };
+    let a = build().await.map_err(e("connect"))?;
+    let b = build().await.map_err(e("connect"))?;
+    let tagged = format!("acl_{{{tag}}}");
+    let untagged = format!("acljobs{tag}");
+    a.lock(&tagged)
+        .await
+        .map_err(e("lock"))?
+        .release()
+        .await
+        .map_err(e("release"))?;
+    a.lock(&untagged)
+        .await
+        .map_err(e("lock untagged"))?
+        .release()
+        .await
+        .map_err(e("release untagged"))?;
+    // Notified waiting: b subscribes and is woken by a's release.
+    let g = a.lock(&tagged).await.map_err(e("lock"))?;
+    let (b2, k2) = (b.clone(), tagged.clone());
+    let waiter = tokio::spawn(async move {
+        b2.lock_with(&k2, LockOptions::new().wait(Duration::from_secs(5)))
+            .await
+            .map(drop)
+    });
+    // Watchdog renewals (ttl 150 ms) while b waits.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    if !g.is_held() {
+        return Err("renewal failed".into());
+    }
+    g.extend(Duration::from_millis(300))
+        .await
+        .map_err(e("extend"))?;
+    if !a.is_locked(&tagged).await.map_err(e("is_locked"))? {
+        return Err("is_locked false".into());
+    }
+    g.release().await.map_err(e("release"))?;
+    waiter
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(e("notified waiter"))?;
+    // Operator tool.
+    let _g = a.lock(&tagged).await.map_err(e("lock"))?;
+    if !b.force_unlock(&tagged).await.map_err(e("force_unlock"))? {
+        return Err("force_unlock found nothing".into());
+    }
+    // min_replicas: WAIT, then the release of a lock no replica acknowledged.
+    match a
+        .lock_with(&untagged, LockOptions::new().min_replicas(1))
+        .await
+    {
+        Err(LockError::ReplicasUnavailable { .. }) => {}
+        other => return Err(format!("min_replicas: {other:?}")),
+    }
+    if b.try_lock(&untagged)
+        .await
+        .map_err(e("try_lock"))?
+        .is_none()
+    {
+        return Err("the lock of a failed min_replicas acquire was left".into());
+    }
+    // Recovery from an empty script cache (EVAL fallback, SCRIPT LOAD before renewals).
+    let _ = server.cmd_sync(&["SCRIPT", "FLUSH"]);
+    let g = a.lock(&tagged).await.map_err(e("lock after flush"))?;
+    let _ = server.cmd_sync(&["SCRIPT", "FLUSH"]);
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    if !g.is_held() {
+        return Err("renewal after flush failed".into());
+    }
+    g.release().await.map_err(e("release after flush"))?;
+    Ok(())
+}
+
+/// `ACL LOG` entries per user: the denied commands (`object`).
+fn acl_log(server: &RedisServer) -> HashMap<String, Vec<String>> {
+    let mut out: HashMap<String, Vec<String>> = HashMap::new();
+    let entries: Vec<HashMap<String, Value>> =
+        redis::from_redis_value(server.cmd_sync(&["ACL", "LOG", "1000"]).unwrap()).unwrap();
+    for entry in entries {
+        let text = |k: &str| {
+            entry
+                .get(k)
+                .and_then(|v| redis::from_redis_value::<String>(v.clone()).ok())
+                .unwrap_or_default()
+        };
+        out.entry(text("username")).or_default().push(format!(
+            "{} {}",
+            text("reason"),
+            text("object")
+        ));
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s9_least_privilege_acl() {
+    require_redis!();
+    let _heavy = HEAVY.lock().await;
+    let server = RedisServer::start();
+    server
+        .cmd_sync(&["CONFIG", "SET", "acllog-max-len", "10000"])
+        .unwrap();
+    admin(&server, &acl_line("locker", ACL_COMMANDS));
+    server.cmd_sync(&["ACL", "LOG", "RESET"]).unwrap();
+    let result = workload(&server, "locker", "full").await;
+    let log = acl_log(&server);
+    println!(
+        "s9 ACL: `ACL SETUSER locker on >… {} -@all {}`: workload {:?}, ACL LOG {:?}",
+        ACL_PATTERNS.join(" "),
+        ACL_COMMANDS.join(" "),
+        result,
+        log.get("locker")
+    );
+    result.expect("the workload under the minimal ACL");
+    assert!(!log.contains_key("locker"), "denials: {log:?}");
+
+    // Each rule is needed: without it the workload fails or a denial is logged.
+    server.cmd_sync(&["ACL", "LOG", "RESET"]).unwrap();
+    let mut runs = Vec::new();
+    for (i, omitted) in ACL_COMMANDS.iter().enumerate() {
+        let rest: Vec<&str> = ACL_COMMANDS
+            .iter()
+            .copied()
+            .filter(|c| c != omitted)
+            .collect();
+        let user = format!("minus{i}");
+        admin(&server, &acl_line(&user, &rest));
+        runs.push((user, *omitted));
+    }
+    let results =
+        futures::future::join_all(runs.iter().map(|(user, _)| workload(&server, user, user))).await;
+    let log = acl_log(&server);
+    let mut unneeded = Vec::new();
+    for ((user, omitted), result) in runs.iter().zip(results) {
+        let denials = log.get(user).map_or(0, Vec::len);
+        println!(
+            "s9 ACL without {omitted}: workload {}, {denials} denials logged",
+            match &result {
+                Ok(()) => "ok".to_owned(),
+                Err(e) => format!("FAILED ({})", e.chars().take(120).collect::<String>()),
+            }
+        );
+        if result.is_ok() && denials == 0 {
+            unneeded.push(*omitted);
+        }
+    }
+    assert!(
+        unneeded.is_empty(),
+        "rules the library never needed: {unneeded:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s9_foreign_clients_can_neither_release_nor_extend() {
+    require_redis!();
+    let _heavy = HEAVY.lock().await;
+    let server = RedisServer::start();
+    admin(&server, &acl_line("locker", ACL_COMMANDS));
+    let stranger_acl = [
+        "ACL", "SETUSER", "stranger", "reset", "on", ">pw", "~other:*", "&other:*", "+@all",
+    ];
+    admin(&server, &stranger_acl.map(String::from));
+    let port = server.port();
+    let locks = LockManager::connect(&format!("redis://locker:pw@127.0.0.1:{port}"))
+        .await
+        .unwrap();
+    let ttl = Duration::from_secs(30);
+    let g = locks
+        .lock_with("owned_{7}", LockOptions::new().ttl(ttl).watchdog(false))
+        .await
+        .unwrap();
+    let key = "lock:owned_{7}";
+    // The same ACL user, the key known, the token guessed: the library's own scripts.
+    let same_user = redis::Client::open(format!("redis://locker:pw@127.0.0.1:{port}")).unwrap();
+    let mut raw = same_user.get_multiplexed_async_connection().await.unwrap();
+    let token: Vec<u8> = raw.get(key).await.unwrap();
+    let release = redis::Script::new(include_str!(
+        "../../redlock-runtime/src/scripts/release.lua"
+    ));
+    let extend = redis::Script::new(include_str!("../../redlock-runtime/src/scripts/extend.lua"));
+    let mut near = token.clone();
+    if let Some(b) = near.last_mut() {
+        *b ^= 1;
+    }
+    let guesses: Vec<Vec<u8>> = vec![vec![0u8; 16], near, b"owned".to_vec(), Vec::new()];
+    let mut refused = 0;
+    for guess in &guesses {
+        let released: i64 = release
+            .key(key)
+            .arg(guess.as_slice())
+            .arg("PUBLISH")
+            .invoke_async(&mut raw)
+            .await
+            .unwrap();
+        let extended: i64 = extend
+            .key(key)
+            .arg(guess.as_slice())
+            .arg(3_600_000)
+            .invoke_async(&mut raw)
+            .await
+            .unwrap();
+        assert_eq!((released, extended), (0, 0), "a guessed token worked");
+        refused += 2;
+    }
+    let pttl: i64 = raw.pttl(key).await.unwrap();
+    let still: Vec<u8> = raw.get(key).await.unwrap();
+    assert_eq!(still, token, "the lock changed hands");
+    assert!(pttl > 0 && pttl <= 30_000, "the ttl was extended: {pttl}");
+    // Another manager (another token) cannot take it either.
+    let foreign = LockManager::connect(&format!("redis://locker:pw@127.0.0.1:{port}"))
+        .await
+        .unwrap();
+    assert!(foreign.try_lock("owned_{7}").await.unwrap().is_none());
+    // A user restricted to another prefix cannot even read it.
+    let stranger = redis::Client::open(format!("redis://stranger:pw@127.0.0.1:{port}")).unwrap();
+    let mut s = stranger.get_multiplexed_async_connection().await.unwrap();
+    let read: redis::RedisResult<Option<Vec<u8>>> = s.get(key).await;
+    let del: redis::RedisResult<i64> = s.del(key).await;
+    let noperm = |e: Option<&redis::RedisError>| e.is_some_and(|e| e.code() == Some("NOPERM"));
+    assert!(
+        noperm(read.as_ref().err()) && noperm(del.as_ref().err()),
+        "{read:?} {del:?}"
+    );
+    assert!(g.is_held());
+    g.release().await.unwrap();
+    println!(
+        "s9 foreign clients: {refused} release/extend attempts with guessed tokens (zero, one bit \
+         off, the key's name, empty) by a client of the same ACL user all refused, ttl \
+         untouched ({pttl} ms left of 30 s); another manager's try_lock -> None; a user limited \
+         to other:* -> NOPERM on GET and DEL. (A client of the same ACL user can still DEL the \
+         key outright: ACLs scope prefixes and commands, the token scopes ownership.)"
+    );
+}
