@@ -254,7 +254,7 @@ impl LockManagerBuilder {
                 SingleBackend::connect(&url, self.timeouts, Arc::downgrade(&waiters)).await?,
             ),
         };
-        let shared = Arc::new(Shared::new(backend, waiters));
+        let shared = Arc::new(Shared::new(backend, waiters, self.default_ttl));
         tokio::spawn(watchdog::run(shared.clone(), rx));
         Ok(LockManager(Arc::new(Inner {
             shared,

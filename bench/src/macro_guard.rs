@@ -1,0 +1,97 @@
+//! `#[distributed_lock]` against the same critical section written with a hand-held
+//! guard: 1 task, lock + empty body + release, many short interleaved slices.
+
+use std::time::{Duration, Instant};
+
+use redlock::{LockError, LockManager};
+
+use crate::raw::{err, Res};
+use crate::stats::{fixed, with_spread, Runs, Table};
+use crate::Config;
+
+// ---------------------------------------------------------------------------------------
+// MACRO HOOK: the annotated function. Keys of both sides have the same length.
+#[redlock::distributed_lock(key = "m_<id>", manager = locks)]
+async fn with_macro(locks: &LockManager, id: u32) -> Result<(), LockError> {
+    std::hint::black_box(id);
+    Ok(())
+}
+// ---------------------------------------------------------------------------------------
+
+async fn with_guard(locks: &LockManager, id: u32) -> Result<(), LockError> {
+    let guard = locks.lock(&format!("g_{{{id}}}")).await?;
+    std::hint::black_box(id);
+    guard.release().await
+}
+
+async fn slice(locks: &LockManager, use_macro: bool, dur: Duration) -> Res<f64> {
+    let start = Instant::now();
+    let mut n = 0u64;
+    while start.elapsed() < dur {
+        if use_macro {
+            with_macro(locks, 7).await.map_err(err)?;
+        } else {
+            with_guard(locks, 7).await.map_err(err)?;
+        }
+        n += 1;
+    }
+    Ok(start.elapsed().as_secs_f64() * 1e6 / n as f64)
+}
+
+/// Per backend: µs/op for (guard, macro).
+async fn measure(cfg: &Config, locks: &LockManager) -> Res<(Runs, Runs)> {
+    let (mut guard, mut mac) = (Runs::default(), Runs::default());
+    slice(locks, false, cfg.warmup).await?;
+    slice(locks, true, cfg.warmup).await?;
+    for s in 0..cfg.macro_slices {
+        // Alternate which side goes first.
+        for use_macro in [s % 2 == 0, s % 2 == 1] {
+            let x = slice(locks, use_macro, cfg.macro_slice).await?;
+            if use_macro {
+                mac.push(x);
+            } else {
+                guard.push(x);
+            }
+        }
+    }
+    Ok((guard, mac))
+}
+
+/// Prints the table; returns the macro's µs/op ÷ the guard's on Redis.
+pub async fn run(cfg: &Config, url: &str) -> Res<f64> {
+    let mut t = Table::new(
+        format!(
+            "#[distributed_lock] vs a hand-held guard: lock + empty body + release, 1 task ({} interleaved slices × {:.2} s, median ±half-range)",
+            cfg.macro_slices,
+            cfg.macro_slice.as_secs_f64()
+        ),
+        &["backend", "guard µs/op", "macro µs/op", "macro ÷ guard"],
+    );
+    let mut ratio = f64::NAN;
+    let redis = LockManager::connect(url).await.map_err(err)?;
+    let memory = LockManager::builder()
+        .in_memory()
+        .build()
+        .await
+        .map_err(err)?;
+    for (name, locks) in [("redis (single)", &redis), ("in-memory", &memory)] {
+        match measure(cfg, locks).await {
+            Ok((g, m)) => {
+                let x = m.median() / g.median();
+                if name.starts_with("redis") {
+                    ratio = x;
+                }
+                t.row(vec![
+                    name.into(),
+                    with_spread(&g, fixed(2)),
+                    with_spread(&m, fixed(2)),
+                    format!("{x:.3}"),
+                ]);
+            }
+            Err(e) => t.na(name, &e),
+        }
+    }
+    t.note("macro: key template \"m_<id>\", defaults (watchdog on, on_lost = \"abort\"); guard: lock(&format!(\"g_{{{id}}}\")) + release()");
+    t.print();
+    Ok(ratio)
+}

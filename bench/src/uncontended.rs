@@ -1,0 +1,155 @@
+//! Uncontended lock + release: 1 task on one key, and 64 tasks on distinct keys.
+
+use std::sync::Arc;
+
+use redlock::LockManager;
+
+use crate::lockers::{closed_loop, Locker, ARL, RSLOCK};
+use crate::raw::{err, Raw, Res};
+use crate::stats::{fixed, group, paired_ratio, with_spread, Runs, Table};
+use crate::Config;
+
+/// The named implementations, connected to `url`.
+pub async fn contenders(url: &str) -> Res<Vec<(String, Arc<Locker>)>> {
+    let mut v = vec![
+        (
+            "raw redis-rs".to_owned(),
+            Locker::Raw(Raw::connect(url).await?),
+        ),
+        (
+            "redlock".to_owned(),
+            Locker::Redlock(LockManager::connect(url).await.map_err(err)?),
+        ),
+    ];
+    v.push((
+        RSLOCK.to_owned(),
+        Locker::Rslock(rslock::LockManager::new(vec![url])),
+    ));
+    v.push((
+        ARL.to_owned(),
+        Locker::Arl(
+            async_redis_lock::Locker::from_redis_url(url)
+                .await
+                .map_err(err)?,
+        ),
+    ));
+    v.push((
+        "redlock in-memory".to_owned(),
+        Locker::Redlock(
+            LockManager::builder()
+                .in_memory()
+                .build()
+                .await
+                .map_err(err)?,
+        ),
+    ));
+    // For profiling one implementation alone: BENCH_ONLY=redlock (names, comma-separated;
+    // the raw baseline always runs).
+    let only = std::env::var("BENCH_ONLY").unwrap_or_default();
+    Ok(v.into_iter()
+        .filter(|(n, _)| only.is_empty() || n == "raw redis-rs" || only.split(',').any(|o| o == n))
+        .map(|(n, l)| (n, Arc::new(l)))
+        .collect())
+}
+
+/// Throughput and CPU cost per operation of one implementation, one value per run.
+#[derive(Debug, Clone, Default)]
+pub struct Measured {
+    pub ops: Runs,
+    pub client_us: Runs,
+    pub server_us: Runs,
+}
+
+/// Warms every implementation up, then measures each `runs` times, interleaved (the order
+/// rotates every run so no implementation always goes first).
+pub async fn measure(
+    cfg: &Config,
+    impls: &[(String, Arc<Locker>)],
+    tag: &str,
+    tasks: usize,
+    servers: &[u32],
+) -> Vec<Result<Measured, String>> {
+    let mut out: Vec<Result<Measured, String>> = vec![Ok(Measured::default()); impls.len()];
+    for (i, (_, l)) in impls.iter().enumerate() {
+        if let Err(e) = closed_loop(l, tag, tasks, cfg.warmup, servers).await {
+            out[i] = Err(e);
+        }
+    }
+    for run in 0..cfg.runs {
+        for k in 0..impls.len() {
+            let i = (k + run) % impls.len();
+            if out[i].is_err() {
+                continue;
+            }
+            match closed_loop(&impls[i].1, tag, tasks, cfg.dur, servers).await {
+                Ok(x) => {
+                    if let Ok(m) = &mut out[i] {
+                        m.ops.push(x.ops_per_s);
+                        m.client_us.push(x.client_us_per_op);
+                        m.server_us.push(x.server_us_per_op);
+                    }
+                }
+                Err(e) => out[i] = Err(e),
+            }
+        }
+    }
+    out
+}
+
+/// Prints the table; returns redlock's ops/s ÷ raw's.
+pub async fn run(cfg: &Config, url: &str, pid: u32, tasks: usize) -> Res<f64> {
+    let impls = contenders(url).await?;
+    let tag = if tasks == 1 { "u" } else { "d" };
+    let results = measure(cfg, &impls, tag, tasks, &[pid]).await;
+    let raw = results[0].as_ref().map_err(Clone::clone)?.ops.clone();
+    let title = if tasks == 1 {
+        "uncontended lock+release, 1 task".to_owned()
+    } else {
+        format!(
+            "uncontended lock+release, {tasks} tasks on distinct keys, one connection each impl"
+        )
+    };
+    let mut t = Table::new(
+        format!(
+            "{title} ({} runs × {:.2} s, median ±half-range)",
+            cfg.runs,
+            cfg.dur.as_secs_f64()
+        ),
+        &[
+            "implementation",
+            "ops/s",
+            "µs/op",
+            "client CPU µs/op",
+            "server CPU µs/op",
+            "÷ raw",
+        ],
+    );
+    let mut ratio = f64::NAN;
+    for ((name, _), r) in impls.iter().zip(&results) {
+        match r {
+            Ok(m) => {
+                let x = paired_ratio(&m.ops, &raw);
+                if name == "redlock" {
+                    ratio = x;
+                }
+                t.row(vec![
+                    name.clone(),
+                    with_spread(&m.ops, group),
+                    fixed(1)(1e6 / m.ops.median() * tasks as f64),
+                    fixed(1)(m.client_us.median()),
+                    fixed(1)(m.server_us.median()),
+                    format!("{x:.2}"),
+                ]);
+            }
+            Err(e) => t.na(name, e),
+        }
+    }
+    t.note("÷ raw: median over runs of ops/s ÷ the same run's raw redis-rs (SET NX PX + EVALSHA compare-and-delete, one multiplexed connection, TCP_NODELAY)");
+    t.note("redlock: LockManager::lock + LockGuard::release (default options: 30 s ttl, watchdog on); in-memory: no network, for scale");
+    t.note("CPU µs/op: user+system time of this process / of redis-server over the run ÷ operations (lock+release pairs)");
+    if tasks > 1 {
+        t.note("µs/op: per task (latency of one lock+release under this load)");
+    }
+    t.print();
+    Ok(ratio)
+}
