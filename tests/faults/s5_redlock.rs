@@ -28,6 +28,8 @@ struct Chaos {
     restarts: usize,
     pauses: usize,
     max_faulty: usize,
+    /// What happened when.
+    log: Vec<(Instant, String)>,
 }
 
 /// Kills, restarts and pauses random nodes for `duration`; leaves every node running.
@@ -49,8 +51,10 @@ fn chaos(set: &mut RedisSet, duration: Duration) -> Chaos {
             if killed {
                 set.node_mut(i).restart();
                 c.restarts += 1;
+                c.log.push((Instant::now(), format!("restarted {i}")));
             } else {
                 set.node_mut(i).resume();
+                c.log.push((Instant::now(), format!("resumed {i}")));
             }
             false
         });
@@ -62,12 +66,14 @@ fn chaos(set: &mut RedisSet, duration: Duration) -> Chaos {
             if fastrand::bool() {
                 set.node_mut(i).kill9();
                 c.kills += 1;
+                c.log.push((Instant::now(), format!("killed {i}")));
                 // The delayed-restart rule: down for longer than the ttl.
                 let down = TTL + Duration::from_millis(fastrand::u64(200..1000));
                 faulty.push((i, Instant::now() + down, true));
             } else {
                 set.node_mut(i).pause();
                 c.pauses += 1;
+                c.log.push((Instant::now(), format!("paused {i}")));
                 let paused = Duration::from_millis(fastrand::u64(100..2000));
                 faulty.push((i, Instant::now() + paused, false));
             }
@@ -123,6 +129,14 @@ async fn s5_redlock_with_nodes_killed_restarted_and_paused() {
                 .await
                 .expect("works after the chaos");
             g.release().await.unwrap();
+        }
+    }
+    if std::env::var("REDLOCK_FAULTS_VERBOSE").is_ok() {
+        let mut all: Vec<(Instant, String)> = c.log.clone();
+        all.extend(w.error_log());
+        all.sort_by_key(|e| e.0);
+        for (at, what) in all {
+            println!("  {:8.1} ms  {what}", (at - started).as_secs_f64() * 1e3);
         }
     }
     let (report, problems, states) = w.check().await;

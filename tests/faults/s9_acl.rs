@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use redis::{AsyncCommands, Value};
 use redlock::{LockError, LockManager, LockOptions};
-use redlock_testkit::RedisServer;
+use redlock_testkit::{RedisCluster, RedisServer};
 
 use crate::support::{require_redis, HEAVY};
 
@@ -42,6 +42,26 @@ const ACL_COMMANDS: &[&str] = &[
     "+wait",
 ];
 
+/// The same for a Redis Cluster: sharded pub/sub instead of pub/sub, and the slot map.
+const ACL_CLUSTER_COMMANDS: &[&str] = &[
+    "+evalsha",
+    "+eval",
+    "+script|load",
+    "+get",
+    "+set",
+    "+incr",
+    "+del",
+    "+pexpire",
+    "+pttl",
+    "+spublish",
+    "+exists",
+    "+ssubscribe",
+    "+sunsubscribe",
+    "+ping",
+    "+wait",
+    "+cluster|slots",
+];
+
 /// Keys and channels of the default prefix `lock:`: lock keys `lock:*`, the fencing
 /// counters of untagged keys `{lock:*}:fence`, and wake-up channels named after lock keys.
 const ACL_PATTERNS: &[&str] = &["~lock:*", "~{lock:*", "&lock:*"];
@@ -63,13 +83,21 @@ fn admin(server: &RedisServer, args: &[String]) -> Value {
     server.cmd_sync(&args).expect("admin command")
 }
 
-/// Runs every code path of the library as `user`; `Err` names the first thing that failed.
-async fn workload(server: &RedisServer, user: &str, tag: &str) -> Result<(), String> {
-    let url = format!("redis://{user}:pw@127.0.0.1:{}", server.port());
+/// Runs every code path of the library as `user`, on one server or (with more than one)
+/// a cluster; `Err` names the first thing that failed.
+async fn workload(servers: &[&RedisServer], user: &str, tag: &str) -> Result<(), String> {
+    let urls: Vec<String> = servers
+        .iter()
+        .map(|s| format!("redis://{user}:pw@127.0.0.1:{}", s.port()))
+        .collect();
+    let cluster = servers.len() > 1;
     let build = || {
-        LockManager::builder()
-            .single(&url)
-            .default_ttl(Duration::from_millis(150))
+        let b = if cluster {
+            LockManager::builder().cluster(&urls)
+        } else {
+            LockManager::builder().single(&urls[0])
+        };
+        b.default_ttl(Duration::from_millis(150))
             .connect_timeout(Duration::from_secs(1))
             .build()
     };
@@ -122,12 +150,14 @@ async fn workload(server: &RedisServer, user: &str, tag: &str) -> Result<(), Str
     if !b.force_unlock(&tagged).await.map_err(e("force_unlock"))? {
         return Err("force_unlock found nothing".into());
     }
-    // min_replicas: WAIT, then the release of a lock no replica acknowledged.
+    // min_replicas: WAIT; on one server (no replica) then the release of a lock no
+    // replica acknowledged.
     match a
         .lock_with(&untagged, LockOptions::new().min_replicas(1))
         .await
     {
-        Err(LockError::ReplicasUnavailable { .. }) => {}
+        Err(LockError::ReplicasUnavailable { .. }) if !cluster => {}
+        Ok(g) if cluster => g.release().await.map_err(e("release min_replicas"))?,
         other => return Err(format!("min_replicas: {other:?}")),
     }
     if b.try_lock(&untagged)
@@ -138,9 +168,14 @@ async fn workload(server: &RedisServer, user: &str, tag: &str) -> Result<(), Str
         return Err("the lock of a failed min_replicas acquire was left".into());
     }
     // Recovery from an empty script cache (EVAL fallback, SCRIPT LOAD before renewals).
-    let _ = server.cmd_sync(&["SCRIPT", "FLUSH"]);
+    let flush = || {
+        for s in servers {
+            let _ = s.cmd_sync(&["SCRIPT", "FLUSH"]);
+        }
+    };
+    flush();
     let g = a.lock(&tagged).await.map_err(e("lock after flush"))?;
-    let _ = server.cmd_sync(&["SCRIPT", "FLUSH"]);
+    flush();
     tokio::time::sleep(Duration::from_millis(250)).await;
     if !g.is_held() {
         return Err("renewal after flush failed".into());
@@ -149,11 +184,15 @@ async fn workload(server: &RedisServer, user: &str, tag: &str) -> Result<(), Str
     Ok(())
 }
 
-/// `ACL LOG` entries per user: the denied commands (`object`).
-fn acl_log(server: &RedisServer) -> HashMap<String, Vec<String>> {
+/// `ACL LOG` entries per user on all `servers`: the denied commands (`object`).
+fn acl_log(servers: &[&RedisServer]) -> HashMap<String, Vec<String>> {
     let mut out: HashMap<String, Vec<String>> = HashMap::new();
-    let entries: Vec<HashMap<String, Value>> =
-        redis::from_redis_value(server.cmd_sync(&["ACL", "LOG", "1000"]).unwrap()).unwrap();
+    let mut entries: Vec<HashMap<String, Value>> = Vec::new();
+    for server in servers {
+        let log: Vec<HashMap<String, Value>> =
+            redis::from_redis_value(server.cmd_sync(&["ACL", "LOG", "1000"]).unwrap()).unwrap();
+        entries.extend(log);
+    }
     for entry in entries {
         let text = |k: &str| {
             entry
@@ -170,22 +209,28 @@ fn acl_log(server: &RedisServer) -> HashMap<String, Vec<String>> {
     out
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s9_least_privilege_acl() {
-    require_redis!();
-    let _heavy = HEAVY.lock().await;
-    let server = RedisServer::start();
-    server
-        .cmd_sync(&["CONFIG", "SET", "acllog-max-len", "10000"])
-        .unwrap();
-    admin(&server, &acl_line("locker", ACL_COMMANDS));
-    server.cmd_sync(&["ACL", "LOG", "RESET"]).unwrap();
-    let result = workload(&server, "locker", "full").await;
-    let log = acl_log(&server);
+/// Sets up `user` on every server with `commands`.
+fn set_user(servers: &[&RedisServer], user: &str, commands: &[&str]) {
+    for s in servers {
+        admin(s, &acl_line(user, commands));
+    }
+}
+
+/// The workload passes under `commands` with no denial; without any one of them it fails
+/// or a denial is logged. Returns the report lines.
+async fn least_privilege(servers: &[&RedisServer], name: &str, commands: &[&str]) {
+    for s in servers {
+        s.cmd_sync(&["CONFIG", "SET", "acllog-max-len", "10000"])
+            .unwrap();
+        s.cmd_sync(&["ACL", "LOG", "RESET"]).unwrap();
+    }
+    set_user(servers, "locker", commands);
+    let result = workload(servers, "locker", "full").await;
+    let log = acl_log(servers);
     println!(
-        "s9 ACL: `ACL SETUSER locker on >… {} -@all {}`: workload {:?}, ACL LOG {:?}",
+        "s9 ACL {name}: `ACL SETUSER locker on >… {} -@all {}`: workload {:?}, ACL LOG {:?}",
         ACL_PATTERNS.join(" "),
-        ACL_COMMANDS.join(" "),
+        commands.join(" "),
         result,
         log.get("locker")
     );
@@ -193,26 +238,21 @@ async fn s9_least_privilege_acl() {
     assert!(!log.contains_key("locker"), "denials: {log:?}");
 
     // Each rule is needed: without it the workload fails or a denial is logged.
-    server.cmd_sync(&["ACL", "LOG", "RESET"]).unwrap();
     let mut runs = Vec::new();
-    for (i, omitted) in ACL_COMMANDS.iter().enumerate() {
-        let rest: Vec<&str> = ACL_COMMANDS
-            .iter()
-            .copied()
-            .filter(|c| c != omitted)
-            .collect();
+    for (i, omitted) in commands.iter().enumerate() {
+        let rest: Vec<&str> = commands.iter().copied().filter(|c| c != omitted).collect();
         let user = format!("minus{i}");
-        admin(&server, &acl_line(&user, &rest));
+        set_user(servers, &user, &rest);
         runs.push((user, *omitted));
     }
     let results =
-        futures::future::join_all(runs.iter().map(|(user, _)| workload(&server, user, user))).await;
-    let log = acl_log(&server);
+        futures::future::join_all(runs.iter().map(|(user, _)| workload(servers, user, user))).await;
+    let log = acl_log(servers);
     let mut unneeded = Vec::new();
     for ((user, omitted), result) in runs.iter().zip(results) {
         let denials = log.get(user).map_or(0, Vec::len);
         println!(
-            "s9 ACL without {omitted}: workload {}, {denials} denials logged",
+            "s9 ACL {name} without {omitted}: workload {}, {denials} denials logged",
             match &result {
                 Ok(()) => "ok".to_owned(),
                 Err(e) => format!("FAILED ({})", e.chars().take(120).collect::<String>()),
@@ -224,8 +264,25 @@ async fn s9_least_privilege_acl() {
     }
     assert!(
         unneeded.is_empty(),
-        "rules the library never needed: {unneeded:?}"
+        "{name}: rules the library never needed: {unneeded:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s9_least_privilege_acl() {
+    require_redis!();
+    let _heavy = HEAVY.lock().await;
+    let server = RedisServer::start();
+    least_privilege(&[&server], "single", ACL_COMMANDS).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s9_least_privilege_acl_cluster() {
+    require_redis!();
+    let _heavy = HEAVY.lock().await;
+    let cluster = tokio::task::block_in_place(RedisCluster::start_default);
+    let nodes: Vec<&RedisServer> = cluster.nodes().iter().collect();
+    least_privilege(&nodes, "cluster", ACL_CLUSTER_COMMANDS).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -19,6 +19,7 @@ pub struct Workload {
     pub histories: Vec<History>,
     pub resources: Vec<Resource>,
     errors: Mutex<BTreeMap<&'static str, usize>>,
+    error_log: Mutex<Vec<(Instant, String)>>,
     completions: Mutex<Vec<Instant>>,
     stop: AtomicBool,
 }
@@ -35,6 +36,7 @@ impl Workload {
             keys,
             resources,
             errors: Mutex::new(BTreeMap::new()),
+            error_log: Mutex::new(Vec::new()),
             completions: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
         })
@@ -77,6 +79,10 @@ impl Workload {
             Ok(g) => g,
             Err(e) => {
                 *self.errors.lock().unwrap().entry(e.kind()).or_default() += 1;
+                self.error_log
+                    .lock()
+                    .unwrap()
+                    .push((Instant::now(), e.to_string()));
                 // Errors can be instant (a dead node): do not spin.
                 tokio::time::sleep(Duration::from_millis(20)).await;
                 return;
@@ -120,6 +126,11 @@ impl Workload {
     /// Errors by kind.
     pub fn errors(&self) -> BTreeMap<&'static str, usize> {
         self.errors.lock().unwrap().clone()
+    }
+
+    /// Every acquisition error, with when it happened.
+    pub fn error_log(&self) -> Vec<(Instant, String)> {
+        self.error_log.lock().unwrap().clone()
     }
 
     /// Sections completed within `[from, to)`.
