@@ -66,7 +66,7 @@ impl Config {
                 dur: Duration::from_millis(200),
                 warmup: Duration::from_millis(200),
                 rtt_samples: 1000,
-                handoff_runs: 3,
+                handoff_runs: 5,
                 handoff_per_task: 40,
                 watchdog_locks: vec![1_000, 10_000],
                 watchdog_ticks: 2,
