@@ -2,7 +2,7 @@
 //!
 //! Every contended workload records, for each critical section, who held the lock
 //! (`client`), with which fencing token, when it entered and left (on the machine-wide
-//! monotonic [`clock`](crate::clock)), whether the holder lost its lease meanwhile, and
+//! monotonic [`crate::clock`]), whether the holder lost its lease meanwhile, and
 //! how its accesses to the fenced [`Resource`](crate::resource::Resource) went.
 //! [`History::check`] then verifies, in the style of Jepsen's and etcd's robustness
 //! checkers:
