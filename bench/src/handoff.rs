@@ -2,13 +2,14 @@
 //! take turns on one key in a tight loop (lock, release, lock again), each a fixed number
 //! of times.
 //!
-//! Every acquisition is logged in the order the lock was held. A *hand-off* is an
-//! acquisition by a different task than the previous holder; its latency runs from the
-//! previous holder calling `release()` to the new holder's `lock().await` returning. (The
-//! instant `release().await` returns is no use as a start: the releaser often learns of
-//! its own reply after the next holder has already acquired.) `fifo` is the fraction of
-//! acquisitions that changed holder: a polling waiter mostly loses to the releaser, which
-//! comes straight back while the others sleep.
+//! Every acquisition is logged in the order the lock was held. The *hand-off latency* of a
+//! release runs from the holder calling `release()` to the first later `lock().await` of
+//! another task returning: how long the waiters go on waiting once the lock was released.
+//! With FIFO hand-off that is simply the next acquisition; a polling waiter sleeps while
+//! the releaser takes the lock straight back, so its waiters also wait out the rest of the
+//! releaser's streak. (The instant `release().await` returns is no use as a start: the
+//! releaser often learns of its own reply after the next holder already has the lock.)
+//! `fifo` is the fraction of acquisitions that changed holder.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -149,21 +150,34 @@ async fn one_run(kind: &Arc<Kind>, per_task: usize) -> Res<Vec<Rec>> {
 }
 
 fn digest(log: &[Rec], f: &mut Figures) {
-    let mut from_call = Vec::new();
-    for w in log.windows(2) {
-        if w[1].holder != w[0].holder {
-            from_call.push(w[1].acquired.saturating_duration_since(w[0].release_call));
-        }
+    // For every release, the first later acquisition by another task: how long the
+    // waiters went on waiting after the lock was released. With FIFO hand-off that is the
+    // next acquisition; when the releaser takes the lock straight back (a polling waiter
+    // sleeps meanwhile), the waiters wait for the rest of its streak too. Releases after
+    // which nobody else ever acquired (no one was left waiting) are not counted.
+    let mut next_other = vec![None; log.len()];
+    for k in (0..log.len().saturating_sub(1)).rev() {
+        next_other[k] = if log[k + 1].holder != log[k].holder {
+            Some(k + 1)
+        } else {
+            next_other[k + 1]
+        };
     }
-    from_call.sort();
+    let mut waits: Vec<Duration> = (0..log.len())
+        .filter_map(|k| {
+            next_other[k].map(|j| log[j].acquired.saturating_duration_since(log[k].release_call))
+        })
+        .collect();
+    waits.sort();
+    let changes = log.windows(2).filter(|w| w[1].holder != w[0].holder).count();
     let span = log.last().zip(log.first()).map_or(0.0, |(l, f)| {
         l.acquired.duration_since(f.acquired).as_secs_f64()
     });
-    f.p50.push(us(quantile(&from_call, 0.5)));
-    f.all.extend_from_slice(&from_call);
-    f.handoffs_per_s.push(from_call.len() as f64 / span);
+    f.p50.push(us(quantile(&waits, 0.5)));
+    f.all.extend_from_slice(&waits);
+    f.handoffs_per_s.push(changes as f64 / span);
     f.acq_per_s.push((log.len() - 1) as f64 / span);
-    f.fifo.push(from_call.len() as f64 / (log.len() - 1) as f64);
+    f.fifo.push(changes as f64 / (log.len() - 1) as f64);
 }
 
 /// What the `ratios:` line needs from this scenario.
@@ -280,7 +294,7 @@ pub async fn run(cfg: &Config, url: &str) -> Res<Ratios> {
     let by_name = |prefix: &str| kinds.iter().position(|(n, _)| n.starts_with(prefix));
     let mut t = Table::new(
         format!(
-            "contended hand-off: {WAITERS} tasks over {MANAGERS} managers on one key, {} acquisitions each per run ({} runs; percentiles of all runs' hand-offs, ± = half-range of the per-run p50s)",
+            "contended hand-off: {WAITERS} tasks over {MANAGERS} managers on one key, {} acquisitions each per run ({} runs; percentiles over all runs' releases, ± = half-range of the per-run p50s)",
             cfg.handoff_per_task, cfg.handoff_runs
         ),
         &[
@@ -317,10 +331,10 @@ pub async fn run(cfg: &Config, url: &str) -> Res<Ratios> {
         p50_rtts.spread() * 100.0,
         p99_rtts.median(),
     ));
-    t.note("hand-off: the holder calls release() → the next holder's lock().await returns; counted only when the holder changes");
+    t.note("hand-off: a holder calls release() → the first later lock().await of another task returns (for every release some other task was waiting on)");
     t.note("fifo: acquisitions that changed holder ÷ all; hand-offs/s: holder changes per second of the run");
     t.note(format!(
-        "hand-offs measured (all runs): {}",
+        "releases measured (all runs): {}",
         kinds
             .iter()
             .zip(&figs)
@@ -328,7 +342,7 @@ pub async fn run(cfg: &Config, url: &str) -> Res<Ratios> {
             .collect::<Vec<_>>()
             .join(", ")
     ));
-    t.note("pollers hand off when the holder's quota ends (the next sleeper wakes) or when a poll slips in between the releaser's DEL and its next SET");
+    t.note("pollers: the releaser comes straight back while the others sleep, so they mostly get the lock when its quota ends (or when a poll slips in between its DEL and its next SET)");
     t.print();
     Ok(Ratios {
         vs_poll: by_name("poll").map_or(f64::NAN, |i| pct(i, 0.5) / ours),
