@@ -165,11 +165,18 @@ fn digest(log: &[Rec], f: &mut Figures) {
     }
     let mut waits: Vec<Duration> = (0..log.len())
         .filter_map(|k| {
-            next_other[k].map(|j| log[j].acquired.saturating_duration_since(log[k].release_call))
+            next_other[k].map(|j| {
+                log[j]
+                    .acquired
+                    .saturating_duration_since(log[k].release_call)
+            })
         })
         .collect();
     waits.sort();
-    let changes = log.windows(2).filter(|w| w[1].holder != w[0].holder).count();
+    let changes = log
+        .windows(2)
+        .filter(|w| w[1].holder != w[0].holder)
+        .count();
     let span = log.last().zip(log.first()).map_or(0.0, |(l, f)| {
         l.acquired.duration_since(f.acquired).as_secs_f64()
     });
