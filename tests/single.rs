@@ -292,3 +292,15 @@ async fn handoff_median_is_printed() {
     let median = conformance::notified_handoff_is_fast(&h).await;
     println!("notified hand-off median on one redis-server: {median:?}");
 }
+
+/// Without the `tls` feature a `rediss://` URL is refused up front with a clear error
+/// (never a panic deep in the TLS stack), and the password is not echoed.
+#[cfg(not(feature = "tls"))]
+#[tokio::test]
+async fn rediss_without_the_tls_feature_is_a_clear_error() {
+    let err = LockManager::connect("rediss://user:hunter2@127.0.0.1:6380")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::InvalidOption { .. }), "{err}");
+    assert!(!err.to_string().contains("hunter2"), "{err}");
+}

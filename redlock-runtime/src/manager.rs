@@ -75,6 +75,24 @@ enum Target {
     Redlock(Vec<String>),
 }
 
+impl Target {
+    /// `rediss://` needs the `tls` feature; without it the URL is refused up front.
+    fn check_tls_support(&self) -> Result<(), LockError> {
+        let urls: &[String] = match self {
+            Self::Memory => &[],
+            Self::Single(url) => std::slice::from_ref(url),
+            Self::Cluster(urls) | Self::Redlock(urls) => urls,
+        };
+        match urls.iter().find(|u| u.trim_start().to_ascii_lowercase().starts_with("rediss:")) {
+            Some(url) if !cfg!(feature = "tls") => Err(LockError::invalid_option(format!(
+                "{} uses TLS: enable the `tls` feature of redlock",
+                url.split('@').next_back().unwrap_or_default()
+            ))),
+            _ => Ok(()),
+        }
+    }
+}
+
 /// Configures and connects a [`LockManager`]; from [`LockManager::builder`].
 #[derive(Debug, Clone)]
 #[must_use = "a builder does nothing until .build().await"]
@@ -224,6 +242,7 @@ impl LockManagerBuilder {
         let target = self.target.ok_or_else(|| {
             LockError::invalid_option("no backend chosen: call .single(url), .cluster(urls), .redlock(urls) or .in_memory()")
         })?;
+        target.check_tls_support()?;
         let (jobs, rx) = mpsc::unbounded_channel();
         let unsubscribe = jobs.downgrade();
         let waiters = Arc::new(Waiters::new(
