@@ -34,11 +34,11 @@ pub enum LockError {
         key: String,
     },
     /// Fewer than a quorum of Redlock nodes answered in time.
-    #[error("lock {key:?}: only {reached} of {needed} Redlock nodes needed were reachable")]
+    #[error("lock {key:?}: only {reached} Redlock nodes answered, {needed} needed")]
     QuorumUnavailable {
         /// The full key (prefix included).
         key: String,
-        /// Nodes that agreed.
+        /// Nodes that answered in time.
         reached: usize,
         /// Nodes needed for a quorum.
         needed: usize,

@@ -1,5 +1,6 @@
 //! The runtime of [`redlock`](https://docs.rs/redlock): the lock manager, its backends
-//! (one Redis server, process memory), guards, the watchdog and wake-up notifications.
+//! (one Redis server, Redis Cluster, Redlock over independent masters, process memory),
+//! guards, the watchdog and wake-up notifications.
 //!
 //! Use it through the `redlock` crate, which re-exports everything here and adds the
 //! `#[distributed_lock]` attribute.
