@@ -11,11 +11,11 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::io::tcp::TcpSettings;
 use redis::{Client, IntoConnectionInfo, ProtocolVersion};
-use tokio::sync::{mpsc, Mutex};
+use tokio::sync::Mutex;
 
 use super::{Attempt, Renewal, ReplicaWait, Timeouts};
 use crate::key::LockKey;
-use crate::notify::Subscriber;
+use crate::notify::{push_handler, Subscriber};
 use crate::scripts::{ACQUIRE, EXTEND, RELEASE, RENEW};
 use crate::token::Token;
 use crate::waiters::Waiters;
@@ -57,19 +57,18 @@ impl SingleBackend {
             let con = client
                 .get_connection_manager_with_config(timeouts.manager_config())
                 .await?;
-            let (tx, rx) = mpsc::unbounded_channel();
             let sub_con = sub_client
                 .get_connection_manager_with_config(
                     timeouts
                         .manager_config()
-                        .set_push_sender(tx)
+                        .set_push_sender(push_handler(waiters))
                         .set_automatic_resubscription(),
                 )
                 .await?;
             redis::cmd("PING").exec_async(&mut con.clone()).await?;
-            Ok::<_, redis::RedisError>((con, sub_con, rx))
+            Ok::<_, redis::RedisError>((con, sub_con))
         };
-        let (con, sub_con, rx) = tokio::time::timeout(timeouts.connect, connect)
+        let (con, sub_con) = tokio::time::timeout(timeouts.connect, connect)
             .await
             .map_err(|_| LockError::Backend {
                 operation: "connect",
@@ -83,7 +82,7 @@ impl SingleBackend {
         Ok(Self {
             client,
             con,
-            subscriber: Subscriber::new(sub_con, rx, waiters),
+            subscriber: Subscriber::new(sub_con),
             wait_con: Mutex::new(None),
             timeouts,
         })
