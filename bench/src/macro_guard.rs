@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use redlock::{LockError, LockManager};
 
 use crate::raw::{err, Res};
-use crate::stats::{fixed, paired_ratio, with_spread, Runs, Table};
+use crate::stats::{fixed, paired, with_spread, Runs, Table};
 use crate::Config;
 
 // ---------------------------------------------------------------------------------------
@@ -78,15 +78,15 @@ pub async fn run(cfg: &Config, url: &str) -> Res<f64> {
         match measure(cfg, locks).await {
             Ok((g, m)) => {
                 // Slices of a pair ran back to back: the median of their ratios.
-                let x = paired_ratio(&m, &g);
+                let x = paired(&m, &g);
                 if name.starts_with("redis") {
-                    ratio = x;
+                    ratio = x.median();
                 }
                 t.row(vec![
                     name.into(),
                     with_spread(&g, fixed(2)),
                     with_spread(&m, fixed(2)),
-                    format!("{x:.3}"),
+                    with_spread(&x, fixed(3)),
                 ]);
             }
             Err(e) => t.na(name, &e),

@@ -7,7 +7,7 @@ use redlock::LockManager;
 
 use crate::lockers::{Locker, RSLOCK};
 use crate::raw::{err, Res};
-use crate::stats::{fixed, group, paired_ratio, with_spread, Runs, Table};
+use crate::stats::{fixed, group, paired, with_spread, Runs, Table};
 use crate::uncontended::measure;
 use crate::Config;
 
@@ -74,9 +74,9 @@ pub async fn run(cfg: &Config, urls: &[String], pids: &[u32]) -> Res<f64> {
                     single[crate_ix] = Some(&m.ops);
                 }
                 // Time per op ÷ single's = single's ops/s ÷ this one's, run by run.
-                let x = single[crate_ix].map_or(f64::NAN, |s| paired_ratio(s, &m.ops));
+                let x = single[crate_ix].map_or_else(Runs::default, |s| paired(s, &m.ops));
                 if name == "redlock Redlock-5" {
-                    ratio = x;
+                    ratio = x.median();
                 }
                 t.row(vec![
                     name.clone(),
@@ -84,7 +84,7 @@ pub async fn run(cfg: &Config, urls: &[String], pids: &[u32]) -> Res<f64> {
                     fixed(1)(per_op),
                     fixed(1)(m.client_us.median()),
                     fixed(1)(m.server_us.median()),
-                    format!("{x:.2}"),
+                    with_spread(&x, fixed(2)),
                 ]);
             }
             Err(e) => t.na(name, e),

@@ -32,11 +32,10 @@ impl Runs {
     }
 }
 
-/// The median over runs of `a[run] / b[run]`: a ratio of figures taken back to back, so
-/// slow drifts of the machine cancel out.
-pub fn paired_ratio(a: &Runs, b: &Runs) -> f64 {
-    let r: Vec<f64> = a.0.iter().zip(&b.0).map(|(x, y)| x / y).collect();
-    median(&r)
+/// `a[run] / b[run]` for every run: ratios of figures taken close together, so that slow
+/// drifts of the machine cancel out; report their median.
+pub fn paired(a: &Runs, b: &Runs) -> Runs {
+    Runs(a.0.iter().zip(&b.0).map(|(x, y)| x / y).collect())
 }
 
 pub fn median(xs: &[f64]) -> f64 {

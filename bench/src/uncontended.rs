@@ -6,7 +6,7 @@ use redlock::LockManager;
 
 use crate::lockers::{closed_loop, Locker, ARL, RSLOCK};
 use crate::raw::{err, Raw, Res};
-use crate::stats::{fixed, group, paired_ratio, with_spread, Runs, Table};
+use crate::stats::{fixed, group, paired, with_spread, Runs, Table};
 use crate::Config;
 
 /// The named implementations, connected to `url`.
@@ -128,9 +128,9 @@ pub async fn run(cfg: &Config, url: &str, pid: u32, tasks: usize) -> Res<f64> {
     for ((name, _), r) in impls.iter().zip(&results) {
         match r {
             Ok(m) => {
-                let x = paired_ratio(&m.ops, &raw);
+                let x = paired(&m.ops, &raw);
                 if name == "redlock" {
-                    ratio = x;
+                    ratio = x.median();
                 }
                 t.row(vec![
                     name.clone(),
@@ -138,13 +138,13 @@ pub async fn run(cfg: &Config, url: &str, pid: u32, tasks: usize) -> Res<f64> {
                     fixed(1)(1e6 / m.ops.median() * tasks as f64),
                     fixed(1)(m.client_us.median()),
                     fixed(1)(m.server_us.median()),
-                    format!("{x:.2}"),
+                    with_spread(&x, fixed(2)),
                 ]);
             }
             Err(e) => t.na(name, e),
         }
     }
-    t.note("÷ raw: median over runs of ops/s ÷ the same run's raw redis-rs (SET NX PX + EVALSHA compare-and-delete, one multiplexed connection, TCP_NODELAY)");
+    t.note("÷ raw: median (±half-range) over runs of ops/s ÷ the same run's raw redis-rs (SET NX PX + EVALSHA compare-and-delete, one multiplexed connection, TCP_NODELAY)");
     t.note("redlock: LockManager::lock + LockGuard::release (default options: 30 s ttl, watchdog on); in-memory: no network, for scale");
     t.note("CPU µs/op: user+system time of this process / of redis-server over the run ÷ operations (lock+release pairs)");
     if tasks > 1 {
