@@ -10,7 +10,7 @@ mod conformance;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use conformance::Harness;
@@ -232,54 +232,14 @@ async fn stored_keys_share_one_slot(h: &Cluster) {
 /// Several managers and tasks over keys on all three masters: exact totals, never two
 /// holders of a key, tokens strictly increasing per key.
 async fn mutual_exclusion_over_every_master(h: &Cluster) {
-    const MANAGERS: usize = 3;
-    const TASKS: usize = 4;
-    const ROUNDS: usize = 12;
-    let keys = Arc::new(h.keys_on_every_master("acct", 4));
+    let keys = h.keys_on_every_master("acct", 4);
     assert_eq!(keys.len(), 12);
     let masters: std::collections::HashSet<usize> = keys
         .iter()
         .map(|k| h.master_of(&format!("lock:{k}")))
         .collect();
     assert_eq!(masters.len(), 3, "keys on every master");
-    let counters = Arc::new(Mutex::new(HashMap::<String, u64>::new()));
-    let active: Arc<Vec<AtomicUsize>> =
-        Arc::new((0..keys.len()).map(|_| AtomicUsize::new(0)).collect());
-    let last_token = Arc::new(Mutex::new(HashMap::<String, u64>::new()));
-    let mut tasks = Vec::new();
-    for m in 0..MANAGERS {
-        let locks = h.builder().build().await.unwrap();
-        for t in 0..TASKS {
-            let (locks, keys) = (locks.clone(), keys.clone());
-            let (counters, active, last_token) =
-                (counters.clone(), active.clone(), last_token.clone());
-            tasks.push(tokio::spawn(async move {
-                for r in 0..ROUNDS {
-                    let k = (m * 5 + t * 3 + r) % keys.len();
-                    let guard = locks
-                        .lock_with(&keys[k], LockOptions::new().wait(Duration::from_secs(30)))
-                        .await
-                        .expect("lock");
-                    assert_eq!(active[k].fetch_add(1, Ordering::SeqCst), 0, "two holders");
-                    {
-                        let mut last = last_token.lock().unwrap();
-                        let prev = last.insert(keys[k].clone(), guard.fencing_token());
-                        assert!(prev.is_none_or(|p| p < guard.fencing_token()));
-                    }
-                    let read = counters.lock().unwrap().get(&keys[k]).copied().unwrap_or(0);
-                    tokio::time::sleep(Duration::from_micros(300)).await;
-                    counters.lock().unwrap().insert(keys[k].clone(), read + 1);
-                    active[k].fetch_sub(1, Ordering::SeqCst);
-                    guard.release().await.expect("release");
-                }
-            }));
-        }
-    }
-    for t in tasks {
-        t.await.expect("task");
-    }
-    let total: u64 = counters.lock().unwrap().values().sum();
-    assert_eq!(total, (MANAGERS * TASKS * ROUNDS) as u64);
+    conformance::mutual_exclusion_over_keys(h, keys, 12).await;
 }
 
 /// The watchdog renews locks spread over many slots on every master (one script call

@@ -3,9 +3,6 @@
 
 mod conformance;
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use conformance::{unique, Harness};
@@ -92,53 +89,9 @@ conformance_tests!(Redlock::new());
 /// tokens strictly increasing per key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutual_exclusion_over_many_keys() {
-    const KEYS: usize = 6;
-    const MANAGERS: usize = 3;
-    const TASKS: usize = 4;
-    const ROUNDS: usize = 10;
     let h = Redlock::new();
-    let keys: Vec<String> = (0..KEYS).map(|i| unique(&format!("many{i}"))).collect();
-    let counters = Arc::new(Mutex::new(HashMap::<String, u64>::new()));
-    let active: Arc<Vec<AtomicUsize>> = Arc::new((0..KEYS).map(|_| AtomicUsize::new(0)).collect());
-    let last_token = Arc::new(Mutex::new(HashMap::<String, u64>::new()));
-    let mut tasks = Vec::new();
-    for m in 0..MANAGERS {
-        let locks = h.managers().build().await.unwrap();
-        for t in 0..TASKS {
-            let (locks, keys) = (locks.clone(), keys.clone());
-            let (counters, active, last_token) =
-                (counters.clone(), active.clone(), last_token.clone());
-            tasks.push(tokio::spawn(async move {
-                for r in 0..ROUNDS {
-                    let k = (m + t + r) % KEYS;
-                    let guard = locks
-                        .lock_with(&keys[k], LockOptions::new().wait(Duration::from_secs(30)))
-                        .await
-                        .expect("lock");
-                    assert_eq!(active[k].fetch_add(1, Ordering::SeqCst), 0, "two holders");
-                    {
-                        let mut last = last_token.lock().unwrap();
-                        let prev = last.insert(keys[k].clone(), guard.fencing_token());
-                        assert!(
-                            prev.is_none_or(|p| p < guard.fencing_token()),
-                            "token {} after {prev:?}",
-                            guard.fencing_token()
-                        );
-                    }
-                    let read = counters.lock().unwrap().get(&keys[k]).copied().unwrap_or(0);
-                    tokio::time::sleep(Duration::from_micros(300)).await;
-                    counters.lock().unwrap().insert(keys[k].clone(), read + 1);
-                    active[k].fetch_sub(1, Ordering::SeqCst);
-                    guard.release().await.expect("release");
-                }
-            }));
-        }
-    }
-    for t in tasks {
-        t.await.expect("task");
-    }
-    let total: u64 = counters.lock().unwrap().values().sum();
-    assert_eq!(total, (MANAGERS * TASKS * ROUNDS) as u64);
+    let keys: Vec<String> = (0..6).map(|i| unique(&format!("many{i}"))).collect();
+    conformance::mutual_exclusion_over_keys(&h, keys, 10).await;
 }
 
 /// With 2 of 5 nodes killed the lock still works; with 3 killed it fails fast with

@@ -6,7 +6,7 @@
 //! `conformance_tests!(harness_expr)` expands to one `#[tokio::test]` per behaviour.
 #![allow(dead_code)]
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -99,6 +99,56 @@ pub async fn mutual_exclusion<H: Harness>(h: &H) {
         tokens.windows(2).all(|w| w[0] < w[1]),
         "tokens not increasing: {tokens:?}"
     );
+}
+
+/// Several managers and tasks spread over `keys`: exact per-key totals, never two
+/// holders of one key, tokens strictly increasing per key.
+pub async fn mutual_exclusion_over_keys<H: Harness>(h: &H, keys: Vec<String>, rounds: usize) {
+    const MANAGERS: usize = 3;
+    const TASKS: usize = 4;
+    let keys = Arc::new(keys);
+    let counters = Arc::new(Mutex::new(HashMap::<String, u64>::new()));
+    let active: Arc<Vec<AtomicUsize>> =
+        Arc::new((0..keys.len()).map(|_| AtomicUsize::new(0)).collect());
+    let last_token = Arc::new(Mutex::new(HashMap::<String, u64>::new()));
+    let mut tasks = Vec::new();
+    for m in 0..MANAGERS {
+        let locks = manager(h).await;
+        for t in 0..TASKS {
+            let (locks, keys) = (locks.clone(), keys.clone());
+            let (counters, active, last_token) =
+                (counters.clone(), active.clone(), last_token.clone());
+            tasks.push(tokio::spawn(async move {
+                for r in 0..rounds {
+                    let k = (m * 5 + t * 3 + r) % keys.len();
+                    let guard = locks
+                        .lock_with(&keys[k], LockOptions::new().wait(Duration::from_secs(30)))
+                        .await
+                        .expect("lock");
+                    assert_eq!(active[k].fetch_add(1, Ordering::SeqCst), 0, "two holders");
+                    {
+                        let mut last = last_token.lock().unwrap();
+                        let prev = last.insert(keys[k].clone(), guard.fencing_token());
+                        assert!(
+                            prev.is_none_or(|p| p < guard.fencing_token()),
+                            "token {} after {prev:?}",
+                            guard.fencing_token()
+                        );
+                    }
+                    let read = counters.lock().unwrap().get(&keys[k]).copied().unwrap_or(0);
+                    tokio::time::sleep(Duration::from_micros(300)).await;
+                    counters.lock().unwrap().insert(keys[k].clone(), read + 1);
+                    active[k].fetch_sub(1, Ordering::SeqCst);
+                    guard.release().await.expect("release");
+                }
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.expect("task");
+    }
+    let total: u64 = counters.lock().unwrap().values().sum();
+    assert_eq!(total, (MANAGERS * TASKS * rounds) as u64);
 }
 
 /// A holder that vanishes without releasing (no drop, no watchdog) blocks others for
