@@ -17,105 +17,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use conformance::backends::{Memory, Single};
 use conformance::{eventually, manager, Harness};
 use redis::AsyncCommands;
-use redlock::{distributed_lock, LockError, LockManager, LockManagerBuilder, LockOptions};
-use redlock_testkit::RedisServer;
+use redlock::{distributed_lock, LockError, LockManager, LockOptions};
 use tokio::sync::Notify;
-
-// ---------------------------------------------------------------------------------------
-// Backends
-
-/// One redis-server per test, stopped on drop.
-struct Single {
-    server: RedisServer,
-}
-
-impl Single {
-    fn new() -> Self {
-        Self {
-            server: RedisServer::start(),
-        }
-    }
-
-    async fn raw(&self) -> redis::aio::MultiplexedConnection {
-        self.server
-            .client()
-            .get_multiplexed_async_connection()
-            .await
-            .expect("raw connection")
-    }
-
-    async fn keys(&self) -> Vec<String> {
-        let mut keys: Vec<String> = self.raw().await.keys("*").await.unwrap();
-        keys.sort();
-        keys
-    }
-}
-
-impl Harness for Single {
-    fn builder(&self) -> LockManagerBuilder {
-        LockManager::builder().single(&self.server.url())
-    }
-
-    async fn delete(&self, full_key: &str) {
-        let n: i64 = self.raw().await.del(full_key).await.unwrap();
-        assert_eq!(n, 1, "{full_key} was not there to delete");
-    }
-
-    async fn steal(&self, full_key: &str) {
-        let _: () = self
-            .raw()
-            .await
-            .set_ex(full_key, "someone-else", 60)
-            .await
-            .unwrap();
-    }
-
-    async fn exists(&self, full_key: &str) -> bool {
-        self.raw().await.exists(full_key).await.unwrap()
-    }
-}
-
-/// The in-memory backend: the managers of one process share one store.
-struct Memory;
-
-impl Memory {
-    /// A manager without a prefix, to act on full keys.
-    async fn admin() -> LockManager {
-        LockManager::builder()
-            .in_memory()
-            .prefix("")
-            .build()
-            .await
-            .unwrap()
-    }
-}
-
-impl Harness for Memory {
-    fn builder(&self) -> LockManagerBuilder {
-        LockManager::builder().in_memory()
-    }
-
-    async fn delete(&self, full_key: &str) {
-        let deleted = Self::admin().await.force_unlock(full_key).await.unwrap();
-        assert!(deleted, "{full_key} was not there to delete");
-    }
-
-    async fn steal(&self, full_key: &str) {
-        let thief = Self::admin().await;
-        thief.force_unlock(full_key).await.unwrap();
-        let guard = thief
-            .lock_with(full_key, LockOptions::new().watchdog(false))
-            .await
-            .unwrap();
-        std::mem::forget(guard);
-    }
-
-    async fn exists(&self, full_key: &str) -> bool {
-        Self::admin().await.is_locked(full_key).await.unwrap()
-    }
-}
 
 /// One `#[tokio::test]` per behaviour and backend: `single::$name` and `memory::$name`.
 macro_rules! on_every_backend {

@@ -4,55 +4,10 @@ mod conformance;
 
 use std::time::{Duration, Instant};
 
+use conformance::backends::Single;
 use conformance::{manager, unique, Harness};
 use redis::AsyncCommands;
-use redlock::{LockError, LockManager, LockManagerBuilder, LockOptions};
-use redlock_testkit::RedisServer;
-
-/// One redis-server per test, stopped on drop.
-struct Single {
-    server: RedisServer,
-}
-
-impl Single {
-    fn new() -> Self {
-        Self {
-            server: RedisServer::start(),
-        }
-    }
-
-    async fn raw(&self) -> redis::aio::MultiplexedConnection {
-        self.server
-            .client()
-            .get_multiplexed_async_connection()
-            .await
-            .expect("raw connection")
-    }
-}
-
-impl Harness for Single {
-    fn builder(&self) -> LockManagerBuilder {
-        LockManager::builder().single(&self.server.url())
-    }
-
-    async fn delete(&self, full_key: &str) {
-        let n: i64 = self.raw().await.del(full_key).await.unwrap();
-        assert_eq!(n, 1);
-    }
-
-    async fn steal(&self, full_key: &str) {
-        let _: () = self
-            .raw()
-            .await
-            .set_ex(full_key, "someone-else", 60)
-            .await
-            .unwrap();
-    }
-
-    async fn exists(&self, full_key: &str) -> bool {
-        self.raw().await.exists(full_key).await.unwrap()
-    }
-}
+use redlock::{LockError, LockManager, LockOptions};
 
 conformance_tests!(Single::new());
 

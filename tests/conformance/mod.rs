@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 
 use redlock::{LockError, LockManager, LockManagerBuilder, LockOptions};
 
+pub mod backends;
+
 /// A backend under test.
 pub trait Harness: Send + Sync {
     /// A builder with the backend chosen; every manager from it shares one lock store.
