@@ -60,7 +60,8 @@ impl Locker {
 /// process and in the servers.
 #[derive(Debug, Clone, Copy)]
 pub struct Slice {
-    pub ops_per_s: f64,
+    pub ops: u64,
+    pub secs: f64,
     pub client_us_per_op: f64,
     pub server_us_per_op: f64,
 }
@@ -98,7 +99,8 @@ pub async fn closed_loop(
     let elapsed = start.elapsed().as_secs_f64();
     let per_op = |d: Duration| d.as_secs_f64() * 1e6 / total.max(1) as f64;
     Ok(Slice {
-        ops_per_s: total as f64 / elapsed,
+        ops: total,
+        secs: elapsed,
         client_us_per_op: per_op(self_cpu().saturating_sub(c0)),
         server_us_per_op: per_op(server_cpu().saturating_sub(s0)),
     })

@@ -49,7 +49,7 @@ pub async fn run(cfg: &Config, urls: &[String], pids: &[u32]) -> Res<f64> {
     let results = measure(cfg, &impls, "r5", 1, pids).await;
     let mut t = Table::new(
         format!(
-            "Redlock over {} masters vs one server: lock+release, 1 task ({} runs × {:.2} s)",
+            "Redlock over {} masters vs one server: lock+release, 1 task ({} runs × {:.2} s each, in interleaved slices)",
             urls.len(),
             cfg.runs,
             cfg.dur.as_secs_f64()

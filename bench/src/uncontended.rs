@@ -60,8 +60,13 @@ pub struct Measured {
     pub server_us: Runs,
 }
 
-/// Warms every implementation up, then measures each `runs` times, interleaved (the order
-/// rotates every run so no implementation always goes first).
+/// Slices each run is cut into: the implementations take turns slice by slice, so the
+/// figures of one run all come from the same stretch of time on this shared machine.
+const SLICES: u32 = 10;
+
+/// Warms every implementation up, then measures `runs` runs; within a run the
+/// implementations take turns in `SLICES` short slices (the order rotating), and each
+/// figure of the run is the total over its slices.
 pub async fn measure(
     cfg: &Config,
     impls: &[(String, Arc<Locker>)],
@@ -75,21 +80,35 @@ pub async fn measure(
             out[i] = Err(e);
         }
     }
-    for run in 0..cfg.runs {
-        for k in 0..impls.len() {
-            let i = (k + run) % impls.len();
-            if out[i].is_err() {
-                continue;
-            }
-            match closed_loop(&impls[i].1, tag, tasks, cfg.dur, servers).await {
-                Ok(x) => {
-                    if let Ok(m) = &mut out[i] {
-                        m.ops.push(x.ops_per_s);
-                        m.client_us.push(x.client_us_per_op);
-                        m.server_us.push(x.server_us_per_op);
-                    }
+    let slice = cfg.dur / SLICES;
+    let mut turn = 0;
+    for _ in 0..cfg.runs {
+        // Per implementation: operations, seconds, client and server CPU µs.
+        let mut acc = vec![(0.0f64, 0.0f64, 0.0f64, 0.0f64); impls.len()];
+        for _ in 0..SLICES {
+            turn += 1;
+            for k in 0..impls.len() {
+                let i = (k + turn) % impls.len();
+                if out[i].is_err() {
+                    continue;
                 }
-                Err(e) => out[i] = Err(e),
+                match closed_loop(&impls[i].1, tag, tasks, slice, servers).await {
+                    Ok(x) => {
+                        let ops = x.ops as f64;
+                        acc[i].0 += ops;
+                        acc[i].1 += x.secs;
+                        acc[i].2 += x.client_us_per_op * ops;
+                        acc[i].3 += x.server_us_per_op * ops;
+                    }
+                    Err(e) => out[i] = Err(e),
+                }
+            }
+        }
+        for (o, (ops, secs, client, server)) in out.iter_mut().zip(acc) {
+            if let Ok(m) = o {
+                m.ops.push(ops / secs);
+                m.client_us.push(client / ops);
+                m.server_us.push(server / ops);
             }
         }
     }
