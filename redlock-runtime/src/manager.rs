@@ -83,7 +83,10 @@ impl Target {
             Self::Single(url) => std::slice::from_ref(url),
             Self::Cluster(urls) | Self::Redlock(urls) => urls,
         };
-        match urls.iter().find(|u| u.trim_start().to_ascii_lowercase().starts_with("rediss:")) {
+        match urls
+            .iter()
+            .find(|u| u.trim_start().to_ascii_lowercase().starts_with("rediss:"))
+        {
             Some(url) if !cfg!(feature = "tls") => Err(LockError::invalid_option(format!(
                 "{} uses TLS: enable the `tls` feature of redlock",
                 url.split('@').next_back().unwrap_or_default()
