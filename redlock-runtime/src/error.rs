@@ -132,6 +132,18 @@ impl LockError {
         move |source| Self::Backend { operation, source }
     }
 
+    /// A request (`operation`) that got no answer within `after`.
+    pub(crate) fn timed_out(operation: &'static str, after: Duration) -> Self {
+        Self::Backend {
+            operation,
+            source: std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no answer within {after:?}"),
+            )
+            .into(),
+        }
+    }
+
     pub(crate) fn invalid_option(reason: impl Into<String>) -> Self {
         Self::InvalidOption {
             reason: reason.into(),

@@ -121,7 +121,7 @@ impl ClusterBackend {
         // redis-rs #1953: the cluster connect can hang; the timeout bounds it.
         let (con, sub_con) = tokio::time::timeout(timeouts.connect, connect)
             .await
-            .map_err(|_| timed_out("connect", timeouts.connect))?
+            .map_err(|_| LockError::timed_out("connect", timeouts.connect))?
             .map_err(LockError::backend("connect"))?;
         Ok(Self {
             urls: urls.to_vec(),
@@ -162,7 +162,7 @@ impl ClusterBackend {
                 let con =
                     tokio::time::timeout(self.timeouts.connect, client.get_async_connection())
                         .await
-                        .map_err(|_| timed_out("connect", self.timeouts.connect))?
+                        .map_err(|_| LockError::timed_out("connect", self.timeouts.connect))?
                         .map_err(LockError::backend("connect"))?;
                 slot.insert(con)
             }
@@ -340,17 +340,6 @@ fn wait_client(
         .map_err(LockError::backend("connect"))
 }
 
-fn timed_out(operation: &'static str, after: Duration) -> LockError {
-    LockError::Backend {
-        operation,
-        source: std::io::Error::new(
-            std::io::ErrorKind::TimedOut,
-            format!("no answer within {after:?}"),
-        )
-        .into(),
-    }
-}
-
 /// Decodes one reply of a pipeline.
 fn decode<T: FromRedisValue>(value: Value, operation: &'static str) -> Result<T, LockError> {
     redis::from_redis_value(value).map_err(|e| LockError::backend(operation)(e.into()))
@@ -443,7 +432,7 @@ impl ShardSubscriber {
         let mut con = inner.con.clone();
         tokio::time::timeout(inner.timeout, con.sunsubscribe(key))
             .await
-            .map_err(|_| timed_out("unsubscribe", inner.timeout))?
+            .map_err(|_| LockError::timed_out("unsubscribe", inner.timeout))?
             .map_err(LockError::backend("unsubscribe"))
     }
 }
@@ -462,7 +451,7 @@ impl SubInner {
         let mut con = self.con.clone();
         tokio::time::timeout(self.timeout, con.ssubscribe(channel))
             .await
-            .map_err(|_| timed_out("subscribe", self.timeout))?
+            .map_err(|_| LockError::timed_out("subscribe", self.timeout))?
             .map_err(LockError::backend("subscribe"))
     }
 

@@ -146,7 +146,7 @@ impl RedlockBackend {
             async move {
                 tokio::time::timeout(timeout, request)
                     .await
-                    .unwrap_or_else(|_| Err(timed_out(operation, timeout)))
+                    .unwrap_or_else(|_| Err(LockError::timed_out(operation, timeout)))
             }
         }))
         .await
@@ -456,17 +456,6 @@ fn jitter(max: Duration) -> Duration {
     let span = u64::try_from(max.as_micros()).unwrap_or(u64::MAX).max(1);
     let r = getrandom::u64().unwrap_or(0);
     Duration::from_micros(r % span.saturating_add(1))
-}
-
-fn timed_out(operation: &'static str, after: Duration) -> LockError {
-    LockError::Backend {
-        operation,
-        source: std::io::Error::new(
-            std::io::ErrorKind::TimedOut,
-            format!("node did not answer within {after:?}"),
-        )
-        .into(),
-    }
 }
 
 #[cfg(test)]

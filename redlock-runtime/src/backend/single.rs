@@ -70,14 +70,7 @@ impl SingleBackend {
         };
         let (con, sub_con) = tokio::time::timeout(timeouts.connect, connect)
             .await
-            .map_err(|_| LockError::Backend {
-                operation: "connect",
-                source: std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!("no answer within {:?}", timeouts.connect),
-                )
-                .into(),
-            })?
+            .map_err(|_| LockError::timed_out("connect", timeouts.connect))?
             .map_err(LockError::backend("connect"))?;
         Ok(Self {
             client,
