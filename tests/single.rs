@@ -259,3 +259,32 @@ async fn rediss_without_the_tls_feature_is_a_clear_error() {
     assert!(matches!(err, LockError::InvalidOption { .. }), "{err}");
     assert!(!err.to_string().contains("hunter2"), "{err}");
 }
+
+/// A release that fails because Redis is briefly down is retried in the background, so
+/// the lock frees within seconds of Redis coming back, not at the end of its 30 s ttl
+/// (the server keeps its data across the restart: AOF).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_releases_are_retried_in_the_background() {
+    let mut server = redlock_testkit::RedisServer::builder().aof(true).start();
+    let locks = LockManager::connect(&server.url()).await.unwrap();
+    let dropped = locks.lock("retry_{dropped}").await.unwrap();
+    let released = locks.lock("retry_{released}").await.unwrap();
+    server.kill9();
+    drop(dropped);
+    let err = released.release().await.unwrap_err();
+    assert!(matches!(err, LockError::Backend { .. }), "{err}");
+    server.restart();
+    let back = Instant::now();
+    for key in ["lock:retry_{dropped}", "lock:retry_{released}"] {
+        let gone =
+            redlock_testkit::wait_until(Duration::from_secs(8), Duration::from_millis(20), || {
+                server.cmd_sync(&["EXISTS", key]).ok() == Some(redis::Value::Int(0))
+            });
+        assert!(
+            gone,
+            "{key} still held {:?} after Redis came back",
+            back.elapsed()
+        );
+    }
+    assert!(back.elapsed() < Duration::from_secs(10));
+}

@@ -635,7 +635,8 @@ impl LockManager {
             .release(&lease.key, lease.token)
             .instrument(span)
             .await;
-        pending.armed = false;
+        // A failed request is retried in the background (compare-token, so harmless).
+        pending.armed = released.is_err();
         match (released?, was) {
             (true, Ok(())) => {
                 shared.waiters.wake(key);

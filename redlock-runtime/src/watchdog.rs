@@ -162,19 +162,34 @@ async fn handle(shared: Arc<Shared>, job: Job) -> bool {
     false
 }
 
+/// Pauses between background release attempts: a dropped connection or a failover gets
+/// a few seconds to recover before the ttl is left to free the lock.
+const RELEASE_RETRIES: [Duration; 3] = [
+    Duration::from_millis(200),
+    Duration::from_millis(800),
+    Duration::from_secs(2),
+];
+
 async fn release(shared: &Shared, key: &LockKey, token: Token) {
-    let span = tracing::debug_span!(
-        "redlock.release",
-        key = key.full(),
-        backend = shared.backend.name()
-    );
-    match shared.backend.release(key, token).instrument(span).await {
-        Ok(true) => shared.waiters.wake(key.full()),
-        Ok(false) => {}
-        Err(e) => {
-            tracing::warn!(key = key.full(), error = %e, "background release failed; the ttl will free the lock")
+    for pause in std::iter::once(None).chain(RELEASE_RETRIES.map(Some)) {
+        if let Some(pause) = pause {
+            tokio::time::sleep(pause).await;
+        }
+        let span = tracing::debug_span!(
+            "redlock.release",
+            key = key.full(),
+            backend = shared.backend.name()
+        );
+        match shared.backend.release(key, token).instrument(span).await {
+            Ok(true) => return shared.waiters.wake(key.full()),
+            Ok(false) => return,
+            Err(e) => tracing::debug!(key = key.full(), error = %e, "background release failed"),
         }
     }
+    tracing::warn!(
+        key = key.full(),
+        "background release failed; the ttl will free the lock"
+    );
 }
 
 async fn renew(shared: Arc<Shared>, due: Vec<Arc<Lease>>) -> bool {
