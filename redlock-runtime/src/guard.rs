@@ -100,7 +100,8 @@ impl LockGuard {
     /// [`LockError::Lost`] when the lock had expired or been taken over (a key still
     /// holding our token is deleted all the same); [`LockError::NotHeld`] on a re-entered
     /// view of a lock owned by an outer call; [`LockError::Backend`] when Redis failed
-    /// (the ttl then frees the lock).
+    /// (the release is then retried in the background for a few seconds; the ttl is the
+    /// last resort).
     ///
     /// # Cancel safety
     /// If the future is dropped before it completes, the release still happens in the
