@@ -87,9 +87,19 @@ impl LockGuard {
 
     /// Sets the lock's remaining ttl to `ttl` (later watchdog renewals use it too).
     ///
+    /// From the moment it is called, [`is_held`](Self::is_held) and
+    /// [`valid_until`](Self::valid_until) count with the shorter of the old deadline and
+    /// `ttl` from now; only a confirmed extend moves the deadline later.
+    ///
     /// # Errors
     /// [`LockError::Lost`] when the lock is no longer ours, [`LockError::InvalidOption`]
-    /// for a ttl outside 1 ms ..= 30 days, [`LockError::Backend`] when Redis failed.
+    /// for a ttl outside 1 ms ..= 30 days, [`LockError::Backend`] when Redis failed (the
+    /// lock is then kept with the shorter deadline, and the watchdog renews it with the
+    /// new ttl).
+    ///
+    /// # Cancel safety
+    /// Dropping the future does not cancel the request: it completes in the background,
+    /// and its outcome is booked before any other extend or renewal of this lock is sent.
     pub async fn extend(&self, ttl: Duration) -> Result<(), LockError> {
         self.manager.extend_lease(&self.lease, ttl).await
     }

@@ -3,16 +3,36 @@
 //!
 //! Times are nanoseconds on a process-wide monotonic clock. The *deadline* is the last
 //! instant the lock is known to be ours: the start of the request that acquired or last
-//! renewed it, plus its ttl, minus a clock-drift allowance (1 % of the ttl + 2 ms), so
-//! a holder gives the lock up before any server could let someone else take it.
+//! renewed it, plus the ttl *that request carried*, minus a clock-drift allowance (1 % of
+//! the ttl + 2 ms), so a holder gives the lock up before any server could let someone
+//! else take it.
+//!
+//! # Keeping the deadline at or before the server's expiry
+//! Each request that sets the expiry (acquire, extend, renewal) makes the server's expiry
+//! `applied + ttl`, where `applied` is some instant after `sent`. The rules:
+//! - **One request in flight per lease.** Extends and renewals of a lease take its
+//!   [`Lease::op`] lock and hold it until their outcome is booked or given up, so the
+//!   server applies them in the order they were booked: a renewal built before an
+//!   extend can never land after it unnoticed. (On one connection requests are applied
+//!   in the order they were sent, so a request given up on, whose reply was lost, is
+//!   still applied before any later one.)
+//! - **Book what was sent.** A confirmed request moves the deadline to
+//!   `sent + ttl_sent − drift`, computed from the ttl in that request, never from the
+//!   lease's current ttl.
+//! - **Lower before sending, raise only on success.** An extend first makes its ttl the
+//!   lease's ttl (later renewals carry it) and lowers the deadline to
+//!   `min(deadline, sent + ttl − drift)`; only its confirmation may raise it. A shrinking
+//!   extend that fails, times out or is cancelled therefore never leaves a long deadline
+//!   behind, and if it is applied late, the expiry it sets is still after the booked one.
 
 use std::future::Future as _;
 use std::pin::pin;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
+use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
 use crate::key::LockKey;
@@ -39,6 +59,11 @@ pub(crate) fn drift(ttl: Duration) -> Duration {
     ttl / 100 + Duration::from_millis(2)
 }
 
+/// The last instant a lock is ours after a request that carried `ttl` was sent at `sent`.
+fn valid_until(sent: u64, ttl: Duration) -> u64 {
+    sent.saturating_add(nanos(ttl.saturating_sub(drift(ttl))))
+}
+
 const HELD: u8 = 0;
 const LOST: u8 = 1;
 const RELEASED: u8 = 2;
@@ -55,6 +80,8 @@ pub(crate) struct Lease {
     next_renewal: AtomicU64,
     state: AtomicU8,
     lost: CancellationToken,
+    /// Held by the one extend or renewal of this lease in flight.
+    pub(crate) op: Arc<Mutex<()>>,
 }
 
 impl Lease {
@@ -77,8 +104,9 @@ impl Lease {
             next_renewal: AtomicU64::new(0),
             state: AtomicU8::new(HELD),
             lost: CancellationToken::new(),
+            op: Arc::new(Mutex::new(())),
         };
-        lease.renewed(sent);
+        lease.confirmed(sent, ttl);
         lease
     }
 
@@ -96,24 +124,28 @@ impl Lease {
         self.next_renewal.load(Ordering::Acquire)
     }
 
-    /// Records a successful renewal (or extension) whose request was sent at `sent`.
-    pub(crate) fn renewed(&self, sent: u64) {
-        let ttl = self.ttl();
-        let validity = nanos(ttl.saturating_sub(drift(ttl)));
+    /// Books a confirmed request (acquire, extend or renewal) that was sent at `sent`
+    /// carrying `ttl`. Called with [`op`](Self::op) held (or before the lease is shared),
+    /// so the last confirmation is the last request the server applied.
+    pub(crate) fn confirmed(&self, sent: u64, ttl: Duration) {
         self.deadline
-            .fetch_max(sent.saturating_add(validity), Ordering::AcqRel);
+            .store(valid_until(sent, ttl), Ordering::Release);
         self.next_renewal
             .store(sent.saturating_add(nanos(ttl / 3)), Ordering::Release);
     }
 
-    /// Records an extension to `ttl`, sent at `sent`: later renewals use the new ttl.
-    pub(crate) fn extended(&self, ttl: Duration, sent: u64) {
+    /// Prepares an extend to `ttl` about to be sent at `sent` (with [`op`](Self::op)
+    /// held): later renewals carry the new ttl, and the deadline is lowered to what the
+    /// extend alone would allow, so an extend that fails or is cancelled never leaves a
+    /// longer deadline than the server's expiry.
+    pub(crate) fn extending(&self, sent: u64, ttl: Duration) {
         self.ttl.store(nanos(ttl), Ordering::Release);
-        let validity = nanos(ttl.saturating_sub(drift(ttl)));
         self.deadline
-            .store(sent.saturating_add(validity), Ordering::Release);
-        self.next_renewal
-            .store(sent.saturating_add(nanos(ttl / 3)), Ordering::Release);
+            .fetch_min(valid_until(sent, ttl), Ordering::AcqRel);
+        self.next_renewal.fetch_min(
+            sent.saturating_add(nanos(ttl / 3)),
+            Ordering::AcqRel,
+        );
     }
 
     /// Asks the watchdog to retry a failed renewal at `at`.

@@ -663,27 +663,53 @@ impl LockManager {
     }
 
     /// Sets a lease's remaining ttl.
-    pub(crate) async fn extend_lease(&self, lease: &Lease, ttl: Duration) -> Result<(), LockError> {
+    ///
+    /// The request runs in a task of its own, holding the lease's operation lock until
+    /// its outcome is booked: dropping this future neither cancels the request nor lets
+    /// a renewal overtake it (see the `lease` module for the rules).
+    pub(crate) async fn extend_lease(
+        &self,
+        lease: &Arc<Lease>,
+        ttl: Duration,
+    ) -> Result<(), LockError> {
         check_ttl(ttl)?;
-        let lost = || LockError::Lost {
+        let lost = |lease: &Lease| LockError::Lost {
             key: lease.key.full().to_owned(),
         };
         if !lease.is_held() {
-            return Err(lost());
+            return Err(lost(lease));
         }
-        let sent = lease::now();
-        if self
-            .0
-            .shared
-            .backend
-            .extend(&lease.key, lease.token, ttl)
-            .await?
-        {
-            lease.extended(ttl, sent);
-            Ok(())
-        } else {
-            lease.mark_lost("the server no longer holds this lock's token");
-            Err(lost())
+        let op = lease.op.clone().lock_owned().await;
+        if !lease.is_held() {
+            return Err(lost(lease));
+        }
+        let manager = self.clone();
+        let task_lease = lease.clone();
+        let request = tokio::spawn(async move {
+            let (lease, shared) = (task_lease, &manager.0.shared);
+            let sent = lease::now();
+            lease.extending(sent, ttl);
+            let outcome = match shared.backend.extend(&lease.key, lease.token, ttl).await {
+                Ok(true) => {
+                    lease.confirmed(sent, ttl);
+                    Ok(())
+                }
+                Ok(false) => {
+                    lease.mark_lost("the server no longer holds this lock's token");
+                    Err(lost(&lease))
+                }
+                Err(e) => Err(e),
+            };
+            drop(op);
+            // The renewal schedule moved (and renewals were skipped while this ran).
+            shared.reschedule(lease.next_renewal());
+            outcome
+        });
+        match request.await {
+            Ok(outcome) => outcome,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            // Only when the runtime shuts down.
+            Err(_) => Err(lost(lease)),
         }
     }
 

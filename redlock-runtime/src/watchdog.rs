@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::{mpsc, Notify, OwnedMutexGuard};
 use tracing::Instrument;
 
 use crate::backend::{Backend, Renewal, Renewed};
@@ -73,7 +73,13 @@ impl Shared {
     /// Puts a lease under the watchdog.
     pub(crate) fn watch(&self, lease: &Arc<Lease>) {
         self.leases().insert(lease.id, lease.clone());
-        if lease.next_renewal() < self.planned_wake.load(Ordering::Acquire) {
+        self.reschedule(lease.next_renewal());
+    }
+
+    /// Wakes the task if something is due at `at`, before it planned to wake (or while
+    /// it is scanning, when its plan is not known yet).
+    pub(crate) fn reschedule(&self, at: u64) {
+        if at < self.planned_wake.load(Ordering::Acquire) {
             self.changed.notify_one();
         }
     }
@@ -89,8 +95,12 @@ impl Shared {
     }
 
     /// Marks overdue leases lost, picks those due for renewal (unless a batch is in
-    /// flight) and returns when to look again.
-    fn scan(&self, now: u64, pick: bool) -> (Vec<Arc<Lease>>, u64) {
+    /// flight), each with its operation lock taken, and returns when to look again.
+    ///
+    /// While it scans, the planned wake-up reads as "unknown" (`u64::MAX`), so a lease
+    /// [`watch`](Self::watch)ed meanwhile always wakes the task for another look.
+    fn scan(&self, now: u64, pick: bool) -> (Vec<Due>, u64) {
+        self.planned_wake.store(u64::MAX, Ordering::Release);
         let mut due = Vec::new();
         let mut next = now.saturating_add(lease::nanos(self.idle));
         self.leases().retain(|_, l| {
@@ -101,20 +111,34 @@ impl Shared {
                 l.mark_lost("the lease deadline passed without a successful renewal");
                 return false;
             }
-            // While a batch is in flight only deadlines matter.
-            if pick {
-                let slack = lease::nanos(l.ttl() / 6);
-                if l.next_renewal() <= now.saturating_add(slack) {
-                    due.push(l.clone());
-                } else {
-                    next = next.min(l.next_renewal());
-                }
-            }
             next = next.min(l.deadline());
+            // While a batch is in flight only deadlines matter.
+            if !pick {
+                return true;
+            }
+            let slack = lease::nanos(l.ttl() / 6);
+            if l.next_renewal() > now.saturating_add(slack) {
+                next = next.min(l.next_renewal());
+            } else if let Ok(op) = l.op.clone().try_lock_owned() {
+                due.push(Due {
+                    ttl: l.ttl(),
+                    lease: l.clone(),
+                    _op: op,
+                });
+            }
+            // else: an extend is in flight; it reschedules the task when it is booked.
             true
         });
         (due, next)
     }
+}
+
+/// A lease picked for renewal: the ttl the renewal carries, read with its operation lock
+/// held, and that lock, held until the outcome is booked.
+struct Due {
+    lease: Arc<Lease>,
+    ttl: Duration,
+    _op: OwnedMutexGuard<()>,
 }
 
 type Work = Pin<Box<dyn Future<Output = bool> + Send>>;
@@ -192,14 +216,14 @@ async fn release(shared: &Shared, key: &LockKey, token: Token) {
     );
 }
 
-async fn renew(shared: Arc<Shared>, due: Vec<Arc<Lease>>) -> bool {
+async fn renew(shared: Arc<Shared>, due: Vec<Due>) -> bool {
     let sent = lease::now();
     let batch: Vec<Renewal<'_>> = due
         .iter()
-        .map(|l| Renewal {
-            key: &l.key,
-            token: l.token,
-            ttl: l.ttl(),
+        .map(|d| Renewal {
+            key: &d.lease.key,
+            token: d.lease.token,
+            ttl: d.ttl,
         })
         .collect();
     let span = tracing::debug_span!(
@@ -207,32 +231,71 @@ async fn renew(shared: Arc<Shared>, due: Vec<Arc<Lease>>) -> bool {
         backend = shared.backend.name(),
         locks = batch.len()
     );
-    match shared.backend.renew(&batch).instrument(span).await {
-        Ok(outcomes) => {
-            let now = lease::now();
-            for (l, outcome) in due
-                .iter()
-                .zip(outcomes.into_iter().chain(std::iter::repeat(Renewed::Lost)))
-            {
-                match outcome {
-                    Renewed::Yes => l.renewed(sent),
-                    Renewed::Lost => l.mark_lost("the server no longer holds this lock's token"),
-                    // Its node or slot did not answer: retry soon, like a failed batch.
-                    Renewed::Unknown => {
-                        let retry = (l.ttl() / 10).min(Duration::from_millis(500));
-                        l.retry_at(now.saturating_add(lease::nanos(retry)));
-                    }
-                }
-            }
-        }
+    let outcomes = match shared.backend.renew(&batch).instrument(span).await {
+        Ok(outcomes) => outcomes,
         Err(e) => {
             tracing::warn!(locks = due.len(), error = %e, "lock renewal failed; retrying");
-            let now = lease::now();
-            for l in &due {
-                let retry = (l.ttl() / 10).min(Duration::from_millis(500));
-                l.retry_at(now.saturating_add(lease::nanos(retry)));
+            vec![Renewed::Unknown; due.len()]
+        }
+    };
+    let now = lease::now();
+    // A missing outcome is unknown, like a failed call: retried soon.
+    let outcomes = outcomes
+        .into_iter()
+        .chain(std::iter::repeat(Renewed::Unknown));
+    for (d, outcome) in due.iter().zip(outcomes) {
+        match outcome {
+            Renewed::Yes => d.lease.confirmed(sent, d.ttl),
+            Renewed::Lost => d
+                .lease
+                .mark_lost("the server no longer holds this lock's token"),
+            Renewed::Unknown => {
+                let retry = (d.ttl / 10).min(Duration::from_millis(500));
+                d.lease.retry_at(now.saturating_add(lease::nanos(retry)));
             }
         }
     }
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Weak;
+
+    use futures_util::FutureExt;
+
+    use super::*;
+    use crate::backend::MemoryBackend;
+
+    fn shared() -> Shared {
+        let waiters = Arc::new(Waiters::new(1, Box::new(|_| {})));
+        let backend = Backend::Memory(MemoryBackend::new(Weak::new()));
+        Shared::new(backend, waiters, Duration::from_secs(30))
+    }
+
+    #[test]
+    fn lease_watched_while_a_batch_is_built_keeps_its_first_renewal() {
+        let shared = shared();
+        let now = lease::now();
+        // The previous round planned to wake now; this round scans and finds nothing...
+        shared.planned_wake.store(now, Ordering::Release);
+        let (due, _next) = shared.scan(now, true);
+        assert!(due.is_empty());
+        // ...while a lock whose first renewal is due long before the idle wake-up is
+        // watched, before the round stores its plan.
+        let key = LockKey::prefixed("lock:", "scan_race").unwrap();
+        let lease = Arc::new(Lease::new(
+            1,
+            key,
+            Token::random(),
+            1,
+            Duration::from_secs(3),
+            now,
+        ));
+        shared.watch(&lease);
+        assert!(
+            shared.changed.notified().now_or_never().is_some(),
+            "the task must look again before sleeping past the new lease's renewal"
+        );
+    }
 }

@@ -53,7 +53,7 @@ use redis::{FromRedisValue, IntoConnectionInfo, ProtocolVersion, PushInfo, PushK
 use tokio::sync::{mpsc, Mutex};
 
 use super::single::{decode_acquire, ttl_ms};
-use super::{Attempt, Renewal, Renewed, ReplicaWait, Timeouts};
+use super::{chunk_outcomes, Attempt, Renewal, Renewed, ReplicaWait, Timeouts};
 use crate::key::LockKey;
 use crate::scripts::{ACQUIRE, EXTEND, RELEASE, RENEW};
 use crate::token::Token;
@@ -245,15 +245,11 @@ impl ClusterBackend {
         for (indices, reply) in results {
             match reply {
                 Ok(flags) => {
-                    for (&i, flag) in indices
+                    for (&i, outcome) in indices
                         .iter()
-                        .zip(flags.into_iter().map(Some).chain(std::iter::repeat(None)))
+                        .zip(chunk_outcomes(indices.len(), Some(flags)))
                     {
-                        out[i] = match flag {
-                            Some(1) => Renewed::Yes,
-                            Some(_) => Renewed::Lost,
-                            None => Renewed::Unknown,
-                        };
+                        out[i] = outcome;
                     }
                 }
                 Err(e) => {

@@ -77,6 +77,27 @@ impl From<bool> for Renewed {
     }
 }
 
+/// The outcomes of one `renew.lua` call over `len` locks, from its reply (`None`: the
+/// call failed). A reply without exactly one integer per lock cannot be matched to the
+/// locks, so all of them are unknown (retried soon), never credited to a neighbour.
+pub(crate) fn chunk_outcomes(len: usize, reply: Option<Vec<i64>>) -> Vec<Renewed> {
+    match reply {
+        Some(flags) if flags.len() == len => flags
+            .into_iter()
+            .map(|flag| Renewed::from(flag == 1))
+            .collect(),
+        Some(flags) => {
+            tracing::warn!(
+                locks = len,
+                answers = flags.len(),
+                "renewal reply does not match its locks; retrying them"
+            );
+            vec![Renewed::Unknown; len]
+        }
+        None => vec![Renewed::Unknown; len],
+    }
+}
+
 /// Where locks live.
 // One value per manager, behind an `Arc`: boxing the larger variants would buy nothing.
 #[allow(clippy::large_enum_variant)]
@@ -150,12 +171,7 @@ impl Backend {
                 .iter()
                 .map(|r| b.extend(r.key, r.token, r.ttl).into())
                 .collect()),
-            Self::Single(b) => Ok(b
-                .renew(batch)
-                .await?
-                .into_iter()
-                .map(Renewed::from)
-                .collect()),
+            Self::Single(b) => b.renew(batch).await,
             Self::Cluster(b) => b.renew(batch).await,
             Self::Redlock(b) => b.renew(batch).await,
         }

@@ -366,9 +366,14 @@ impl RedlockBackend {
         }
         Ok((0..batch.len())
             .map(|i| {
-                let votes = answers
-                    .iter()
-                    .map(|a| a.as_ref().ok().and_then(|flags| flags.get(i).copied()));
+                let votes = answers.iter().map(|a| match a {
+                    Ok(outcomes) => match outcomes.get(i) {
+                        Some(Renewed::Yes) => Some(true),
+                        Some(Renewed::Lost) => Some(false),
+                        Some(Renewed::Unknown) | None => None,
+                    },
+                    Err(_) => None,
+                });
                 match self.vote(votes) {
                     Vote::Yes => Renewed::Yes,
                     Vote::No => Renewed::Lost,

@@ -10,10 +10,10 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::io::tcp::TcpSettings;
-use redis::{Client, IntoConnectionInfo, ProtocolVersion};
+use redis::{Client, IntoConnectionInfo, ProtocolVersion, Value};
 use tokio::sync::Mutex;
 
-use super::{Attempt, Renewal, ReplicaWait, Timeouts};
+use super::{chunk_outcomes, Attempt, Renewal, Renewed, ReplicaWait, Timeouts};
 use crate::key::LockKey;
 use crate::notify::{push_handler, Subscriber};
 use crate::scripts::{ACQUIRE, EXTEND, RELEASE, RENEW};
@@ -154,11 +154,13 @@ impl SingleBackend {
     }
 
     /// One round trip for the whole batch: a pipeline of batched-renew scripts, led by a
-    /// `SCRIPT LOAD` so a flushed script cache cannot fail it.
-    pub(crate) async fn renew(&self, batch: &[Renewal<'_>]) -> Result<Vec<bool>, LockError> {
+    /// `SCRIPT LOAD` so a flushed script cache cannot fail it. Each chunk's reply is
+    /// decoded on its own ([`chunk_outcomes`]).
+    pub(crate) async fn renew(&self, batch: &[Renewal<'_>]) -> Result<Vec<Renewed>, LockError> {
         let mut pipe = redis::pipe();
         pipe.add_command(RENEW.load()).ignore();
-        for chunk in batch.chunks(RENEW_CHUNK) {
+        let chunks = batch.chunks(RENEW_CHUNK);
+        for chunk in chunks.clone() {
             let keys: Vec<&str> = chunk.iter().map(|r| r.key.full()).collect();
             let mut args: Vec<Vec<u8>> = Vec::with_capacity(chunk.len() * 2);
             for r in chunk {
@@ -167,11 +169,11 @@ impl SingleBackend {
             }
             pipe.add_command(RENEW.evalsha(&keys, args));
         }
-        let replies: Vec<Vec<i64>> = pipe
+        let replies: Vec<Value> = pipe
             .query_async(&mut self.con.clone())
             .await
             .map_err(LockError::backend("renew"))?;
-        Ok(replies.into_iter().flatten().map(|r| r == 1).collect())
+        Ok(decode_renewals(chunks.map(<[_]>::len), replies))
     }
 
     pub(crate) async fn is_locked(&self, key: &LockKey) -> Result<bool, LockError> {
@@ -210,6 +212,20 @@ where
     }
 }
 
+/// One outcome per lock from the replies of a renew pipeline, chunk by chunk: a chunk
+/// whose reply is missing or malformed leaves its own locks unknown.
+fn decode_renewals(chunk_lens: impl Iterator<Item = usize>, replies: Vec<Value>) -> Vec<Renewed> {
+    let mut replies = replies.into_iter();
+    chunk_lens
+        .flat_map(|len| {
+            let reply = replies
+                .next()
+                .and_then(|r| redis::from_redis_value::<Vec<i64>>(r).ok());
+            chunk_outcomes(len, reply)
+        })
+        .collect()
+}
+
 /// Milliseconds for Redis, at least 1.
 pub(crate) fn ttl_ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
@@ -236,5 +252,35 @@ impl Timeouts {
             .set_response_timeout(Some(self.response))
             .set_number_of_retries(2)
             .set_max_delay(Duration::from_millis(500))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reply(flags: &[i64]) -> Value {
+        Value::Array(flags.iter().map(|&f| Value::Int(f)).collect())
+    }
+
+    #[test]
+    fn renew_short_chunk_reply_is_not_credited_to_its_neighbours() {
+        let outcomes = decode_renewals([2, 2].into_iter(), vec![reply(&[1]), reply(&[1, 0])]);
+        assert_eq!(
+            outcomes,
+            [Renewed::Unknown, Renewed::Unknown, Renewed::Yes, Renewed::Lost]
+        );
+    }
+
+    #[test]
+    fn renew_missing_or_malformed_chunk_replies_are_unknown() {
+        let outcomes = decode_renewals(
+            [1, 2, 1].into_iter(),
+            vec![Value::SimpleString("OK".into()), reply(&[0, 1])],
+        );
+        assert_eq!(
+            outcomes,
+            [Renewed::Unknown, Renewed::Lost, Renewed::Yes, Renewed::Unknown]
+        );
     }
 }
