@@ -142,10 +142,8 @@ impl Lease {
         self.ttl.store(nanos(ttl), Ordering::Release);
         self.deadline
             .fetch_min(valid_until(sent, ttl), Ordering::AcqRel);
-        self.next_renewal.fetch_min(
-            sent.saturating_add(nanos(ttl / 3)),
-            Ordering::AcqRel,
-        );
+        self.next_renewal
+            .fetch_min(sent.saturating_add(nanos(ttl / 3)), Ordering::AcqRel);
     }
 
     /// Asks the watchdog to retry a failed renewal at `at`.

@@ -17,7 +17,7 @@ use crate::key::LockKey;
 use crate::lease::{self, Lease};
 use crate::options::{check_ttl, Resolved};
 use crate::token::Token;
-use crate::waiters::Waiters;
+use crate::waiters::{Subscription, Waiters};
 use crate::watchdog::{self, Job, Shared};
 use crate::{LockError, LockGuard, LockOptions};
 
@@ -447,34 +447,26 @@ impl LockManager {
         );
         let started = Instant::now();
         let result = async {
-            let mut token = Token::random();
             let replicas = (opts.min_replicas > 0).then(|| ReplicaWait {
                 replicas: opts.min_replicas,
                 timeout: opts.replica_wait(),
             });
             if opts.wait.is_zero() || !self.0.shared.waiters.is_queued(key.full()) {
-                match self.attempt(&key, token, &opts, replicas).await {
+                match self.attempt(&key, &opts, replicas).await {
                     Ok(Outcome::Acquired(guard)) => return Ok(guard),
                     Ok(Outcome::Held(_)) if opts.wait.is_zero() => {
                         return Err(LockError::Timeout {
                             key: key.into_full(),
                         })
                     }
-                    // With time to wait, a failed request is retried by the wait loop.
+                    // With time to wait, the wait loop tries again.
                     Ok(Outcome::Held(_)) => {}
-                    // A failed request may still be applied, and is released in the
-                    // background with its token: later attempts use a fresh one, so that
-                    // release can never delete a lock they take.
-                    Err(LockError::Backend { .. }) if !opts.wait.is_zero() => {
-                        token = Token::random();
-                    }
+                    Err(LockError::Backend { .. }) if !opts.wait.is_zero() => {}
                     Err(e) => return Err(e),
                 }
             }
             let wait = tracing::debug_span!("redlock.wait", key = key.full());
-            self.wait_for(&key, token, &opts, replicas)
-                .instrument(wait)
-                .await
+            self.wait_for(&key, &opts, replicas).instrument(wait).await
         }
         .instrument(span.clone())
         .await;
@@ -489,14 +481,19 @@ impl LockManager {
     }
 
     /// One round trip: acquired, or held (with the holder's remaining ttl).
+    ///
+    /// Every attempt draws a fresh token. What an earlier attempt may have left on the
+    /// server (a request applied after its reply was lost, a Redlock undo that did not
+    /// arrive) carries an older token, so it can never be counted as part of this
+    /// attempt's grant, and its background release can never delete this attempt's lock.
     async fn attempt(
         &self,
         key: &LockKey,
-        token: Token,
         opts: &Resolved,
         replicas: Option<ReplicaWait>,
     ) -> Result<Outcome, LockError> {
         let shared = &self.0.shared;
+        let token = Token::random();
         let sent = lease::now();
         let mut pending = PendingAttempt {
             manager: self,
@@ -542,7 +539,6 @@ impl LockManager {
     async fn wait_for(
         &self,
         key: &LockKey,
-        mut token: Token,
         opts: &Resolved,
         replicas: Option<ReplicaWait>,
     ) -> Result<LockGuard, LockError> {
@@ -561,12 +557,16 @@ impl LockManager {
             Ok(Ok(permit)) => permit,
             _ => return Err(timeout()),
         };
-        // Subscribed before the next attempt, so no release after it goes unnoticed.
-        let mut notified_by_server = place.queue.subscribed.load(Ordering::Acquire);
+        // Subscribed before the next attempt, so no release after it goes unnoticed. The
+        // queue owns its interest from before the request is sent: if this future is
+        // dropped mid-way, the channel is still unsubscribed when the queue empties.
+        let mut notified_by_server = place.queue.subscription() == Subscription::Confirmed;
         if !notified_by_server {
-            match shared.backend.subscribe(key.full()).await {
+            let register = place.queue.subscription() == Subscription::None;
+            place.queue.set_subscription(Subscription::Asked);
+            match shared.backend.subscribe(key.full(), register).await {
                 Ok(()) => {
-                    place.queue.subscribed.store(true, Ordering::Release);
+                    place.queue.set_subscription(Subscription::Confirmed);
                     notified_by_server = true;
                 }
                 Err(e) => tracing::warn!(error = %e, "no release notifications; polling"),
@@ -577,7 +577,7 @@ impl LockManager {
         loop {
             let mut notified = pin!(place.queue.wake.notified());
             notified.as_mut().enable();
-            let (pause, last_error) = match self.attempt(key, token, opts, replicas).await {
+            let (pause, last_error) = match self.attempt(key, opts, replicas).await {
                 Ok(Outcome::Acquired(guard)) => return Ok(guard),
                 Ok(Outcome::Held(remaining)) => {
                     let fallback =
@@ -590,8 +590,6 @@ impl LockManager {
                 }
                 Err(e @ LockError::Backend { .. }) => {
                     tracing::debug!(error = %e, "acquire attempt failed; retrying");
-                    // Its background release must not hit the next attempt's lock.
-                    token = Token::random();
                     backoff = (backoff * 2).min(Duration::from_millis(500));
                     (backoff, Some(e))
                 }

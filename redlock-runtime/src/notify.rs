@@ -21,7 +21,41 @@ use crate::LockError;
 /// One node's subscriber connection.
 pub(crate) struct Subscriber {
     con: ConnectionManager,
-    interest: Mutex<HashMap<String, usize>>,
+    interest: Mutex<HashMap<String, Interest>>,
+}
+
+/// The interests in one channel, and whether the server confirmed the subscription.
+///
+/// An interest is counted *before* its `SUBSCRIBE` is sent: a request that is cancelled
+/// or fails after reaching the server still leaves an interest behind, so the channel is
+/// unsubscribed when the interest is dropped, never left subscribed with nobody to
+/// unsubscribe it.
+#[derive(Debug, Default)]
+pub(crate) struct Interest {
+    count: usize,
+    confirmed: bool,
+}
+
+impl Interest {
+    /// Counts one more interest if `register` (or if none is counted: the caller holds
+    /// one). Returns whether the channel still needs a `SUBSCRIBE`.
+    pub(crate) fn add(&mut self, register: bool) -> bool {
+        if register || self.count == 0 {
+            self.count += 1;
+        }
+        !self.confirmed
+    }
+
+    /// Records the server's confirmation.
+    pub(crate) fn confirm(&mut self) {
+        self.confirmed = true;
+    }
+
+    /// Drops one interest; true when none is left (the channel is to be unsubscribed).
+    pub(crate) fn drop_one(&mut self) -> bool {
+        self.count = self.count.saturating_sub(1);
+        self.count == 0
+    }
 }
 
 impl Subscriber {
@@ -33,11 +67,12 @@ impl Subscriber {
         }
     }
 
-    /// Adds one interest in `key`; the first one subscribes (and waits for the reply).
-    pub(crate) async fn subscribe(&self, key: &str) -> Result<(), LockError> {
+    /// Adds one interest in `key` when `register` (a caller retrying a subscription whose
+    /// confirmation it never saw passes `false`), and subscribes unless the server
+    /// already confirmed the channel (waiting for the reply).
+    pub(crate) async fn subscribe(&self, key: &str, register: bool) -> Result<(), LockError> {
         let mut interest = self.interest.lock().await;
-        if let Some(n) = interest.get_mut(key) {
-            *n += 1;
+        if !interest.entry(key.to_owned()).or_default().add(register) {
             return Ok(());
         }
         self.con
@@ -45,18 +80,19 @@ impl Subscriber {
             .subscribe(key)
             .await
             .map_err(LockError::backend("subscribe"))?;
-        interest.insert(key.to_owned(), 1);
+        if let Some(entry) = interest.get_mut(key) {
+            entry.confirm();
+        }
         Ok(())
     }
 
-    /// Drops one interest in `key`; the last one unsubscribes.
+    /// Drops one interest in `key`; the last one unsubscribes (confirmed or not).
     pub(crate) async fn unsubscribe(&self, key: &str) -> Result<(), LockError> {
         let mut interest = self.interest.lock().await;
-        let Some(n) = interest.get_mut(key) else {
+        let Some(entry) = interest.get_mut(key) else {
             return Ok(());
         };
-        *n -= 1;
-        if *n > 0 {
+        if !entry.drop_one() {
             return Ok(());
         }
         interest.remove(key);

@@ -8,12 +8,12 @@
 //! release between a failed attempt and the wait is never missed.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::{Notify, Semaphore};
 
-/// Called with a key whose queue emptied after its channel was subscribed.
+/// Called with a key whose queue emptied while it held an interest in the key's channel.
 pub(crate) type OnUnsubscribe = Box<dyn Fn(&str) + Send + Sync>;
 
 /// All keys this process is waiting for.
@@ -44,8 +44,43 @@ pub(crate) struct KeyQueue {
     pub(crate) turn: Semaphore,
     /// Woken on every release of the key seen by this process.
     pub(crate) wake: Notify,
-    /// Whether the head registered interest in the key's wake-up channel.
-    pub(crate) subscribed: AtomicBool,
+    /// Whether the queue holds an interest in the key's wake-up channel
+    /// ([`Subscription`]).
+    subscription: AtomicU8,
+}
+
+/// Where a queue stands with the key's wake-up channel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Subscription {
+    /// No interest: nothing to undo when the queue empties.
+    None,
+    /// An interest was registered and `SUBSCRIBE` sent (or about to be), unconfirmed:
+    /// the request may have been cancelled or failed after reaching the server, so the
+    /// interest is dropped (and the channel unsubscribed) when the queue empties.
+    Asked,
+    /// The server confirmed the subscription.
+    Confirmed,
+}
+
+impl KeyQueue {
+    /// Where the queue stands with the key's channel.
+    pub(crate) fn subscription(&self) -> Subscription {
+        match self.subscription.load(Ordering::Acquire) {
+            0 => Subscription::None,
+            1 => Subscription::Asked,
+            _ => Subscription::Confirmed,
+        }
+    }
+
+    /// Records where the queue stands (only its head calls this).
+    pub(crate) fn set_subscription(&self, state: Subscription) {
+        let n = match state {
+            Subscription::None => 0,
+            Subscription::Asked => 1,
+            Subscription::Confirmed => 2,
+        };
+        self.subscription.store(n, Ordering::Release);
+    }
 }
 
 /// A task's place in a key's queue; leaving it (drop) frees the slot.
@@ -81,7 +116,7 @@ impl Waiters {
             queue: Arc::new(KeyQueue {
                 turn: Semaphore::new(1),
                 wake: Notify::new(),
-                subscribed: AtomicBool::new(false),
+                subscription: AtomicU8::new(0),
             }),
             waiting: 0,
         });
@@ -123,7 +158,7 @@ impl Waiters {
             }
             keys.remove(key)
         };
-        if emptied.is_some_and(|e| e.queue.subscribed.load(Ordering::Acquire)) {
+        if emptied.is_some_and(|e| e.queue.subscription() != Subscription::None) {
             (self.on_unsubscribe)(key);
         }
     }
@@ -152,7 +187,7 @@ mod tests {
         assert!(w.join("k").is_none());
         assert!(w.is_queued("k"));
         drop(a);
-        b.queue.subscribed.store(true, Ordering::Release);
+        b.queue.set_subscription(Subscription::Asked);
         assert!(released.lock().unwrap().is_empty());
         drop(b);
         assert!(!w.is_queued("k"));

@@ -55,6 +55,7 @@ use tokio::sync::{mpsc, Mutex};
 use super::single::{decode_acquire, ttl_ms};
 use super::{chunk_outcomes, Attempt, Renewal, Renewed, ReplicaWait, Timeouts};
 use crate::key::LockKey;
+use crate::notify::Interest;
 use crate::scripts::{ACQUIRE, EXTEND, RELEASE, RENEW};
 use crate::token::Token;
 use crate::waiters::Waiters;
@@ -185,10 +186,11 @@ impl ClusterBackend {
     }
 
     pub(crate) async fn release(&self, key: &LockKey, token: Token) -> Result<bool, LockError> {
-        RELEASE
+        let released: i64 = RELEASE
             .invoke(&self.con, &[key.full()], (token.as_bytes(), "SPUBLISH"))
             .await
-            .map_err(LockError::backend("release"))
+            .map_err(LockError::backend("release"))?;
+        Ok(released == 1)
     }
 
     pub(crate) async fn extend(
@@ -368,8 +370,8 @@ pub(crate) struct ShardSubscriber {
 
 struct SubInner {
     con: ClusterConnection,
-    /// Wanted channels and the number of interests in each.
-    interest: StdMutex<HashMap<String, usize>>,
+    /// Wanted channels and the interests in each.
+    interest: StdMutex<HashMap<String, Interest>>,
     /// Serialises (un)subscribe commands so the server sees them in decision order.
     ops: Mutex<()>,
     resubscribe: mpsc::UnboundedSender<String>,
@@ -396,17 +398,23 @@ impl ShardSubscriber {
         Self { inner }
     }
 
-    /// Adds one interest in `key`'s channel; the first one subscribes (and waits for
-    /// the server's confirmation).
-    pub(crate) async fn subscribe(&self, key: &str) -> Result<(), LockError> {
+    /// Adds one interest in `key`'s channel when `register`, and subscribes unless the
+    /// server already confirmed it (as [`Subscriber::subscribe`](crate::notify)).
+    pub(crate) async fn subscribe(&self, key: &str, register: bool) -> Result<(), LockError> {
         let inner = &self.inner;
         let _ops = inner.ops.lock().await;
-        if let Some(n) = inner.interest().get_mut(key) {
-            *n += 1;
+        if !inner
+            .interest()
+            .entry(key.to_owned())
+            .or_default()
+            .add(register)
+        {
             return Ok(());
         }
         inner.ssubscribe(key).await?;
-        inner.interest().insert(key.to_owned(), 1);
+        if let Some(entry) = inner.interest().get_mut(key) {
+            entry.confirm();
+        }
         Ok(())
     }
 
@@ -416,11 +424,10 @@ impl ShardSubscriber {
         let _ops = inner.ops.lock().await;
         {
             let mut interest = inner.interest();
-            let Some(n) = interest.get_mut(key) else {
+            let Some(entry) = interest.get_mut(key) else {
                 return Ok(());
             };
-            *n -= 1;
-            if *n > 0 {
+            if !entry.drop_one() {
                 return Ok(());
             }
             interest.remove(key);
@@ -434,7 +441,7 @@ impl ShardSubscriber {
 }
 
 impl SubInner {
-    fn interest(&self) -> MutexGuard<'_, HashMap<String, usize>> {
+    fn interest(&self) -> MutexGuard<'_, HashMap<String, Interest>> {
         self.interest.lock().unwrap_or_else(PoisonError::into_inner)
     }
 

@@ -197,13 +197,15 @@ impl Backend {
         }
     }
 
-    /// Starts receiving wake-ups for `key` (reference-counted per key).
-    pub(crate) async fn subscribe(&self, key: &str) -> Result<(), LockError> {
+    /// Starts receiving wake-ups for `key`: adds one interest when `register` (interests
+    /// are counted per key, before the request is sent), and subscribes unless the
+    /// server already confirmed the channel.
+    pub(crate) async fn subscribe(&self, key: &str, register: bool) -> Result<(), LockError> {
         match self {
             Self::Memory(_) => Ok(()),
-            Self::Single(b) => b.subscriber().subscribe(key).await,
-            Self::Cluster(b) => b.subscriber().subscribe(key).await,
-            Self::Redlock(b) => b.subscribe(key).await,
+            Self::Single(b) => b.subscriber().subscribe(key, register).await,
+            Self::Cluster(b) => b.subscriber().subscribe(key, register).await,
+            Self::Redlock(b) => b.subscribe(key, register).await,
         }
     }
 

@@ -60,6 +60,7 @@ use std::sync::Weak;
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
+use redis::aio::ConnectionManager;
 
 use super::single::SingleBackend;
 use super::{Attempt, Renewal, Renewed, ReplicaWait, Timeouts};
@@ -72,6 +73,12 @@ use crate::LockError;
 
 /// The default bound on each node's reply.
 pub(crate) const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(200);
+/// Pauses before the background retries of an undo some node did not confirm.
+const UNDO_RETRIES: [Duration; 3] = [
+    Duration::from_millis(200),
+    Duration::from_millis(800),
+    Duration::from_secs(2),
+];
 /// The longest random delay added to a retry after a failed attempt.
 const MAX_JITTER: Duration = Duration::from_millis(50);
 
@@ -238,11 +245,55 @@ impl RedlockBackend {
         }
         // Undo everywhere at once (a node whose reply was lost may have granted it),
         // before retrying, so that competing clients find the nodes free.
-        self.on_all("release", timeout, |n| undo(n, key, token))
-            .await;
+        self.undo_everywhere(key, token, timeout).await;
         Ok(Attempt::Held {
             remaining: Some(self.retry_after(&held, ttl)),
         })
+    }
+
+    /// Undoes a failed attempt on every node. Nodes that did not confirm are retried in
+    /// the background for a few seconds, so a lost undo does not leave a stale grant
+    /// standing in the way of everyone for its whole ttl. (It can never be counted as a
+    /// grant again: every attempt has a token of its own.)
+    async fn undo_everywhere(&self, key: &LockKey, token: Token, timeout: Duration) {
+        let answers = self
+            .on_all("release", timeout, |n| undo(n, key, token))
+            .await;
+        let unconfirmed: Vec<ConnectionManager> = self
+            .nodes
+            .iter()
+            .zip(&answers)
+            .filter(|(_, answer)| answer.is_err())
+            .map(|(node, _)| node.connection())
+            .collect();
+        if unconfirmed.is_empty() {
+            return;
+        }
+        let key = key.clone();
+        let node_timeout = self.node_timeout;
+        tokio::spawn(async move {
+            for pause in UNDO_RETRIES {
+                tokio::time::sleep(pause).await;
+                let retries = unconfirmed.iter().map(|con| {
+                    let (mut con, key) = (con.clone(), &key);
+                    async move {
+                        let cmd = RELEASE.eval(&[key.full()], (token.as_bytes(), "PUBLISH"));
+                        tokio::time::timeout(node_timeout, cmd.query_async::<i64>(&mut con)).await
+                    }
+                });
+                if join_all(retries)
+                    .await
+                    .iter()
+                    .all(|r| matches!(r, Ok(Ok(_))))
+                {
+                    return;
+                }
+            }
+            tracing::debug!(
+                key = key.full(),
+                "redlock: undo not confirmed by every node; the ttl frees the rest"
+            );
+        });
     }
 
     /// The fencing token of a won quorum (the highest counter among `granted`), once a
@@ -408,10 +459,10 @@ impl RedlockBackend {
 
     /// Subscribes on every node; enough when any node confirms (a release publishes on
     /// every node it reaches, and the fallback timer covers the rest).
-    pub(crate) async fn subscribe(&self, key: &str) -> Result<(), LockError> {
+    pub(crate) async fn subscribe(&self, key: &str, register: bool) -> Result<(), LockError> {
         let answers = self
             .on_all("subscribe", self.node_timeout, |n| {
-                n.subscriber().subscribe(key)
+                n.subscriber().subscribe(key, register)
             })
             .await;
         first_ok(answers)
@@ -435,11 +486,12 @@ impl RedlockBackend {
 /// `NOSCRIPT` (a restarted node) would then be lost with nobody left to send the
 /// fallback, leaving the late acquire in place for its whole ttl.
 async fn undo(node: &SingleBackend, key: &LockKey, token: Token) -> Result<bool, LockError> {
-    RELEASE
+    let released: i64 = RELEASE
         .eval(&[key.full()], (token.as_bytes(), "PUBLISH"))
         .query_async(&mut node.connection())
         .await
-        .map_err(LockError::backend("release"))
+        .map_err(LockError::backend("release"))?;
+    Ok(released == 1)
 }
 
 /// `Ok` when any node succeeded, else the first error.

@@ -134,11 +134,25 @@ impl SingleBackend {
         Ok(decode_acquire(reply, Some(acked)))
     }
 
+    /// True when our lock is gone because of this call.
+    ///
+    /// When the connection dropped under the first request, it may have been applied with
+    /// its reply lost; the retry then finds the key gone, which means released (a lock
+    /// the caller still held cannot have expired), not lost.
     pub(crate) async fn release(&self, key: &LockKey, token: Token) -> Result<bool, LockError> {
         let keys = [key.full()];
-        reconnecting(|| RELEASE.invoke(&self.con, &keys, (token.as_bytes(), "PUBLISH")))
-            .await
-            .map_err(LockError::backend("release"))
+        let request =
+            || RELEASE.invoke::<i64, _, _, _>(&self.con, &keys, (token.as_bytes(), "PUBLISH"));
+        let released = match request().await {
+            Err(e) if is_dropped(&e) => request().await.map(|again| match again {
+                // Gone: the first request released it.
+                0 => 1,
+                other => other,
+            }),
+            other => other,
+        }
+        .map_err(LockError::backend("release"))?;
+        Ok(released == 1)
     }
 
     pub(crate) async fn extend(
@@ -207,9 +221,14 @@ where
     Fut: std::future::Future<Output = redis::RedisResult<T>>,
 {
     match request().await {
-        Err(e) if e.is_connection_dropped() || e.is_unrecoverable_error() => request().await,
+        Err(e) if is_dropped(&e) => request().await,
         other => other,
     }
+}
+
+/// Whether the connection went away under a request (the connection manager reconnects).
+fn is_dropped(e: &redis::RedisError) -> bool {
+    e.is_connection_dropped() || e.is_unrecoverable_error()
 }
 
 /// One outcome per lock from the replies of a renew pipeline, chunk by chunk: a chunk
@@ -268,7 +287,12 @@ mod tests {
         let outcomes = decode_renewals([2, 2].into_iter(), vec![reply(&[1]), reply(&[1, 0])]);
         assert_eq!(
             outcomes,
-            [Renewed::Unknown, Renewed::Unknown, Renewed::Yes, Renewed::Lost]
+            [
+                Renewed::Unknown,
+                Renewed::Unknown,
+                Renewed::Yes,
+                Renewed::Lost
+            ]
         );
     }
 
@@ -280,7 +304,12 @@ mod tests {
         );
         assert_eq!(
             outcomes,
-            [Renewed::Unknown, Renewed::Lost, Renewed::Yes, Renewed::Unknown]
+            [
+                Renewed::Unknown,
+                Renewed::Lost,
+                Renewed::Yes,
+                Renewed::Unknown
+            ]
         );
     }
 }
