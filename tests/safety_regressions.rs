@@ -138,24 +138,23 @@ async fn redlock_stale_grant_after_a_lost_undo() {
     a.lock("warm_{1}").await.unwrap().release().await.unwrap();
     let key = "stale_{1}";
     let full = format!("lock:{key}");
-    // Another client holds node 2 for 1 s and node 3 for 1.5 s.
-    for (node, px) in set.nodes()[1..].iter().zip([1000, 1500]) {
-        let mut raw = node
-            .client()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap();
-        let _: () = redis::cmd("SET")
-            .arg(&full)
-            .arg("someone else")
-            .arg("PX")
-            .arg(px)
-            .query_async(&mut raw)
-            .await
-            .unwrap();
-    }
+    // Another client holds node 3 for 1.5 s.
+    let mut n3 = set
+        .node(2)
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let _: () = redis::cmd("SET")
+        .arg(&full)
+        .arg("someone else")
+        .arg("PX")
+        .arg(1500)
+        .query_async(&mut n3)
+        .await
+        .unwrap();
     // Node 1 answers late: A's first attempt is granted there (at ~120 ms) after A
-    // stopped waiting for it (the per-node timeout is 200 ms).
+    // stopped waiting for it (the per-node timeout is 200 ms), and A undoes the attempt.
     p1.set(Fault::Delay(Duration::from_millis(120)));
     let t0 = Instant::now();
     let ttl = Duration::from_secs(3);
@@ -172,19 +171,26 @@ async fn redlock_stale_grant_after_a_lost_undo() {
             .await
         }
     });
-    // Everything A sends node 1 from now on (the undo at ~200 ms, the next attempt) is
-    // held, then dropped with the connections.
-    tokio::time::sleep_until((t0 + Duration::from_millis(165)).into()).await;
-    p1.set(Fault::Blackhole);
-    tokio::time::sleep_until((t0 + Duration::from_millis(400)).into()).await;
-    p1.reset_all();
-    p1.heal();
-    // A retries when node 2 frees up (1 s): nodes 1 and 2 are a quorum. Node 1's grant
-    // from the first attempt (if it still stands) expires at ~3.15 s, node 3 at 1.5 s.
-    let guard = acquiring
+    // The undo for node 1, sent at ~200 ms, is still in the proxy: node 1 drops A's
+    // connection, so it never arrives.
+    tokio::time::sleep_until((t0 + Duration::from_millis(250)).into()).await;
+    let mut n1 = set
+        .node(0)
+        .client()
+        .get_multiplexed_async_connection()
         .await
-        .unwrap()
-        .expect("A gets the lock eventually");
+        .unwrap();
+    let _: () = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("normal")
+        .arg("SKIPME")
+        .arg("yes")
+        .query_async(&mut n1)
+        .await
+        .unwrap();
+    p1.heal();
+    let guard = acquiring.await.unwrap().expect("A gets the lock");
     // A renews nothing (no watchdog): D gets a quorum at the latest when A's ttl ends.
     let taken = take_when_free(&d, key, Duration::from_secs(6))
         .await
