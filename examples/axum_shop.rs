@@ -4,6 +4,9 @@
 //!
 //! - `POST /goods/{id}/buy`: guarded by the layer (`lock:goods_{<id>}`); 423 when the
 //!   lock could not be had within 3 s, 503 + `Retry-After` when too many wait for it.
+//!   The key is built from the id parsed as the handler's `Path<u64>` parses it, so
+//!   `/goods/42/buy`, `/goods/042/buy` and `/goods/+42/buy` (one goods for the handler)
+//!   take one lock; an id that is not a `u64` is answered 400 before the handler runs.
 //! - `POST /goods/{id}/restock`: an annotated handler locking `goods_<id>`, i.e.
 //!   `lock:goods_{<id>}` too, so a restock never races a purchase.
 //! - `GET /goods/{id}`: the stock, unlocked.
@@ -108,7 +111,10 @@ async fn show(State(shop): State<Shop>, Path(id): Path<u64>) -> Json<Value> {
 }
 
 fn app(shop: Shop) -> Router {
-    let purchases = LockLayer::new(shop.locks.clone(), key::path_segment(1, "goods_{}"))
+    // `::<u64>`: the type `buy` extracts. The key must come from the parsed id, not the
+    // path's text, or `/goods/042/buy` would lock another key than `/goods/42/buy` for
+    // the same goods, and the two purchases would race.
+    let purchases = LockLayer::new(shop.locks.clone(), key::path_segment::<u64>(1, "goods_{}"))
         .ttl(Duration::from_secs(10))
         .wait(Duration::from_secs(3));
     Router::new()
@@ -141,6 +147,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("  curl -s -X POST {base}/goods/42/restock");
     println!("  # 10 concurrent purchases run one at a time, none is lost: 100 - 10 = 90 left");
     println!("  for i in $(seq 10); do curl -s -X POST {base}/goods/42/buy & done; wait; echo");
+    println!("  # spelled ten ways, still one goods and one lock: 90 - 10 = 80 left");
+    println!("  for id in 42 042 +42 0042 %34%32 4%32 %2B42 +042 00042 %30%34%32; do curl -s -X POST {base}/goods/$id/buy & done; wait; echo");
     println!("  curl -s {base}/goods/42");
     println!("  # 40 at once, 100 ms each: about 30 fit in the 3 s wait, the rest get 423 Locked");
     println!("  for i in $(seq 40); do curl -s -o /dev/null -w '%{{http_code}} ' -X POST {base}/goods/42/buy & done; wait; echo");

@@ -338,10 +338,11 @@ async fn audit(locks: &LockManager, id: u64) -> Result<u64, LockError> {
     Ok(g.fencing_token())
 }
 
-/// Not annotated: reentrancy follows the call chain through plain functions.
+/// Not annotated: reentrancy follows the call chain through plain functions, and a
+/// clone of the manager is the same manager.
 async fn via_helper(locks: &LockManager, id: u64) -> Result<u64, LockError> {
     tokio::task::yield_now().await;
-    audit(locks, id).await
+    audit(&locks.clone(), id).await
 }
 
 /// A calls B on the same key: B runs inside A's lock (same fencing token, so one
@@ -402,6 +403,59 @@ async fn reentrancy_is_per_call_chain<H: Harness>(h: &H) {
     assert_eq!(journal_token, 1);
     assert!(!h.exists(&format!("lock:journal_{{{id}}}")).await);
     assert!(!h.exists(&format!("lock:ledger_{{{id}}}")).await);
+}
+
+#[distributed_lock(key = "stock_<id>", manager = a, guard = g)]
+async fn move_stock(
+    a: &LockManager,
+    b: &LockManager,
+    id: u64,
+    gate: &Gate,
+) -> Result<(u64, u64), LockError> {
+    let inner = mirror_stock(b, id, gate).await?;
+    Ok((g.fencing_token(), inner))
+}
+
+#[distributed_lock(key = "stock_<id>", manager = b, wait = "1s", guard = g)]
+async fn mirror_stock(b: &LockManager, id: u64, gate: &Gate) -> Result<u64, LockError> {
+    gate.pass().await;
+    Ok(g.fencing_token())
+}
+
+/// Regression (issue 11, finding 5): reentrancy matched the key only, so an annotated
+/// call on manager B nested in one on manager A with the same key took no lock on B,
+/// and another client of B could acquire it meanwhile. Reentrancy is per (manager,
+/// key): the inner call locks B's key, and B's other clients see it locked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reentrancy_on_another_manager_takes_its_lock() {
+    let (server_a, server_b) = (Single::new(), Single::new());
+    let (a, b) = (manager(&server_a).await, manager(&server_b).await);
+    let other_client_of_b = manager(&server_b).await;
+    let id = fresh_id();
+    let user_key = format!("stock_{{{id}}}");
+    let gate = Gate::new();
+    let call = {
+        let (a, b, gate) = (a.clone(), b.clone(), gate.clone());
+        tokio::spawn(async move { move_stock(&a, &b, id, &gate).await })
+    };
+    tokio::time::timeout(PROMPTLY, gate.entered.notified())
+        .await
+        .expect("the inner body runs");
+    assert!(
+        other_client_of_b.is_locked(&user_key).await.unwrap(),
+        "the inner call on manager B holds no lock on B"
+    );
+    let stolen = other_client_of_b.try_lock(&user_key).await.unwrap();
+    assert!(
+        stolen.is_none(),
+        "another client of B acquired the key while the inner call ran"
+    );
+    gate.go.notify_one();
+    let (outer, inner) = call.await.unwrap().expect("both calls succeed");
+    assert_eq!((outer, inner), (1, 1), "one acquisition on each manager");
+    // Each call released its own lock.
+    assert!(!server_a.exists(&format!("lock:{user_key}")).await);
+    assert!(!server_b.exists(&format!("lock:{user_key}")).await);
 }
 
 // ---------------------------------------------------------------------------------------

@@ -126,8 +126,8 @@ where
 }
 
 /// `/goods/{id}/...` is locked as `goods_{id}`.
-fn goods_layer(locks: &LockManager) -> LockLayer<key::PathSegment> {
-    LockLayer::new(locks.clone(), key::path_segment(1, "goods_{}"))
+fn goods_layer(locks: &LockManager) -> LockLayer<key::PathSegment<u64>> {
+    LockLayer::new(locks.clone(), key::path_segment::<u64>(1, "goods_{}"))
 }
 
 /// A handler that blocks until the test opens the gate, reporting when it starts and
@@ -230,6 +230,8 @@ on_both_backends!(
     requests_without_a_key_pass_through,
     client_disconnect_releases_the_lock,
     lock_lost_mid_request_still_responds,
+    path_spellings_of_one_id_share_one_lock,
+    unparsable_id_gets_400_and_skips_the_handler,
 );
 
 // ---------------------------------------------------------------------------------------
@@ -307,6 +309,110 @@ async fn concurrent_requests_for_one_key_are_serialised(backend: Backend) {
     assert!(unlocked.max_active.load(Ordering::SeqCst) > 1);
     assert!(unlocked.value.load(Ordering::SeqCst) < N);
     assert!(!locks.manager.is_locked("goods_{1}").await.unwrap());
+}
+
+/// Ten ways to write goods 42 in a path: axum's `Path<u64>` hands each to the handler
+/// as `42` (percent-decoded, then `u64::from_str`).
+const SPELLINGS_OF_42: [&str; 10] = [
+    "42",
+    "042",
+    "+42",
+    "0042",
+    "%34%32",
+    "4%32",
+    "%2B42",
+    "+042",
+    "00000000000000000042",
+    "%30%34%32",
+];
+
+/// A purchase of goods 42: a read-modify-write with a 50 ms pause in the middle.
+async fn buy_42(State(c): State<Counter>, Path(id): Path<u64>) -> String {
+    assert_eq!(id, 42, "every spelling reaches the handler as 42");
+    let now = c.active.fetch_add(1, Ordering::SeqCst) + 1;
+    c.max_active.fetch_max(now, Ordering::SeqCst);
+    let read = c.value.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    c.value.store(read + 1, Ordering::SeqCst);
+    c.active.fetch_sub(1, Ordering::SeqCst);
+    (read + 1).to_string()
+}
+
+/// Regression (issue 11, finding 6): the layer locked the raw path text, so `/goods/42`,
+/// `/goods/042` and `/goods/+42` took three different locks while the handler's
+/// `Path<u64>` saw the same goods: ten concurrent purchases spelled ten ways lost nine
+/// updates. The key comes from the parsed value, so they share one lock.
+async fn path_spellings_of_one_id_share_one_lock(backend: Backend) {
+    let locks = locks(backend, "spellings", 1024).await;
+    let counter = Counter::default();
+    let app = Router::new()
+        .route("/goods/{id}/buy", post(buy_42))
+        .route_layer(goods_layer(&locks.manager).wait(Duration::from_secs(30)))
+        .with_state(counter.clone());
+    let addr = serve(app).await;
+    let client = client();
+    let requests: Vec<_> = SPELLINGS_OF_42
+        .iter()
+        .map(|id| {
+            let client = client.clone();
+            let path = format!("/goods/{id}/buy");
+            tokio::spawn(async move { (post_(&client, addr, &path).await, path) })
+        })
+        .collect();
+    for r in requests {
+        let (reply, path) = r.await.unwrap();
+        assert_eq!(reply.status, StatusCode::OK, "{path}: {reply:?}");
+    }
+    assert_eq!(
+        counter.value.load(Ordering::SeqCst),
+        SPELLINGS_OF_42.len() as u64,
+        "updates lost: the spellings of 42 did not share one lock"
+    );
+    assert_eq!(
+        counter.max_active.load(Ordering::SeqCst),
+        1,
+        "one at a time"
+    );
+    assert!(!locks.manager.is_locked("goods_{42}").await.unwrap());
+}
+
+/// A path segment that is not a `u64` is answered `400 Bad Request` by the layer: the
+/// handler (whose `Path<u64>` would refuse it too) is not called and no lock is taken.
+async fn unparsable_id_gets_400_and_skips_the_handler(backend: Backend) {
+    let locks = locks(backend, "unparsable", 1024).await;
+    let counter = Counter::default();
+    let app = Router::new()
+        .route("/goods/{id}/buy", post(bump))
+        .route_layer(goods_layer(&locks.manager))
+        .with_state(counter.clone());
+    let addr = serve(app).await;
+    let client = client();
+    for path in [
+        "/goods/abc/buy",
+        "/goods/-1/buy",
+        "/goods/4%2F2/buy",
+        "/goods/%FF/buy",
+    ] {
+        let reply = post_(&client, addr, path).await;
+        assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{path}: {reply:?}");
+        assert_eq!(
+            reply.json(),
+            serde_json::json!({"error": "invalid_key", "key": null}),
+            "{path}"
+        );
+    }
+    assert_eq!(counter.active.load(Ordering::SeqCst), 0);
+    assert_eq!(
+        counter.value.load(Ordering::SeqCst),
+        0,
+        "the handler was not called"
+    );
+    // A valid id still goes through.
+    assert_eq!(
+        post_(&client, addr, "/goods/7/buy").await.status,
+        StatusCode::OK
+    );
+    assert_eq!(counter.value.load(Ordering::SeqCst), 1);
 }
 
 async fn sleepy(Path(_id): Path<u64>) -> &'static str {
@@ -451,7 +557,10 @@ async fn requests_without_a_key_pass_through(backend: Backend) {
     const N: usize = 6;
     let locks = locks(backend, "passthrough", 1024).await;
     let counter = Counter::default();
-    let by_tenant = LockLayer::new(locks.manager.clone(), key::header("x-tenant", "tenant_{}"));
+    let by_tenant = LockLayer::new(
+        locks.manager.clone(),
+        key::header::<String>("x-tenant", "tenant_{}"),
+    );
     let app = Router::new()
         .route("/orders", post(bump))
         .route_layer(by_tenant)
@@ -680,9 +789,9 @@ async fn a_wrapping_error_type_reuses_the_mapping() {
 fn service_and_future_are_send() {
     fn send_sync_clone<T: Send + Sync + Clone + 'static>() {}
     fn send<T: Send + 'static>() {}
-    type Svc = LockService<axum::routing::Route, key::PathSegment>;
+    type Svc = LockService<axum::routing::Route, key::PathSegment<u64>>;
     send_sync_clone::<Svc>();
-    send_sync_clone::<LockLayer<key::Header>>();
+    send_sync_clone::<LockLayer<key::Header<String>>>();
     send::<redlock::tower::future::ResponseFuture<axum::routing::Route, Body>>();
     send_sync_clone::<HeldLock>();
 }

@@ -168,8 +168,11 @@ mod valid;
 /// # Reentrancy
 ///
 /// An annotated function called, directly or not, from the body of another one
-/// that holds the same key in the same task does not wait for itself: it runs
-/// inside the outer lock, and only the outermost call releases it.
+/// that holds the same key on the same manager (or a clone of it) in the same
+/// task does not wait for itself: it runs inside the outer lock, and only the
+/// outermost call releases it. The same key on another manager is another lock.
+/// Two annotated calls joined concurrently in one body (`tokio::join!`) share
+/// the outer lock: they are not mutually excluded from each other.
 ///
 /// # Compile errors
 ///

@@ -13,7 +13,24 @@ pub use std::time::Duration as StdDuration;
 
 tokio::task_local! {
     /// The locks held by the annotated calls of this task's call chain.
-    static HELD: Vec<LockGuard>;
+    static HELD: Vec<Held>;
+}
+
+/// A lock held further up the call chain, with the manager it was taken on: reentrancy
+/// is per (manager, key), since the same key on another manager is another lock.
+struct Held {
+    manager: LockManager,
+    guard: LockGuard,
+}
+
+impl Held {
+    /// A non-owning copy, for the scope of a nested call.
+    fn view(&self) -> Self {
+        Self {
+            manager: self.manager.clone(),
+            guard: self.guard.view(),
+        }
+    }
 }
 
 /// The options written in the attribute.
@@ -42,7 +59,7 @@ pub fn key_buffer(manager: &LockManager, capacity: usize) -> String {
 }
 
 /// Acquires `full_key`, or re-enters it when an annotated call further up this task's
-/// call chain holds it.
+/// call chain holds it on the same `manager` (or a clone of it).
 pub async fn enter(
     manager: &LockManager,
     full_key: String,
@@ -51,13 +68,14 @@ pub async fn enter(
     let outer = HELD
         .try_with(|held| {
             held.iter()
-                .find(|g| g.key() == full_key)
-                .map(LockGuard::view)
+                .find(|h| h.manager.same_as(manager) && h.guard.key() == full_key)
+                .map(|h| h.guard.view())
         })
         .ok()
         .flatten();
     if let Some(guard) = outer {
         return Ok(Call {
+            manager: manager.clone(),
             guard,
             owner: false,
             abort_on_lost: options.abort_on_lost,
@@ -74,6 +92,7 @@ pub async fn enter(
     let resolved = manager.resolve(&lock_options)?;
     let guard = manager.acquire(LockKey::new(full_key)?, resolved).await?;
     Ok(Call {
+        manager: manager.clone(),
         guard,
         owner: true,
         abort_on_lost: options.abort_on_lost,
@@ -83,6 +102,7 @@ pub async fn enter(
 /// One annotated call holding (or re-entering) its lock.
 #[derive(Debug)]
 pub struct Call {
+    manager: LockManager,
     guard: LockGuard,
     owner: bool,
     abort_on_lost: bool,
@@ -101,11 +121,14 @@ impl Call {
         F: Future<Output = Result<T, E>>,
         E: From<LockError>,
     {
-        let mut held: Vec<LockGuard> = HELD
-            .try_with(|held| held.iter().map(LockGuard::view).collect())
+        let mut held: Vec<Held> = HELD
+            .try_with(|held| held.iter().map(Held::view).collect())
             .unwrap_or_default();
         if self.owner {
-            held.push(self.guard.view());
+            held.push(Held {
+                manager: self.manager.clone(),
+                guard: self.guard.view(),
+            });
         }
         let body = HELD.scope(held, body);
         if !self.abort_on_lost {

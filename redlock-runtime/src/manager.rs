@@ -718,6 +718,12 @@ impl LockManager {
         s
     }
 
+    /// Whether `other` is this manager or a clone of it: two managers built separately
+    /// are different, even over the same Redis.
+    pub(crate) fn same_as(&self, other: &LockManager) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+
     pub(crate) fn resolve(&self, options: &LockOptions) -> Result<Resolved, LockError> {
         options.resolve(self.0.default_ttl, self.0.default_wait)
     }

@@ -12,7 +12,7 @@ use tower::Service;
 use super::response::{error_response, HeldLock};
 use crate::{LockError, LockGuard};
 
-type Acquire = Pin<Box<dyn Future<Output = Result<LockGuard, LockError>> + Send>>;
+pub(super) type Acquire = Pin<Box<dyn Future<Output = Result<LockGuard, LockError>> + Send>>;
 type Release = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// Releases the request's lock now; a lost lock or a failed release is logged, as the
@@ -135,7 +135,8 @@ where
                     }
                     Err(error) => {
                         let response = error_response(&error);
-                        if error.is_retryable() {
+                        // Busy locks and malformed requests are the clients' business.
+                        if error.is_retryable() || matches!(error, LockError::InvalidKey { .. }) {
                             tracing::debug!(
                                 key = error.key(),
                                 error = %error,

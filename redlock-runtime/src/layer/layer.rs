@@ -11,7 +11,8 @@ use crate::{LockManager, LockOptions};
 /// and the status codes of rejected requests.
 ///
 /// `K` is the [`KeyFn`](super::KeyFn): a closure `Fn(&http::Request<B>) ->
-/// Option<String>` (annotate the request type) or an extractor from [`key`](super::key).
+/// Option<String>` (annotate the request type) or a typed extractor from
+/// [`key`](super::key), which builds the key from the value the handler parses.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -21,10 +22,10 @@ use crate::{LockManager, LockOptions};
 /// use redlock_runtime::{LockManager, LockOptions};
 ///
 /// let locks = LockManager::builder().in_memory().build().await?;
-/// let by_goods = LockLayer::new(locks.clone(), key::path_segment(1, "goods_{}"))
+/// let by_goods = LockLayer::new(locks.clone(), key::path_segment::<u64>(1, "goods_{}"))
 ///     .ttl(Duration::from_secs(10))
 ///     .wait(Duration::from_millis(500));
-/// let by_tenant = LockLayer::new(locks, key::header("x-tenant", "tenant_{}"))
+/// let by_tenant = LockLayer::new(locks, key::header::<String>("x-tenant", "tenant_{}"))
 ///     .options(LockOptions::new().wait(Duration::ZERO).watchdog(false));
 /// # let _ = (by_goods, by_tenant);
 /// # Ok(()) }

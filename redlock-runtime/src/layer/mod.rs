@@ -3,8 +3,10 @@
 //!
 //! Many locks guard an HTTP endpoint: "one purchase of goods 42 at a time". The layer
 //! derives an optional key from each request with a [`KeyFn`] — a closure over
-//! `&http::Request<B>`, or a ready-made extractor from [`key`] — and
+//! `&http::Request<B>`, or a ready-made typed extractor from [`key`] — and
 //!
+//! - **a rejected request** (the key's value does not parse): answers `400 Bad Request`
+//!   without calling the inner service;
 //! - **no key**: calls the inner service at once, without locking;
 //! - **a key**: acquires the lock (with the layer's ttl and wait, through the manager's
 //!   prefix, local FIFO queue and wake-ups), then calls the inner service and holds the
@@ -22,7 +24,7 @@
 //! |---|---|---|
 //! | `Timeout` (the wait ran out) | `423 Locked` | `1` |
 //! | `QueueFull`, `QuorumUnavailable`, `ReplicasUnavailable`, `Backend` | `503 Service Unavailable` | `1` |
-//! | `InvalidKey` (the key derived from the request is too long or malformed) | `400 Bad Request` | — |
+//! | `InvalidKey` (the request's key value does not parse, or the key is too long or malformed) | `400 Bad Request` | — |
 //! | `Lost` (only from [`error_response`] / `IntoResponse`, never from the layer) | `409 Conflict` | — |
 //! | `NotHeld`, `NoManager`, `InvalidOption`, anything else | `500 Internal Server Error` | — |
 //!
@@ -33,6 +35,18 @@
 //! full key, prefix included (`null` for errors about no key). With the `axum` feature
 //! `LockError` implements `axum::response::IntoResponse` with the same mapping, so an
 //! annotated handler can return `Result<_, LockError>` (or an error type wrapping it).
+//!
+//! # The key is the parsed value
+//!
+//! The key must name the resource the handler works on, and the handler finds it from
+//! the *parsed* value: axum's `Path<u64>` gives `42` for `/goods/42`, `/goods/042`,
+//! `/goods/+42` and `/goods/%34%32` alike. Locking the raw text would take four locks for
+//! one goods, and purchases spelled differently would run at once and lose updates. The
+//! extractors of [`key`] are therefore typed — `key::path_segment::<u64>(1, "goods_{}")`
+//! — decoding and parsing as the handler's extractor does and building the key from the
+//! value's `Display`, so every spelling locks `goods_{42}`, the key
+//! `#[distributed_lock(key = "goods_<id>")]` takes for `id: u64`. A closure key
+//! function must do the same: parse, then format.
 //!
 //! # Fine points
 //! - The lock covers the inner service's future, i.e. until the response *head* exists;
@@ -62,8 +76,8 @@
 //! use tower::ServiceExt;
 //!
 //! let locks = LockManager::builder().in_memory().build().await?;
-//! // "/goods/42/buy" is locked as "lock:goods_{42}".
-//! let layer = LockLayer::new(locks.clone(), key::path_segment(1, "goods_{}"))
+//! // "/goods/42/buy" (or "/goods/042/buy") is locked as "lock:goods_{42}".
+//! let layer = LockLayer::new(locks.clone(), key::path_segment::<u64>(1, "goods_{}"))
 //!     .ttl(Duration::from_secs(10))
 //!     .wait(Duration::from_millis(500));
 //! let app = Router::new()
@@ -72,10 +86,14 @@
 //!
 //! let request = Request::post("/goods/42/buy").body(Body::empty())?;
 //! assert_eq!(app.clone().oneshot(request).await?.status(), StatusCode::OK);
+//! // Not a goods id: 400 Bad Request, the handler is not called.
+//! let request = Request::post("/goods/abc/buy").body(Body::empty())?;
+//! assert_eq!(app.clone().oneshot(request).await?.status(), StatusCode::BAD_REQUEST);
 //!
-//! // While someone else holds goods 42, a purchase waits 500 ms, then gets 423 Locked.
+//! // While someone else holds goods 42, a purchase waits 500 ms, then gets 423 Locked,
+//! // however it spells 42.
 //! let held = locks.lock("goods_{42}").await?;
-//! let request = Request::post("/goods/42/buy").body(Body::empty())?;
+//! let request = Request::post("/goods/042/buy").body(Body::empty())?;
 //! assert_eq!(app.oneshot(request).await?.status(), StatusCode::LOCKED);
 //! # drop(held);
 //! # Ok(()) }
@@ -94,17 +112,16 @@
 //! use tower::{service_fn, Layer, ServiceExt};
 //!
 //! let locks = LockManager::builder().in_memory().build().await?;
+//! // Parse, then format: "7" and "007" are one account.
 //! let layer = LockLayer::new(locks.clone(), |req: &Request<String>| {
-//!     req.headers()
-//!         .get("x-account")
-//!         .and_then(|v| v.to_str().ok())
-//!         .map(|account| format!("account_{{{account}}}"))
+//!     let account: u64 = req.headers().get("x-account")?.to_str().ok()?.parse().ok()?;
+//!     Some(format!("account_{{{account}}}"))
 //! });
 //! let svc = layer.layer(service_fn(|req: Request<String>| async move {
 //!     Ok::<_, std::convert::Infallible>(Response::new(format!("got {}", req.body())))
 //! }));
 //!
-//! let req = Request::builder().header("x-account", "7").body("hello".to_owned())?;
+//! let req = Request::builder().header("x-account", "007").body("hello".to_owned())?;
 //! let res = svc.oneshot(req).await?;
 //! assert_eq!(res.body(), "got hello");
 //! assert!(!locks.is_locked("account_{7}").await?, "released when the response is ready");

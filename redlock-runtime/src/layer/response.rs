@@ -139,7 +139,7 @@ impl axum::response::IntoResponse for LockError {
 /// use tower::{service_fn, Layer, ServiceExt};
 ///
 /// let locks = LockManager::builder().in_memory().build().await?;
-/// let svc = LockLayer::new(locks, key::path_segment(1, "goods_{}")).layer(service_fn(
+/// let svc = LockLayer::new(locks, key::path_segment::<u64>(1, "goods_{}")).layer(service_fn(
 ///     |req: Request<String>| async move {
 ///         let lock = req.extensions().get::<HeldLock>().cloned();
 ///         // Pass the fencing token to the storage, which rejects stale writers.

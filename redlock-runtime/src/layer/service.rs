@@ -1,16 +1,20 @@
 use std::fmt;
+use std::future;
 use std::mem;
 use std::task::{Context, Poll};
 
 use http::{Request, Response};
 use tower::Service;
 
-use super::future::ResponseFuture;
+use super::future::{Acquire, ResponseFuture};
 use super::KeyFn;
 use crate::{LockManager, LockOptions};
 
 /// The service of a [`LockLayer`](super::LockLayer): calls the inner service while
 /// holding the lock its [`KeyFn`] derives from the request.
+///
+/// A request the key function rejects is answered with the error's response (`400 Bad
+/// Request` for a value that does not parse) without calling the inner service.
 ///
 /// `poll_ready` is the inner service's. A request with a key moves the inner service
 /// (the one made ready) into the response future, leaving a clone behind, and calls it
@@ -65,15 +69,19 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        let Some(key) = self.key.key(&request) else {
-            return ResponseFuture::unlocked(self.inner.call(request));
+        let acquire: Acquire = match self.key.key(&request) {
+            Ok(None) => return ResponseFuture::unlocked(self.inner.call(request)),
+            Ok(Some(key)) => {
+                let manager = self.manager.clone();
+                let options = self.options.clone();
+                Box::pin(async move { manager.lock_with(&key, options).await })
+            }
+            // Answered with the error's response; the inner service is never called.
+            Err(error) => Box::pin(future::ready(Err(error))),
         };
         // The service polled ready goes with the request; its clone stays for the next.
         let clone = self.inner.clone();
         let ready = mem::replace(&mut self.inner, clone);
-        let manager = self.manager.clone();
-        let options = self.options.clone();
-        let acquire = Box::pin(async move { manager.lock_with(&key, options).await });
         ResponseFuture::acquiring(acquire, ready, request)
     }
 }
