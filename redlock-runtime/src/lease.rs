@@ -222,3 +222,138 @@ impl Lease {
         }
     }
 }
+
+/// The deadline bookkeeping against a model of the server, under arbitrary interleavings.
+///
+/// The model follows the protocol of the `manager` and `watchdog` modules: one extend or
+/// renewal of a lease in flight at a time (the [`Lease::op`] lock, held until the reply
+/// is booked or the request given up), `extending` before an extend is sent, and
+/// `confirmed` with the ttl the request carried. The server applies requests in the
+/// order they were sent (one connection), each at any instant after it was sent; replies
+/// may be lost and requests given up (a timeout, a cancelled caller) before or after the
+/// server applied them. Whatever happens, a lease still held never has a deadline past
+/// the server's expiry.
+#[cfg(test)]
+mod model {
+    use std::collections::VecDeque;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[derive(Debug, Clone)]
+    enum Event {
+        /// Time passes (milliseconds).
+        Wait(u64),
+        /// The user calls `extend` (ttl in milliseconds).
+        Extend(u64),
+        /// The watchdog renews.
+        Renew,
+        /// The server applies the oldest request not yet applied.
+        Apply,
+        /// The reply of the request in flight arrives (if it was applied).
+        Reply,
+        /// The client gives the request in flight up: timeout or cancellation.
+        GiveUp,
+    }
+
+    fn event() -> impl Strategy<Value = Event> {
+        prop_oneof![
+            (1u64..700).prop_map(Event::Wait),
+            (1u64..3000).prop_map(Event::Extend),
+            Just(Event::Renew),
+            Just(Event::Apply),
+            Just(Event::Reply),
+            Just(Event::GiveUp),
+        ]
+    }
+
+    #[derive(Clone, Copy)]
+    struct Request {
+        id: u64,
+        sent: u64,
+        ttl: Duration,
+    }
+
+    const MS: u64 = 1_000_000;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(3000))]
+        #[test]
+        fn deadline_never_exceeds_the_server_expiry(
+            ttl in 5u64..3000,
+            events in prop::collection::vec(event(), 1..120),
+        ) {
+            let key = LockKey::prefixed("lock:", "model").unwrap();
+            let ttl = Duration::from_millis(ttl);
+            let mut now = 1_000 * MS;
+            // The acquire was sent at `now` and applied at once.
+            let lease = Lease::new(1, key, Token::random(), 1, ttl, now);
+            let mut expiry = now + nanos(ttl);
+            // Sent, not applied yet, in order.
+            let mut wire: VecDeque<Request> = VecDeque::new();
+            // Requests whose reply the client still awaits (the op lock allows one), and
+            // the server's answer to every applied request.
+            let mut flights: VecDeque<Request> = VecDeque::new();
+            let mut answers: Vec<(u64, bool)> = Vec::new();
+            let mut next_id = 0;
+            for event in events {
+                match event {
+                    Event::Wait(ms) => now += ms * MS,
+                    Event::Extend(_) | Event::Renew if !flights.is_empty() => {}
+                    Event::Extend(ms) => {
+                        let ttl = Duration::from_millis(ms);
+                        lease.extending(now, ttl);
+                        next_id += 1;
+                        let r = Request { id: next_id, sent: now, ttl };
+                        wire.push_back(r);
+                        flights.push_back(r);
+                    }
+                    Event::Renew => {
+                        next_id += 1;
+                        let r = Request { id: next_id, sent: now, ttl: lease.ttl() };
+                        wire.push_back(r);
+                        flights.push_back(r);
+                    }
+                    Event::Apply => {
+                        if let Some(r) = wire.pop_front() {
+                            // Compare-token PEXPIRE: only while the key still exists.
+                            let ours = now < expiry;
+                            if ours {
+                                expiry = now + nanos(r.ttl);
+                            }
+                            answers.push((r.id, ours));
+                        }
+                    }
+                    Event::Reply => {
+                        let answered = flights.front().and_then(|r| {
+                            answers.iter().find(|(id, _)| *id == r.id).map(|&(_, ours)| (*r, ours))
+                        });
+                        if let Some((r, ours)) = answered {
+                            if ours {
+                                lease.confirmed(r.sent, r.ttl);
+                            } else {
+                                lease.mark_lost("model: token gone");
+                            }
+                            flights.pop_front();
+                        }
+                    }
+                    Event::GiveUp => {
+                        flights.pop_front();
+                    }
+                }
+                if lease.is_active() {
+                    prop_assert!(
+                        lease.deadline() <= expiry,
+                        "deadline {} ms past the server's expiry",
+                        (lease.deadline() - expiry) / MS
+                    );
+                }
+                // The watchdog's view: the deadline passing means lost.
+                if now >= lease.deadline() {
+                    lease.mark_lost("model: deadline passed");
+                }
+            }
+        }
+    }
+}
