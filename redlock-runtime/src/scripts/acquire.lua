@@ -14,6 +14,9 @@ local function issued()
     return {1, fence}
   end
   redis.call('DEL', KEYS[1])
+  if type(fence) == 'table' and fence.err then
+    return redis.error_reply('ERR fencing counter ' .. KEYS[2] .. ': ' .. fence.err)
+  end
   return redis.error_reply('ERR fencing counter ' .. KEYS[2] .. ' holds no positive integer')
 end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
