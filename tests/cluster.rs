@@ -17,7 +17,7 @@ use conformance::Harness;
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncCommands, Value};
 use redlock::{LockError, LockManager, LockManagerBuilder, LockOptions};
-use redlock_testkit::{key_slot, wait_until, RedisCluster};
+use redlock_testkit::{fence_key, key_slot, wait_until, RedisCluster};
 
 /// One cluster test at a time: each runs 6 processes, and failover timings should not
 /// depend on another cluster's load.
@@ -149,6 +149,9 @@ async fn cluster_behaviour() {
     stored_keys_share_one_slot(&h).await;
     step("stored keys", t);
     let t = Instant::now();
+    require_noeviction_checks_every_master(&h).await;
+    step("require_noeviction", t);
+    let t = Instant::now();
     mutual_exclusion_over_every_master(&h).await;
     step("mutual exclusion over every master", t);
     let t = Instant::now();
@@ -201,32 +204,55 @@ async fn cluster_behaviour() {
     step("stray sunsubscribe after a slot migration", t);
 }
 
-/// The lock key and its fencing counter share the hash tag's slot and live on the
-/// master that owns it; release deletes the lock and keeps the counter.
+/// The lock key and its slot's fencing counter share the slot and live on the master
+/// that owns it; release deletes the lock and keeps the counter.
 async fn stored_keys_share_one_slot(h: &Cluster) {
     let locks = h.builder().build().await.unwrap();
     assert_eq!(locks.backend_name(), "cluster");
     let guard = locks.lock("buy_{42}").await.unwrap();
     assert_eq!(guard.key(), "lock:buy_{42}");
-    for key in ["lock:buy_{42}", "lock:buy_{42}:fence"] {
+    let counter = fence_key("lock:", "lock:buy_{42}");
+    for key in ["lock:buy_{42}", counter.as_str()] {
         assert_eq!(int(&h.on(0, &["CLUSTER", "KEYSLOT", key])), 8000, "{key}");
         assert_eq!(key_slot(key.as_bytes()), 8000);
     }
     let master = h.master_of("lock:buy_{42}");
     assert_eq!(int(&h.on(master, &["EXISTS", "lock:buy_{42}"])), 1);
-    assert_eq!(int(&h.on(master, &["GET", "lock:buy_{42}:fence"])), 1);
+    let fence = int(&h.on(master, &["GET", &counter]));
+    assert_eq!(u64::try_from(fence).unwrap(), guard.fencing_token());
     let pttl = int(&h.on(master, &["PTTL", "lock:buy_{42}"]));
     assert!(pttl > 25_000 && pttl <= 30_000, "{pttl}");
     guard.release().await.unwrap();
     assert_eq!(int(&h.on(master, &["EXISTS", "lock:buy_{42}"])), 0);
-    assert_eq!(int(&h.on(master, &["EXISTS", "lock:buy_{42}:fence"])), 1);
-    // An untagged key: the counter takes the whole key as its tag, same slot.
+    assert_eq!(int(&h.on(master, &["EXISTS", &counter])), 1);
+    // An untagged key: the counter of the whole key's slot.
     let guard = locks.lock("jobs").await.unwrap();
     let slot = key_slot(b"lock:jobs");
-    assert_eq!(key_slot(b"{lock:jobs}:fence"), slot);
+    let counter = fence_key("lock:", "lock:jobs");
+    assert_eq!(key_slot(counter.as_bytes()), slot);
     let master = h.cluster.master_for_slot(slot);
-    assert_eq!(int(&h.on(master, &["EXISTS", "{lock:jobs}:fence"])), 1);
+    assert_eq!(int(&h.on(master, &["EXISTS", &counter])), 1);
     guard.release().await.unwrap();
+}
+
+/// Every master's `maxmemory-policy` is checked at build.
+async fn require_noeviction_checks_every_master(h: &Cluster) {
+    h.builder().require_noeviction(true).build().await.unwrap();
+    let master = h.master_of("lock:buy_{42}");
+    h.on(
+        master,
+        &["CONFIG", "SET", "maxmemory-policy", "allkeys-random"],
+    );
+    let err = h
+        .builder()
+        .require_noeviction(true)
+        .build()
+        .await
+        .map(drop)
+        .unwrap_err();
+    h.on(master, &["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
+    assert!(matches!(err, LockError::InvalidOption { .. }), "{err}");
+    assert!(err.to_string().contains("allkeys-random"), "{err}");
 }
 
 /// Several managers and tasks over keys on all three masters: exact totals, never two

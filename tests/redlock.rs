@@ -268,7 +268,7 @@ async fn fencing_tokens_across_node_restarts() {
     let mut h = Redlock::new();
     let locks = h.managers().build().await.unwrap();
     let key = unique("restarts");
-    let fence_key = format!("lock:{key}:fence");
+    let fence_key = redlock_testkit::fence_key("lock:", &format!("lock:{key}"));
     let mut last = 0;
     let mut take = |token: u64| {
         assert!(token > last, "token {token} after {last}");
@@ -456,4 +456,68 @@ async fn latency_redlock_vs_single() {
         raw5.as_secs_f64() / raw1.as_secs_f64()
     );
     assert!(r < s * 10, "redlock {r:?} vs single {s:?}");
+}
+
+/// Regression (issue 11, finding 4): counters above 2^53 passed through Lua doubles, so
+/// nodes disagreeing by one settled on a rounded maximum (2^53 + 4 for 2^53 + 3). The
+/// floor is compared exactly now, and every node ends at the exact token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fence_floor_settles_on_the_exact_max_above_2_pow_53() {
+    let h = Redlock::new();
+    let locks = h.managers().build().await.unwrap();
+    let key = unique("floor53");
+    locks.lock(&key).await.unwrap().release().await.unwrap();
+    let mut counters: Vec<String> = raw(h.set.node(0)).await.keys("*").await.unwrap();
+    assert_eq!(counters.len(), 1, "only the counter is left: {counters:?}");
+    let counter = counters.remove(0);
+    // [2^53+2, 2^53+2, 2^53+1, 2^53+1, 2^53+1]: after the INCRs only two nodes hold the
+    // maximum 2^53+3 (odd: not a double), so the other three are raised before the
+    // token is handed out.
+    let base = 1u64 << 53;
+    for i in 0..5 {
+        let v = if i < 2 { base + 2 } else { base + 1 };
+        h.set
+            .node(i)
+            .cmd_sync(&["SET", &counter, &v.to_string()])
+            .unwrap();
+    }
+    let g = locks.lock(&key).await.unwrap();
+    assert_eq!(g.fencing_token(), base + 3);
+    for i in 0..5 {
+        let v: String = raw(h.set.node(i)).await.get(&counter).await.unwrap();
+        assert_eq!(v, (base + 3).to_string(), "node {i}");
+    }
+    g.release().await.unwrap();
+    let g = locks.lock(&key).await.unwrap();
+    assert_eq!(g.fencing_token(), base + 4, "all counters agree again");
+    g.release().await.unwrap();
+}
+
+/// Every Redlock node's `maxmemory-policy` is checked at build: one node that may evict
+/// lock keys fails `require_noeviction(true)`.
+#[tokio::test]
+async fn require_noeviction_checks_every_redlock_node() {
+    let h = Redlock::new();
+    h.managers().require_noeviction(true).build().await.unwrap();
+    h.set
+        .node(3)
+        .cmd_sync(&["CONFIG", "SET", "maxmemory-policy", "volatile-lru"])
+        .unwrap();
+    let err = h
+        .managers()
+        .require_noeviction(true)
+        .build()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::InvalidOption { .. }), "{err}");
+    let msg = err.to_string();
+    assert!(msg.contains("volatile-lru"), "{msg}");
+    assert!(
+        msg.contains(&h.set.node(3).port().to_string()),
+        "names the node: {msg}"
+    );
+    h.managers()
+        .build()
+        .await
+        .expect("only a warning by default");
 }

@@ -8,34 +8,43 @@ use conformance::backends::Single;
 use conformance::{manager, unique, Harness};
 use redis::AsyncCommands;
 use redlock::{LockError, LockManager, LockOptions};
+use redlock_testkit::{fence_key, key_slot, RedisServer};
 
 conformance_tests!(Single::new());
 
-/// The lock and its fencing counter are stored under one hash tag, the counter outlives
-/// the lock, and nothing else is left behind.
+/// The lock is stored under its full key, its fencing counter is its slot's
+/// `lock:fence:{<tag>}` (shared by every key of the slot), the counter outlives the lock,
+/// and nothing else is left behind.
 #[tokio::test]
-async fn stored_keys_share_the_hash_tag() {
+async fn stored_keys_are_the_lock_and_its_slot_counter() {
     let h = Single::new();
     let locks = manager(&h).await;
     let guard = locks.lock("buy_{42}").await.unwrap();
     assert_eq!(guard.key(), "lock:buy_{42}");
+    let counter = fence_key("lock:", "lock:buy_{42}");
+    assert_eq!(key_slot(counter.as_bytes()), key_slot(b"lock:buy_{42}"));
     let mut raw = h.raw().await;
-    let mut keys: Vec<String> = raw.keys("*").await.unwrap();
-    keys.sort();
-    assert_eq!(keys, ["lock:buy_{42}", "lock:buy_{42}:fence"]);
+    let mut expected = vec!["lock:buy_{42}".to_owned(), counter.clone()];
+    expected.sort();
+    assert_eq!(h.keys().await, expected);
     let pttl: i64 = raw.pttl("lock:buy_{42}").await.unwrap();
     assert!(
         pttl > 25_000 && pttl <= 30_000,
         "default ttl 30 s, got {pttl} ms"
     );
     guard.release().await.unwrap();
-    let keys: Vec<String> = raw.keys("*").await.unwrap();
-    assert_eq!(keys, ["lock:buy_{42}:fence"]);
-    let fence: u64 = raw.get("lock:buy_{42}:fence").await.unwrap();
+    assert_eq!(h.keys().await, std::slice::from_ref(&counter));
+    let fence: u64 = raw.get(&counter).await.unwrap();
     assert_eq!(fence, 1);
-    // An untagged key gets its whole name as the counter's tag (same cluster slot).
+    // Another key of the slot shares the counter.
+    let guard = locks.lock("sell_{42}").await.unwrap();
+    assert_eq!(guard.fencing_token(), 2);
+    guard.release().await.unwrap();
+    // An untagged key: the counter of the whole key's slot.
     let guard = locks.lock("jobs").await.unwrap();
-    let n: i64 = raw.exists("{lock:jobs}:fence").await.unwrap();
+    let counter = fence_key("lock:", "lock:jobs");
+    assert_eq!(key_slot(counter.as_bytes()), key_slot(b"lock:jobs"));
+    let n: i64 = raw.exists(&counter).await.unwrap();
     assert_eq!(n, 1);
     guard.release().await.unwrap();
 }
@@ -189,7 +198,7 @@ async fn wrong_type_keys_are_clear_errors() {
     let err = locks.lock("typed_{1}").await.unwrap_err();
     assert!(matches!(err, LockError::Backend { .. }), "{err}");
     h.server
-        .cmd_sync(&["HSET", "lock:fenced_{1}:fence", "f", "v"])
+        .cmd_sync(&["HSET", &fence_key("lock:", "lock:fenced_{1}"), "f", "v"])
         .unwrap();
     let err = locks.lock("fenced_{1}").await.unwrap_err();
     assert!(matches!(err, LockError::Backend { .. }), "{err}");
@@ -287,4 +296,195 @@ async fn failed_releases_are_retried_in_the_background() {
         );
     }
     assert!(back.elapsed() < Duration::from_secs(10));
+}
+
+/// Locks and releases `key` once on an empty server: the one key left is its counter.
+async fn counter_of(h: &Single, locks: &LockManager, key: &str) -> String {
+    locks.lock(key).await.unwrap().release().await.unwrap();
+    let keys = h.keys().await;
+    assert_eq!(keys.len(), 1, "only the fencing counter is left: {keys:?}");
+    keys.into_iter().next().unwrap()
+}
+
+/// Regression (issue 11, finding 4): `INCR` inside Lua came back as a double, so from a
+/// counter of 2^53 − 1 two successive tokens were both 2^53.
+#[tokio::test]
+async fn fencing_tokens_stay_exact_above_2_pow_53() {
+    let h = Single::new();
+    let locks = manager(&h).await;
+    let key = "exact_{53}";
+    let counter = counter_of(&h, &locks, key).await;
+    let mut raw = h.raw().await;
+    let _: () = raw.set(&counter, (1u64 << 53) - 1).await.unwrap();
+    let mut tokens = Vec::new();
+    for _ in 0..3 {
+        let g = locks.lock(key).await.unwrap();
+        tokens.push(g.fencing_token());
+        g.release().await.unwrap();
+    }
+    assert_eq!(tokens, [1 << 53, (1 << 53) + 1, (1 << 53) + 2]);
+    let stored: u64 = raw.get(&counter).await.unwrap();
+    assert_eq!(stored, (1 << 53) + 2);
+}
+
+/// Regression (issue 11, finding 4): near 2^63 the token went through a double and
+/// decoded to 0. The last value, i64::MAX, is issued exactly; after it `INCR` overflows,
+/// which is a clear error that leaves no lock behind.
+#[tokio::test]
+async fn fencing_counter_near_2_pow_63_is_an_error_not_token_0() {
+    let h = Single::new();
+    let locks = manager(&h).await;
+    let key = "exact_{63}";
+    let counter = counter_of(&h, &locks, key).await;
+    let mut raw = h.raw().await;
+    let _: () = raw.set(&counter, i64::MAX - 1).await.unwrap();
+    let g = locks.lock(key).await.unwrap();
+    assert_eq!(g.fencing_token(), i64::MAX as u64);
+    g.release().await.unwrap();
+    let err = locks.lock(key).await.unwrap_err();
+    assert!(matches!(err, LockError::Backend { .. }), "{err}");
+    let exists: bool = raw.exists(format!("lock:{key}")).await.unwrap();
+    assert!(!exists, "the failed acquisition left its lock key");
+    assert!(!locks.is_locked(key).await.unwrap());
+    let stored: i64 = raw.get(&counter).await.unwrap();
+    assert_eq!(stored, i64::MAX, "the counter is untouched");
+}
+
+/// Regression (issue 11, finding 7): every distinct key left a permanent counter, so
+/// 1 000 distinct keys left 1 000 keys behind. Counters are per hash slot now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_counters_do_not_grow_with_distinct_keys() {
+    let h = Single::new();
+    let locks = manager(&h).await;
+    let mut raw = h.raw().await;
+    // 2 000 distinct keys in 4 slots, each taken twice: tokens increase per key.
+    let mut first = Vec::new();
+    for i in 0..2000 {
+        let g = locks
+            .lock(&format!("order_{{{}}}:{i}", i % 4))
+            .await
+            .unwrap();
+        first.push(g.fencing_token());
+        g.release().await.unwrap();
+    }
+    let dbsize: usize = redis::cmd("DBSIZE").query_async(&mut raw).await.unwrap();
+    assert!(dbsize <= 4, "2 000 keys in 4 slots left {dbsize} keys");
+    for i in (0..2000).step_by(97) {
+        let g = locks
+            .lock(&format!("order_{{{}}}:{i}", i % 4))
+            .await
+            .unwrap();
+        assert!(
+            g.fencing_token() > first[i],
+            "key {i}: {} after {}",
+            g.fencing_token(),
+            first[i]
+        );
+        g.release().await.unwrap();
+    }
+    // 20 000 distinct untagged keys: at most one counter per slot.
+    let tasks: Vec<_> = (0..8)
+        .map(|t| {
+            let locks = locks.clone();
+            tokio::spawn(async move {
+                for i in (t..20_000).step_by(8) {
+                    locks
+                        .lock(&format!("job-{i}"))
+                        .await
+                        .unwrap()
+                        .release()
+                        .await
+                        .unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let dbsize: usize = redis::cmd("DBSIZE").query_async(&mut raw).await.unwrap();
+    assert!(dbsize <= 16384 + 4, "20 000 keys left {dbsize} keys");
+    println!("20 000 distinct untagged keys + 2 000 in 4 slots: DBSIZE {dbsize}");
+}
+
+/// A server that may evict keys (an evicted lock key is granted to a second holder): a
+/// warning by default, an error under `require_noeviction(true)`.
+#[tokio::test]
+async fn require_noeviction_refuses_a_server_that_may_evict_locks() {
+    let evicting = RedisServer::builder()
+        .args(["--maxmemory-policy", "allkeys-lru"])
+        .start();
+    let err = LockManager::builder()
+        .single(&evicting.url())
+        .require_noeviction(true)
+        .build()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::InvalidOption { .. }), "{err}");
+    assert!(err.to_string().contains("allkeys-lru"), "{err}");
+    let locks = LockManager::builder()
+        .single(&evicting.url())
+        .build()
+        .await
+        .expect("only a warning by default");
+    locks
+        .lock("evictable")
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    // The default policy, noeviction, passes.
+    let h = Single::new();
+    h.builder().require_noeviction(true).build().await.unwrap();
+}
+
+/// A prefix with an unclosed `{` would put the fencing counters in other slots.
+#[tokio::test]
+async fn a_prefix_with_an_unclosed_brace_is_refused() {
+    let h = Single::new();
+    for prefix in ["lock{", "a{b:", "x{}:"] {
+        let err = h.builder().prefix(prefix).build().await.unwrap_err();
+        assert!(
+            matches!(err, LockError::InvalidOption { .. }),
+            "{prefix}: {err}"
+        );
+    }
+    let locks = h.builder().prefix("app{7}:").build().await.unwrap();
+    let g = locks.lock("jobs").await.unwrap();
+    assert_eq!(g.key(), "app{7}:jobs");
+    g.release().await.unwrap();
+    assert_eq!(h.keys().await, [fence_key("app{7}:", "app{7}:jobs")]);
+    // A user key that names a counter is refused.
+    let counter = fence_key("lock:", "lock:x");
+    let err = manager(&h)
+        .await
+        .lock(counter.strip_prefix("lock:").unwrap())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::InvalidKey { .. }), "{err}");
+}
+
+/// Regression (issue 11, finding 3, the script half): `acquire.lua` granted a request
+/// that found its own token (a retry) without resetting the expiry, so a stale grant
+/// with its old, nearly spent expiry was counted as fresh.
+#[tokio::test]
+async fn acquire_retry_with_own_token_resets_the_expiry() {
+    let h = Single::new();
+    let mut raw = h.raw().await;
+    let acquire = redis::Script::new(include_str!("../redlock-runtime/src/scripts/acquire.lua"));
+    let (key, counter) = ("lock:retry_{1}", fence_key("lock:", "lock:retry_{1}"));
+    let run = |ttl: u64| {
+        let mut cmd = acquire.key(key);
+        cmd.key(&counter).arg(b"own-token".as_slice()).arg(ttl);
+        cmd
+    };
+    let first: (i64, redis::Value) = run(60_000).invoke_async(&mut raw).await.unwrap();
+    assert_eq!(first.0, 1);
+    // Most of the first grant's ttl is spent; the retry asks for a fresh 60 s.
+    let _: () = raw.pexpire(key, 100).await.unwrap();
+    let retry: (i64, redis::Value) = run(60_000).invoke_async(&mut raw).await.unwrap();
+    assert_eq!(retry, first, "granted again, same token");
+    let pttl: i64 = raw.pttl(key).await.unwrap();
+    assert!(pttl > 50_000, "the retry's grant expires in {pttl} ms");
 }

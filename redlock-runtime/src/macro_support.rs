@@ -90,7 +90,9 @@ pub async fn enter(
     lock_options.ttl = options.ttl;
     lock_options.wait = options.wait;
     let resolved = manager.resolve(&lock_options)?;
-    let guard = manager.acquire(LockKey::new(full_key)?, resolved).await?;
+    let guard = manager
+        .acquire(LockKey::new(manager.prefix(), full_key)?, resolved)
+        .await?;
     Ok(Call {
         manager: manager.clone(),
         guard,

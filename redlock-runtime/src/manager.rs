@@ -13,7 +13,7 @@ use crate::backend::{
     Attempt, Backend, ClusterBackend, MemoryBackend, RedlockBackend, ReplicaWait, SingleBackend,
     Timeouts, DEFAULT_NODE_TIMEOUT,
 };
-use crate::key::LockKey;
+use crate::key::{check_prefix, LockKey};
 use crate::lease::{self, Lease};
 use crate::options::{check_ttl, Resolved};
 use crate::token::Token;
@@ -107,6 +107,7 @@ pub struct LockManagerBuilder {
     max_waiters_per_key: usize,
     timeouts: Timeouts,
     redlock_node_timeout: Duration,
+    require_noeviction: bool,
 }
 
 /// The default key prefix.
@@ -131,6 +132,7 @@ impl Default for LockManagerBuilder {
                 response: Duration::from_secs(1),
             },
             redlock_node_timeout: DEFAULT_NODE_TIMEOUT,
+            require_noeviction: false,
         }
     }
 }
@@ -223,14 +225,30 @@ impl LockManagerBuilder {
         self
     }
 
-    /// Checks the settings, connects to and PINGs every node, and starts the manager's
-    /// background task. Writes no key.
+    /// Whether a Redis node whose `maxmemory-policy` is not `noeviction` fails `build`
+    /// (default `false`: it is logged as a warning).
+    ///
+    /// Under memory pressure any other policy may evict keys, lock keys included: the
+    /// next client is then granted a lock that is still held, two holders at once.
+    /// `build` reads the policy from `INFO memory` on every node locks are written to
+    /// (the server, every Redlock node, every cluster master).
+    pub fn require_noeviction(mut self, require: bool) -> Self {
+        self.require_noeviction = require;
+        self
+    }
+
+    /// Checks the settings, connects to and PINGs every node, reads every node's
+    /// `maxmemory-policy`, and starts the manager's background task. Writes no key.
     ///
     /// # Errors
-    /// [`LockError::InvalidOption`] for a bad URL or setting (or no backend chosen),
-    /// [`LockError::Backend`] when a node cannot be reached within the connect timeout.
+    /// [`LockError::InvalidOption`] for a bad URL or setting (or no backend chosen, or a
+    /// prefix with an unclosed `{`), or for a node whose `maxmemory-policy` is not
+    /// `noeviction` under [`require_noeviction(true)`](Self::require_noeviction);
+    /// [`LockError::Backend`] when a node cannot be reached within the connect timeout
+    /// (or, under `require_noeviction(true)`, its policy cannot be read).
     pub async fn build(self) -> Result<LockManager, LockError> {
         check_ttl(self.default_ttl)?;
+        check_prefix(&self.prefix)?;
         if Instant::now().checked_add(self.default_wait).is_none() {
             return Err(LockError::invalid_option("default_wait overflows"));
         }
@@ -276,6 +294,7 @@ impl LockManagerBuilder {
                 SingleBackend::connect(&url, self.timeouts, Arc::downgrade(&waiters)).await?,
             ),
         };
+        check_eviction(&backend, self.require_noeviction).await?;
         let shared = Arc::new(Shared::new(backend, waiters, self.default_ttl));
         tokio::spawn(watchdog::run(shared.clone(), rx));
         Ok(LockManager(Arc::new(Inner {
@@ -287,6 +306,35 @@ impl LockManagerBuilder {
             next_id: AtomicU64::new(1),
         })))
     }
+}
+
+/// Warns about, or with `require` refuses, nodes that may evict lock keys.
+async fn check_eviction(backend: &Backend, require: bool) -> Result<(), LockError> {
+    const RISK: &str = "Redis may evict lock keys under memory pressure, and an evicted \
+                        lock is granted to a second client while its holder still holds it";
+    for (node, policy) in backend.eviction_policies().await? {
+        match policy {
+            Ok(policy) if policy == "noeviction" => {}
+            Ok(policy) if require => {
+                return Err(LockError::invalid_option(format!(
+                    "{node} has maxmemory-policy {policy}, and require_noeviction(true) \
+                     needs noeviction: {RISK}"
+                )));
+            }
+            Ok(policy) => tracing::warn!(
+                node,
+                policy,
+                "maxmemory-policy is not noeviction: {RISK}; set it to noeviction"
+            ),
+            Err(e) if require => return Err(e),
+            Err(e) => tracing::warn!(
+                node,
+                error = %e,
+                "cannot read maxmemory-policy (INFO memory): if it is not noeviction, {RISK}"
+            ),
+        }
+    }
+    Ok(())
 }
 
 static GLOBAL: AtomicPtr<LockManager> = AtomicPtr::new(std::ptr::null_mut());

@@ -9,7 +9,7 @@
 //!   [`pause`](RedisServer::pause) / [`resume`](RedisServer::resume).
 //! * [`RedisSet`]: N independent servers (the Redlock topology), started concurrently.
 //! * [`RedisCluster`]: a Redis Cluster (3 masters + 3 replicas by default) with failover helpers
-//!   and a pure-Rust [`key_slot`].
+//!   and a pure-Rust [`key_slot`]; [`fence_key`] names a lock's fencing counter.
 //! * [`Sentinels`]: master + replica + 3 sentinels, with failover and the deterministic
 //!   "lost write" partition recipe.
 //! * [`ChaosProxy`]: an in-process tokio TCP proxy that delays, blackholes, refuses or resets.
@@ -42,5 +42,5 @@ pub use proxy::{ChaosProxy, Fault};
 pub use sentinel::Sentinels;
 pub use server::{RedisServer, ServerBuilder};
 pub use set::RedisSet;
-pub use slot::{key_slot, SLOT_COUNT};
+pub use slot::{fence_key, key_slot, SLOT_COUNT};
 pub use wait::wait_until;

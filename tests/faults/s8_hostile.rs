@@ -169,7 +169,10 @@ fn s8_property_keys_and_options() {
             .unwrap();
         raw.keys("*").await.unwrap()
     });
-    let leaked: Vec<&String> = keys.iter().filter(|k| !k.ends_with(":fence")).collect();
+    let leaked: Vec<&String> = keys
+        .iter()
+        .filter(|k| !k.starts_with("lock:fence:{"))
+        .collect();
     assert!(leaked.is_empty(), "left behind: {leaked:?}");
 }
 
@@ -615,7 +618,8 @@ async fn s8_hostile_values() {
         ("zero", "0"),
     ] {
         let key = format!("fence_{{{name}}}");
-        let _: () = raw.set(format!("lock:{key}:fence"), value).await.unwrap();
+        let counter = redlock_testkit::fence_key("lock:", &format!("lock:{key}"));
+        let _: () = raw.set(counter, value).await.unwrap();
         let r = locks.try_lock(&key).await;
         let exists: bool = raw.exists(format!("lock:{key}")).await.unwrap();
         let outcome = match &r {

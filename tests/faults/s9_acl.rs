@@ -23,7 +23,8 @@ use redlock_testkit::{RedisCluster, RedisServer};
 use crate::support::{require_redis, HEAVY};
 
 /// Every command the library sends, as ACL rules: the scripts' commands are checked
-/// against the caller's ACL too (`get set incr del pexpire pttl publish`).
+/// against the caller's ACL too (`get set incr del pexpire pttl publish`), and `INFO`
+/// reads `maxmemory-policy` at connect.
 const ACL_COMMANDS: &[&str] = &[
     "+evalsha",
     "+eval",
@@ -40,6 +41,7 @@ const ACL_COMMANDS: &[&str] = &[
     "+unsubscribe",
     "+ping",
     "+wait",
+    "+info",
 ];
 
 /// The same for a Redis Cluster: sharded pub/sub instead of pub/sub, and the slot map.
@@ -60,11 +62,12 @@ const ACL_CLUSTER_COMMANDS: &[&str] = &[
     "+ping",
     "+wait",
     "+cluster|slots",
+    "+info",
 ];
 
-/// Keys and channels of the default prefix `lock:`: lock keys `lock:*`, the fencing
-/// counters of untagged keys `{lock:*}:fence`, and wake-up channels named after lock keys.
-const ACL_PATTERNS: &[&str] = &["~lock:*", "~{lock:*", "&lock:*"];
+/// Keys and channels of the default prefix `lock:`: lock keys and the fencing counters
+/// (`lock:fence:{<slot tag>}`) `lock:*`, and wake-up channels named after lock keys.
+const ACL_PATTERNS: &[&str] = &["~lock:*", "&lock:*"];
 
 /// The documented line (without the password).
 fn acl_line(user: &str, commands: &[&str]) -> Vec<String> {

@@ -1,8 +1,8 @@
 //! Redis Cluster: every key a lock touches lives in the lock's hash slot.
 //!
-//! The lock key, its fencing counter ([`LockKey::fence`]) and its wake-up channel share
-//! one hash tag, so every script is single-slot (no `CROSSSLOT`) and is routed by its
-//! first key; redis-rs's async cluster client follows `MOVED`/`ASK` and refreshes the
+//! The lock key, its slot's fencing counter ([`LockKey::fence`], named with a hash tag
+//! of that slot) and its wake-up channel live in one hash slot, so every script is
+//! single-slot (no `CROSSSLOT`) and is routed by its first key; redis-rs's async cluster client follows `MOVED`/`ASK` and refreshes the
 //! slot map after a failover. Wake-ups use sharded pub/sub: `release.lua` runs
 //! `SPUBLISH` on the slot's owner and a [`ShardSubscriber`] `SSUBSCRIBE`s there.
 //!
@@ -52,7 +52,7 @@ use redis::io::tcp::TcpSettings;
 use redis::{FromRedisValue, IntoConnectionInfo, ProtocolVersion, PushInfo, PushKind, Value};
 use tokio::sync::{mpsc, Mutex};
 
-use super::single::{decode_acquire, ttl_ms};
+use super::single::{decode_acquire, parse_eviction_policy, ttl_ms};
 use super::{chunk_outcomes, Attempt, Renewal, Renewed, ReplicaWait, Timeouts};
 use crate::key::LockKey;
 use crate::notify::Interest;
@@ -147,11 +147,11 @@ impl ClusterBackend {
         let keys = [key.full(), key.fence()];
         let args = (token.as_bytes(), ttl_ms(ttl));
         let Some(rw) = replicas else {
-            let reply: (i64, i64) = ACQUIRE
+            let reply: (i64, Value) = ACQUIRE
                 .invoke(&self.con, &keys, args)
                 .await
                 .map_err(LockError::backend("acquire"))?;
-            return Ok(decode_acquire(reply, None));
+            return decode_acquire(reply, None);
         };
         // WAIT blocks the node connection it runs on: a dedicated cluster connection,
         // and the pipeline explicitly routed to the key's master (never a bare WAIT).
@@ -178,11 +178,11 @@ impl ClusterBackend {
             .route_pipeline(pipe, 0, 3, master_of(key.full()))
             .await
             .map_err(LockError::backend("acquire"))?;
-        let (reply, acked): ((i64, i64), u32) = match <[Value; 3]>::try_from(replies) {
+        let (reply, acked): ((i64, Value), u32) = match <[Value; 3]>::try_from(replies) {
             Ok([_, reply, acked]) => (decode(reply, "acquire")?, decode(acked, "acquire")?),
             Err(other) => return Err(unexpected("acquire", other.len())),
         };
-        Ok(decode_acquire(reply, Some(acked)))
+        decode_acquire(reply, Some(acked))
     }
 
     pub(crate) async fn release(&self, key: &LockKey, token: Token) -> Result<bool, LockError> {
@@ -268,6 +268,35 @@ impl ClusterBackend {
             }
             None => Ok(out),
         }
+    }
+
+    /// Every master's `maxmemory-policy` (from `INFO memory`), by node address.
+    pub(crate) async fn eviction_policies(
+        &self,
+    ) -> Result<Vec<(String, Result<String, LockError>)>, LockError> {
+        let mut info = redis::cmd("INFO");
+        info.arg("memory");
+        let replies = self
+            .con
+            .clone()
+            .route_command(
+                info,
+                RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None)),
+            )
+            .await
+            .map_err(LockError::backend("info"))?;
+        let Value::Map(replies) = replies else {
+            return Err(unexpected("info", 1));
+        };
+        Ok(replies
+            .into_iter()
+            .map(|(node, reply)| {
+                let node = decode::<String>(node, "info").unwrap_or_else(|_| "?".to_owned());
+                let policy =
+                    decode::<String>(reply, "info").and_then(|info| parse_eviction_policy(&info));
+                (node, policy)
+            })
+            .collect())
     }
 
     pub(crate) async fn is_locked(&self, key: &LockKey) -> Result<bool, LockError> {

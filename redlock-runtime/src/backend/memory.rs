@@ -3,6 +3,11 @@
 //! All in-memory managers of a process share one store, the way several managers
 //! share one Redis server, so they exclude each other and wake each other's waiters.
 //! Expiry is checked on access against the monotonic clock.
+//!
+//! Nothing grows with the number of distinct keys ever locked: fencing counters are per
+//! hash slot as on Redis (at most 16 384 per prefix, see `key.rs`), and expired lock
+//! entries nobody released are swept whenever the map has doubled since the last sweep
+//! (amortised O(1) per acquisition).
 
 use std::collections::HashMap;
 use std::sync::{LazyLock, Mutex, MutexGuard, PoisonError, Weak};
@@ -12,12 +17,42 @@ use super::Attempt;
 use crate::key::LockKey;
 use crate::token::Token;
 use crate::waiters::Waiters;
+use crate::LockError;
+
+/// A fencing counter that cannot issue another token.
+fn counter_error(key: &LockKey, what: &'static str) -> LockError {
+    LockError::Backend {
+        operation: "acquire",
+        source: redis::RedisError::from((
+            redis::ErrorKind::Client,
+            "in-memory fencing counter cannot issue a token",
+            format!("{}: {what}", key.fence()),
+        )),
+    }
+}
 
 #[derive(Default)]
 struct Store {
     locks: HashMap<String, Held>,
+    /// Fencing counters, by counter key (one per prefix and hash slot).
     fences: HashMap<String, u64>,
     listeners: Vec<Weak<Waiters>>,
+    /// Sweep expired locks once `locks` holds this many entries.
+    sweep_at: usize,
+}
+
+/// The smallest `sweep_at`: below it, sweeping is not worth it.
+const MIN_SWEEP_AT: usize = 1024;
+
+impl Store {
+    /// Drops expired locks once the map has doubled since the last sweep.
+    fn sweep(&mut self, now: Instant) {
+        if self.locks.len() < self.sweep_at.max(MIN_SWEEP_AT) {
+            return;
+        }
+        self.locks.retain(|_, held| held.expires > now);
+        self.sweep_at = self.locks.len().saturating_mul(2);
+    }
 }
 
 struct Held {
@@ -43,34 +78,54 @@ impl MemoryBackend {
         Self(())
     }
 
-    pub(crate) fn acquire(&self, key: &LockKey, token: Token, ttl: Duration) -> Attempt {
+    /// As `acquire.lua`: a grant takes the next value of the slot's counter; a retry
+    /// that finds its own token gets the counter's current value and a fresh expiry; a
+    /// counter at `u64::MAX` is an error (nothing is taken).
+    pub(crate) fn acquire(
+        &self,
+        key: &LockKey,
+        token: Token,
+        ttl: Duration,
+    ) -> Result<Attempt, LockError> {
         let now = Instant::now();
-        let mut s = store();
-        if let Some(held) = s.locks.get(key.full()) {
-            if held.expires > now {
-                if held.token == token {
-                    let fence = s.fences.get(key.fence()).copied().unwrap_or(0);
-                    return Attempt::Acquired {
-                        fence,
-                        replicas: None,
-                    };
-                }
-                return Attempt::Held {
-                    remaining: Some(held.expires - now),
-                };
-            }
-        }
         let expires = now
             .checked_add(ttl)
             .unwrap_or(now + Duration::from_secs(1 << 32));
+        let mut s = store();
+        if let Some(held) = s.locks.get_mut(key.full()) {
+            if held.expires > now {
+                if held.token != token {
+                    return Ok(Attempt::Held {
+                        remaining: Some(held.expires - now),
+                    });
+                }
+                held.expires = expires;
+                // Every grant set the counter to at least 1; an operator cannot
+                // reach it, unlike a Redis key, but a missing one is still no token 0.
+                return match s.fences.get(key.fence()) {
+                    Some(&fence) => Ok(Attempt::Acquired {
+                        fence,
+                        replicas: None,
+                    }),
+                    None => {
+                        s.locks.remove(key.full());
+                        Err(counter_error(key, "is missing"))
+                    }
+                };
+            }
+        }
+        let counter = s.fences.get(key.fence()).copied().unwrap_or(0);
+        let fence = counter
+            .checked_add(1)
+            .ok_or_else(|| counter_error(key, "overflows"))?;
+        s.fences.insert(key.fence().to_owned(), fence);
+        s.sweep(now);
         s.locks
             .insert(key.full().to_owned(), Held { token, expires });
-        let fence = s.fences.entry(key.fence().to_owned()).or_insert(0);
-        *fence += 1;
-        Attempt::Acquired {
-            fence: *fence,
+        Ok(Attempt::Acquired {
+            fence,
             replicas: None,
-        }
+        })
     }
 
     pub(crate) fn release(&self, key: &LockKey, token: Token) -> bool {
@@ -133,5 +188,106 @@ impl MemoryBackend {
             .locks
             .get(key.full())
             .is_some_and(|h| h.expires > Instant::now())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Entries of the shared store under `prefix`: (lock entries, counters).
+    fn count(prefix: &str) -> (usize, usize) {
+        let s = store();
+        (
+            s.locks.keys().filter(|k| k.starts_with(prefix)).count(),
+            s.fences.keys().filter(|k| k.starts_with(prefix)).count(),
+        )
+    }
+
+    fn key(prefix: &str, name: &str) -> LockKey {
+        LockKey::prefixed(prefix, name).unwrap()
+    }
+
+    fn fence(attempt: Result<Attempt, LockError>) -> u64 {
+        match attempt {
+            Ok(Attempt::Acquired { fence, .. }) => fence,
+            other => panic!("not acquired: {other:?}"),
+        }
+    }
+
+    /// Regression (issue 11, finding 7): the in-memory counters grew by one per distinct
+    /// key ever locked.
+    #[test]
+    fn fencing_counters_do_not_grow_with_distinct_keys() {
+        let prefix = "mem-bound:";
+        let b = MemoryBackend(());
+        let ttl = Duration::from_secs(30);
+        let mut first = Vec::new();
+        for i in 0..2000 {
+            let k = key(prefix, &format!("order_{{{}}}:{i}", i % 4));
+            let token = Token::random();
+            first.push(fence(b.acquire(&k, token, ttl)));
+            assert!(b.release(&k, token));
+        }
+        assert_eq!(count(prefix), (0, 4), "2 000 keys in 4 slots");
+        for i in (0..2000).step_by(97) {
+            let k = key(prefix, &format!("order_{{{}}}:{i}", i % 4));
+            let token = Token::random();
+            assert!(fence(b.acquire(&k, token, ttl)) > first[i], "key {i}");
+            assert!(b.release(&k, token));
+        }
+    }
+
+    /// Regression (issue 11, finding 7): expired entries nobody released stayed in the
+    /// map forever; they are swept as the map grows.
+    #[test]
+    fn expired_locks_do_not_accumulate() {
+        let prefix = "mem-expired:";
+        let b = MemoryBackend(());
+        for batch in 0..10 {
+            for i in 0..1000 {
+                let k = key(prefix, &format!("{batch}-{i}"));
+                fence(b.acquire(&k, Token::random(), Duration::from_millis(1)));
+            }
+            std::thread::sleep(Duration::from_millis(3));
+        }
+        let (locks, _) = count(prefix);
+        assert!(locks <= 3000, "{locks} of 10 000 expired entries left");
+    }
+
+    #[test]
+    fn a_counter_at_u64_max_is_an_error_and_takes_nothing() {
+        let b = MemoryBackend(());
+        let k = key("mem-max:", "k");
+        store().fences.insert(k.fence().to_owned(), u64::MAX - 1);
+        let token = Token::random();
+        assert_eq!(
+            fence(b.acquire(&k, token, Duration::from_secs(5))),
+            u64::MAX
+        );
+        assert!(b.release(&k, token));
+        let err = b
+            .acquire(&k, Token::random(), Duration::from_secs(5))
+            .unwrap_err();
+        assert!(matches!(err, LockError::Backend { .. }), "{err}");
+        assert!(!b.is_locked(&k));
+    }
+
+    /// Finding 3's script half, in memory too: a retry that finds its own token gets a
+    /// fresh expiry and the same token, not a new one.
+    #[test]
+    fn a_retry_with_its_own_token_resets_the_expiry() {
+        let b = MemoryBackend(());
+        let k = key("mem-retry:", "k");
+        let token = Token::random();
+        let first = fence(b.acquire(&k, token, Duration::from_millis(50)));
+        std::thread::sleep(Duration::from_millis(30));
+        assert_eq!(
+            fence(b.acquire(&k, token, Duration::from_millis(50))),
+            first
+        );
+        std::thread::sleep(Duration::from_millis(30));
+        assert!(b.is_locked(&k), "the retry reset the expiry to its ttl");
+        assert!(b.release(&k, token));
     }
 }

@@ -131,7 +131,7 @@ impl Backend {
         replicas: Option<ReplicaWait>,
     ) -> Result<Attempt, LockError> {
         match self {
-            Self::Memory(b) => Ok(b.acquire(key, token, ttl)),
+            Self::Memory(b) => b.acquire(key, token, ttl),
             Self::Single(b) => b.acquire(key, token, ttl, replicas).await,
             Self::Cluster(b) => b.acquire(key, token, ttl, replicas).await,
             Self::Redlock(b) => b.acquire(key, token, ttl, replicas).await,
@@ -184,6 +184,19 @@ impl Backend {
             Self::Single(b) => b.is_locked(key).await,
             Self::Cluster(b) => b.is_locked(key).await,
             Self::Redlock(b) => b.is_locked(key).await,
+        }
+    }
+
+    /// The `maxmemory-policy` of every node locks are written to (every master), by
+    /// node address; `Err` when the nodes could not even be asked.
+    pub(crate) async fn eviction_policies(
+        &self,
+    ) -> Result<Vec<(String, Result<String, LockError>)>, LockError> {
+        match self {
+            Self::Memory(_) => Ok(Vec::new()),
+            Self::Single(b) => Ok(vec![(b.addr(), b.eviction_policy().await)]),
+            Self::Cluster(b) => b.eviction_policies().await,
+            Self::Redlock(b) => Ok(b.eviction_policies().await),
         }
     }
 

@@ -21,26 +21,38 @@
 //!   (a release publishes on every node it reaches).
 //!
 //! # Fencing tokens
-//! Each node keeps its own counter per key, raised by one on every `SET NX` it grants,
-//! in the same script. The token of an acquisition is the **maximum** counter among the
-//! nodes that granted it. That maximum must be *vouched for* by a quorum: nodes whose
-//! counter already equals it, plus nodes raised to it by `fence_floor.lua` (a
-//! compare-token `counter = max(counter, token)`, run only while the node still holds our
-//! lock key). When all granting nodes agree (the normal case) this costs nothing; when
-//! they disagree (a node was down or restarted) a second round trip raises the lagging
-//! ones before the guard is handed out, and an attempt that cannot get a quorum to vouch
-//! is undone like any failed attempt. Granting nodes that lag behind while a quorum
-//! already vouches are raised in the background.
+//! Each node keeps its own fencing counters, one per hash slot, shared by every key of
+//! the slot (see `key.rs`). A counter changes in two ways only, both upwards: `INCR` by
+//! one in the script of every `SET NX` the node grants for a key of the slot, and
+//! `fence_floor.lua` (a compare-token `counter = max(counter, token)`, run only while the
+//! node still holds our lock key). So, as long as the node keeps its data, **a counter
+//! never decreases**. Counters and the floor are exact decimal strings on the server
+//! and `u64` here, never Lua doubles.
+//!
+//! The token of an acquisition is the **maximum** counter among the nodes that granted
+//! it. That maximum must be *vouched for* by a quorum: nodes whose acquire script
+//! reported it, plus nodes raised to it by `fence_floor.lua`. When all granting
+//! nodes agree (the normal case) this costs nothing; when they disagree (a node was down
+//! or restarted, or other keys of the slot were granted by some nodes only) a second
+//! round trip raises the lagging ones before the guard is handed out, and an attempt
+//! that cannot get a quorum to vouch is undone like any failed attempt. Granting nodes
+//! that lag behind while a quorum already vouches are raised in the background.
 //!
 //! **Guaranteed, whatever the clocks and pauses do**: take two successful acquisitions
-//! A and B of a key, and a node *n* that vouched for A's token and granted B. B's
-//! `SET NX` on *n* succeeded, so A's key was gone from *n* by then; A's key was still
-//! there when *n* vouched (the vouch is compare-token); so B's `INCR` on *n* came after
-//! *n*'s counter reached A's token, and B's token is larger. Two quorums always share a
-//! node, so as long as no node loses its data, the tokens of any two acquisitions differ,
-//! and the one that took the shared node later has the larger token. With non-overlapping
-//! holds (Redlock's mutual exclusion working) that is real-time order: tokens strictly
-//! increase, and they start at 1.
+//! A and B of a key, and a node *n* that vouched for A's token and granted B. When *n*
+//! vouched, A's key was on *n* (the vouch is the reply of A's acquire script, which
+//! reads the counter while A's key is there, or a compare-token raise) and *n*'s
+//! counter for the slot was at least A's token. B's `SET NX` on *n* succeeded, so A's
+//! key was gone from *n* by then: B's `INCR` on *n* came after the vouch. In between
+//! the counter may have been raised by other keys of the slot, never lowered, so B's
+//! script on *n* reported more than A's token, and B's token (the maximum over B's
+//! granting nodes) is at least that. Two quorums always share a
+//! node, so as long as no node loses its data, the tokens of any two acquisitions of a
+//! key differ, and the one that took the shared node later has the larger token. With
+//! non-overlapping holds (Redlock's mutual exclusion working) that is real-time order:
+//! tokens strictly increase per key, and they start at 1. (Keys of one slot share the
+//! counter, so a key's tokens skip the values its neighbours took; nothing is promised
+//! across keys.)
 //!
 //! **Not guaranteed when nodes lose data** (a restart without persistence, or with
 //! `appendfsync everysec` losing its last second): a node that comes back empty has
@@ -432,6 +444,18 @@ impl RedlockBackend {
                 }
             })
             .collect())
+    }
+
+    /// Every node's `maxmemory-policy`, by node address.
+    pub(crate) async fn eviction_policies(&self) -> Vec<(String, Result<String, LockError>)> {
+        let policies = self
+            .on_all("info", self.node_timeout, |n| n.eviction_policy())
+            .await;
+        self.nodes
+            .iter()
+            .map(SingleBackend::addr)
+            .zip(policies)
+            .collect()
     }
 
     /// Held when a quorum of nodes has the key.

@@ -100,10 +100,10 @@ impl SingleBackend {
         let keys = [key.full(), key.fence()];
         let args = (token.as_bytes(), ttl_ms(ttl));
         let Some(rw) = replicas else {
-            let reply: (i64, i64) = reconnecting(|| ACQUIRE.invoke(&self.con, &keys, args))
+            let reply: (i64, Value) = reconnecting(|| ACQUIRE.invoke(&self.con, &keys, args))
                 .await
                 .map_err(LockError::backend("acquire"))?;
-            return Ok(decode_acquire(reply, None));
+            return decode_acquire(reply, None);
         };
         // WAIT counts the writes of its own connection and blocks it meanwhile.
         let mut slot = self.wait_con.lock().await;
@@ -127,11 +127,11 @@ impl SingleBackend {
             .cmd("WAIT")
             .arg(rw.replicas)
             .arg(ttl_ms(rw.timeout));
-        let (reply, acked): ((i64, i64), u32) = pipe
+        let (reply, acked): ((i64, Value), u32) = pipe
             .query_async(con)
             .await
             .map_err(LockError::backend("acquire"))?;
-        Ok(decode_acquire(reply, Some(acked)))
+        decode_acquire(reply, Some(acked))
     }
 
     /// True when our lock is gone because of this call.
@@ -188,6 +188,21 @@ impl SingleBackend {
             .await
             .map_err(LockError::backend("renew"))?;
         Ok(decode_renewals(chunks.map(<[_]>::len), replies))
+    }
+
+    /// The server's address (no credentials), for messages.
+    pub(crate) fn addr(&self) -> String {
+        self.client.get_connection_info().addr().to_string()
+    }
+
+    /// The server's `maxmemory-policy`, from `INFO memory`.
+    pub(crate) async fn eviction_policy(&self) -> Result<String, LockError> {
+        let info: String = redis::cmd("INFO")
+            .arg("memory")
+            .query_async(&mut self.con.clone())
+            .await
+            .map_err(LockError::backend("info"))?;
+        parse_eviction_policy(&info)
     }
 
     pub(crate) async fn is_locked(&self, key: &LockKey) -> Result<bool, LockError> {
@@ -250,17 +265,73 @@ pub(crate) fn ttl_ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
-/// `{1, fence}` or `{0, pttl}` from `acquire.lua`.
-pub(crate) fn decode_acquire((ok, n): (i64, i64), replicas: Option<u32>) -> Attempt {
-    if ok == 1 {
-        Attempt::Acquired {
-            fence: u64::try_from(n).unwrap_or(0),
+/// The `maxmemory_policy` field of an `INFO memory` reply.
+pub(crate) fn parse_eviction_policy(info: &str) -> Result<String, LockError> {
+    info.lines()
+        .find_map(|line| line.trim().strip_prefix("maxmemory_policy:"))
+        .map(str::to_owned)
+        .ok_or_else(|| LockError::Backend {
+            operation: "info",
+            source: redis::RedisError::from((
+                redis::ErrorKind::UnexpectedReturnType,
+                "INFO memory has no maxmemory_policy field",
+            )),
+        })
+}
+
+/// `{1, fence}` (the fence a decimal string) or `{0, pttl}` from `acquire.lua`.
+///
+/// A grant whose fence is not a positive integer that fits a `u64` is an error, never
+/// token 0: the caller gives the lock back (the manager's pending-attempt release).
+pub(crate) fn decode_acquire(
+    (ok, n): (i64, Value),
+    replicas: Option<u32>,
+) -> Result<Attempt, LockError> {
+    match ok {
+        1 => Ok(Attempt::Acquired {
+            fence: parse_fence(&n)?,
             replicas,
+        }),
+        0 => {
+            let pttl: i64 =
+                redis::from_redis_value(n).map_err(|e| LockError::backend("acquire")(e.into()))?;
+            Ok(Attempt::Held {
+                remaining: u64::try_from(pttl).ok().map(Duration::from_millis),
+            })
         }
-    } else {
-        Attempt::Held {
-            remaining: u64::try_from(n).ok().map(Duration::from_millis),
-        }
+        other => Err(bad_reply(format!("status {other}"))),
+    }
+}
+
+/// The fencing token in a grant: the counter's decimal digits, exactly.
+fn parse_fence(value: &Value) -> Result<u64, LockError> {
+    let digits = match value {
+        Value::BulkString(bytes) => bytes.as_slice(),
+        Value::SimpleString(s) => s.as_bytes(),
+        other => return Err(bad_reply(format!("fencing token {other:?}"))),
+    };
+    std::str::from_utf8(digits)
+        .ok()
+        .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|s| s.parse::<u64>().ok())
+        .filter(|&fence| fence >= 1)
+        .ok_or_else(|| {
+            bad_reply(format!(
+                "fencing token {:?} is not a positive 64-bit integer",
+                String::from_utf8_lossy(digits)
+            ))
+        })
+}
+
+/// An acquire reply of the wrong shape.
+fn bad_reply(detail: String) -> LockError {
+    LockError::Backend {
+        operation: "acquire",
+        source: redis::RedisError::from((
+            redis::ErrorKind::UnexpectedReturnType,
+            "unexpected reply to the acquire script",
+            detail,
+        )),
     }
 }
 

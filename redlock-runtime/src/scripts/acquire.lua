@@ -1,27 +1,34 @@
 -- Acquire a lock and issue its fencing token, in one step.
--- KEYS[1] lock key, KEYS[2] fencing counter (same hash tag, never expires)
+-- KEYS[1] lock key, KEYS[2] fencing counter of the key's hash slot (shared by every key
+-- of the slot, never expires)
 -- ARGV[1] owner token, ARGV[2] ttl in milliseconds
--- Returns {1, fence} when acquired (also when a retried call finds its own token),
--- {0, pttl} when someone else holds the lock (pttl -1: held without expiry), and an
--- error (the lock given back) when the counter does not yield a positive integer.
-local function issued(fence)
-  -- A tampered counter (negative, zero, not a number) would hand out a token that
-  -- fences nothing: fail clearly instead.
-  if type(fence) == 'number' and fence >= 1 then
+-- Returns {1, fence} when acquired, the fence being the counter as a decimal string:
+-- never a Lua number, whose double is inexact above 2^53. A retried call that finds its
+-- own token is granted too, its expiry reset to the ttl as a fresh grant would be.
+-- Returns {0, pttl} when someone else holds the lock (pttl -1: held without expiry).
+-- Fails, the lock given back, when the counter does not yield a positive integer
+-- (not an integer, zero or negative, or INCR overflowing at 2^63 - 1).
+local function issued()
+  local fence = redis.pcall('GET', KEYS[2])
+  if type(fence) == 'string' and string.match(fence, '^[1-9][0-9]*$') then
     return {1, fence}
   end
   redis.call('DEL', KEYS[1])
+  if type(fence) == 'table' and fence.err then
+    return redis.error_reply('ERR fencing counter ' .. KEYS[2] .. ': ' .. fence.err)
+  end
   return redis.error_reply('ERR fencing counter ' .. KEYS[2] .. ' holds no positive integer')
 end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  local fence = redis.pcall('INCR', KEYS[2])
-  if type(fence) == 'table' then
+  local incr = redis.pcall('INCR', KEYS[2])
+  if type(incr) == 'table' and incr.err then
     redis.call('DEL', KEYS[1])
-    return fence
+    return redis.error_reply('ERR fencing counter ' .. KEYS[2] .. ': ' .. incr.err)
   end
-  return issued(fence)
+  return issued()
 end
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return issued(tonumber(redis.call('GET', KEYS[2])))
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return issued()
 end
 return {0, redis.call('PTTL', KEYS[1])}

@@ -1,13 +1,43 @@
--- Raise a lock's fencing counter to at least a floor, while the caller holds the lock
--- (Redlock: the nodes of a quorum catch up with the token issued, see backend/redlock.rs).
--- KEYS[1] lock key, KEYS[2] fencing counter (same hash tag, never expires)
--- ARGV[1] owner token, ARGV[2] floor (the fencing token issued)
--- Returns 1 when the counter is now at least the floor, 0 when the lock is not ours.
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  local floor = tonumber(ARGV[2])
-  if (tonumber(redis.call('GET', KEYS[2])) or 0) < floor then
-    redis.call('SET', KEYS[2], ARGV[2])
-  end
-  return 1
+-- Raise the fencing counter of a lock's slot to at least a floor, while the caller holds
+-- the lock (Redlock: the nodes of a quorum catch up with the token issued, see
+-- backend/redlock.rs).
+-- KEYS[1] lock key, KEYS[2] fencing counter of the key's hash slot (never expires)
+-- ARGV[1] owner token, ARGV[2] floor (the fencing token issued, a decimal string)
+-- Returns 1 when the counter is now at least the floor, 0 when the lock is not ours, an
+-- error when the floor or the counter is not a decimal integer (the counter untouched).
+-- Counters are compared as decimal strings, never as Lua numbers: doubles are inexact
+-- above 2^53.
+local function decimal(s)
+  return type(s) == 'string' and (s == '0' or string.match(s, '^[1-9][0-9]*$') ~= nil)
 end
-return 0
+-- a < b for decimal strings without leading zeros: shorter is smaller, then bytewise.
+local function less(a, b)
+  if #a ~= #b then
+    return #a < #b
+  end
+  for i = 1, #a do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then
+      return x < y
+    end
+  end
+  return false
+end
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+local floor = ARGV[2]
+if not decimal(floor) then
+  return redis.error_reply('ERR fencing floor is not a decimal integer')
+end
+local counter = redis.call('GET', KEYS[2])
+if counter == false then
+  counter = '0'
+end
+if not decimal(counter) then
+  return redis.error_reply('ERR fencing counter ' .. KEYS[2] .. ' holds no non-negative integer')
+end
+if less(counter, floor) then
+  redis.call('SET', KEYS[2], floor)
+end
+return 1
