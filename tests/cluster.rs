@@ -653,7 +653,24 @@ async fn master_failover_under_load() {
         g.release().await.map(|()| at)
     });
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(completed(&progress) > 0, "load is running");
+    // Before the kill, checked rather than assumed: every load task has completed a
+    // lock+release (no key is blocked yet, so that takes well under a wait), and the
+    // waiter is parked (subscribed on the master about to die).
+    let victim_master = h.master_of(&format!("lock:{victim}"));
+    let parked_full = format!("lock:{parked}");
+    let ready = tokio::task::block_in_place(|| {
+        wait_until(WAIT + SLACK, Duration::from_millis(10), || {
+            progress.iter().all(|n| n.load(Ordering::SeqCst) > 0)
+                && shard_subscribers(&h, victim_master, &parked_full) == 1
+        })
+    });
+    let per_task: Vec<usize> = progress.iter().map(|n| n.load(Ordering::SeqCst)).collect();
+    assert!(
+        ready,
+        "before the kill: lock+release per load task {per_task:?}, parked waiter's \
+         subscribers on master {victim_master}: {}",
+        shard_subscribers(&h, victim_master, &parked_full)
+    );
 
     let killed = h.cluster.kill_master_for_key(&format!("lock:{victim}"));
     let killed_at = Instant::now();
