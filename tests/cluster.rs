@@ -9,7 +9,7 @@
 mod conformance;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -581,9 +581,22 @@ async fn stray_sunsubscribe_after_slot_migration(h: &Cluster) {
 
 /// kill -9 of a master while several managers lock keys on every master: the locks of
 /// its slots work again once its replica is promoted (the recovery time is printed),
-/// no single attempt hangs meanwhile, and mutual exclusion holds throughout.
+/// no single attempt hangs meanwhile, mutual exclusion holds throughout, and afterwards
+/// every load task makes progress again and every key, the killed master's included,
+/// can be locked and released by every load manager.
+///
+/// The verdicts after the failover are bounded by the load's own ttl and wait, never
+/// counted in a fixed window: a load lock caught by the kill (its release failed) keeps
+/// its key, on the promoted replica, until its ttl has passed since the kill, and each
+/// task may be parked on such a key for a whole wait.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn master_failover_under_load() {
+    /// The load locks' ttl: how long after the kill a lock caught by it may keep its key.
+    const TTL: Duration = Duration::from_secs(5);
+    /// The load's wait budget per lock call.
+    const WAIT: Duration = Duration::from_secs(3);
+    /// A request timeout (the builder's default response timeout) plus scheduling slack.
+    const SLACK: Duration = Duration::from_secs(2);
     let _serial = SERIAL.lock().await;
     let mut h = Cluster::start().await;
     let keys = Arc::new(h.keys_on_every_master("load", 2));
@@ -591,29 +604,41 @@ async fn master_failover_under_load() {
     let stop = Arc::new(AtomicBool::new(false));
     let active: Arc<Vec<AtomicUsize>> =
         Arc::new((0..keys.len()).map(|_| AtomicUsize::new(0)).collect());
-    let done = Arc::new(AtomicUsize::new(0));
+    // Per load task: lock+release cycles completed.
+    let progress: Arc<Vec<AtomicUsize>> = Arc::new((0..6).map(|_| AtomicUsize::new(0)).collect());
     let failures = Arc::new(AtomicUsize::new(0));
+    let failed_releases = Arc::new(AtomicUsize::new(0));
+    let slowest_call_ms = Arc::new(AtomicU64::new(0));
+    let mut managers = Vec::new();
     let mut tasks = Vec::new();
     for m in 0..2 {
         let locks = h.builder().build().await.unwrap();
+        managers.push(locks.clone());
         for t in 0..3 {
+            let id = m * 3 + t;
             let (locks, keys, stop) = (locks.clone(), keys.clone(), stop.clone());
-            let (active, done, failures) = (active.clone(), done.clone(), failures.clone());
+            let (active, progress) = (active.clone(), progress.clone());
+            let (failures, failed_releases) = (failures.clone(), failed_releases.clone());
+            let slowest_call_ms = slowest_call_ms.clone();
             tasks.push(tokio::spawn(async move {
-                let mut r = m * 3 + t;
+                let mut r = id;
                 while !stop.load(Ordering::SeqCst) {
                     r += 1;
                     let k = r % keys.len();
-                    let opts = LockOptions::new()
-                        .ttl(Duration::from_secs(5))
-                        .wait(Duration::from_secs(3));
-                    match locks.lock_with(&keys[k], opts).await {
+                    let opts = LockOptions::new().ttl(TTL).wait(WAIT);
+                    let started = Instant::now();
+                    let outcome = locks.lock_with(&keys[k], opts).await;
+                    let took = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+                    slowest_call_ms.fetch_max(took, Ordering::SeqCst);
+                    match outcome {
                         Ok(g) => {
                             assert_eq!(active[k].fetch_add(1, Ordering::SeqCst), 0, "two holders");
                             tokio::time::sleep(Duration::from_millis(1)).await;
                             active[k].fetch_sub(1, Ordering::SeqCst);
                             if g.release().await.is_ok() {
-                                done.fetch_add(1, Ordering::SeqCst);
+                                progress[id].fetch_add(1, Ordering::SeqCst);
+                            } else {
+                                failed_releases.fetch_add(1, Ordering::SeqCst);
                             }
                         }
                         Err(_) => {
@@ -624,6 +649,9 @@ async fn master_failover_under_load() {
             }));
         }
     }
+    let completed = |progress: &[AtomicUsize]| -> usize {
+        progress.iter().map(|n| n.load(Ordering::SeqCst)).sum()
+    };
     let probe = h.builder().build().await.unwrap();
     // A waiter parked on a key of the doomed master, held with a 30 s ttl: its
     // subscription dies with the master and must come back on the promoted replica.
@@ -651,7 +679,24 @@ async fn master_failover_under_load() {
         g.release().await.map(|()| at)
     });
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(done.load(Ordering::SeqCst) > 0, "load is running");
+    // Before the kill, checked rather than assumed: every load task has completed a
+    // lock+release (no key is blocked yet, so that takes well under a wait), and the
+    // waiter is parked (subscribed on the master about to die).
+    let victim_master = h.master_of(&format!("lock:{victim}"));
+    let parked_full = format!("lock:{parked}");
+    let ready = tokio::task::block_in_place(|| {
+        wait_until(WAIT + SLACK, Duration::from_millis(10), || {
+            progress.iter().all(|n| n.load(Ordering::SeqCst) > 0)
+                && shard_subscribers(&h, victim_master, &parked_full) == 1
+        })
+    });
+    let per_task: Vec<usize> = progress.iter().map(|n| n.load(Ordering::SeqCst)).collect();
+    assert!(
+        ready,
+        "before the kill: lock+release per load task {per_task:?}, parked waiter's \
+         subscribers on master {victim_master}: {}",
+        shard_subscribers(&h, victim_master, &parked_full)
+    );
 
     let killed = h.cluster.kill_master_for_key(&format!("lock:{victim}"));
     let killed_at = Instant::now();
@@ -682,7 +727,9 @@ async fn master_failover_under_load() {
             .wait_failover(&format!("lock:{victim}"), Duration::from_secs(20))
     });
     let (recovered, attempts, slowest) = probing.await.expect("probe");
-    let done_at_recovery = done.load(Ordering::SeqCst);
+    // From here on every load task must complete a lock+release again.
+    let recovered_at = Instant::now();
+    let at_recovery: Vec<usize> = progress.iter().map(|n| n.load(Ordering::SeqCst)).collect();
     // The holder releases on the new master; the parked waiter is woken by that (or,
     // had the lock not been replicated before the kill, by its own retry after the
     // reconnect), not by the 30 s ttl.
@@ -707,26 +754,73 @@ async fn master_failover_under_load() {
         slowest < Duration::from_secs(5),
         "an attempt hung for {slowest:?}"
     );
-    // Every key, the victim's included, keeps working for every manager.
-    tokio::time::sleep(Duration::from_millis(700)).await;
+
+    // Every load task completes a lock+release after the recovery. Bound: a key blocked
+    // by a lock caught by the kill is free TTL after the kill (before recovered_at +
+    // TTL); a call in flight then ends within its WAIT (plus a request timeout), and the
+    // next call finds its key free.
+    let bound = TTL + WAIT + SLACK;
+    let mut first_after: Vec<Option<Duration>> = vec![None; progress.len()];
+    while recovered_at.elapsed() < bound
+        && first_after.iter().any(Option::is_none)
+        && !tasks.iter().any(tokio::task::JoinHandle::is_finished)
+    {
+        for (first, (n, &before)) in first_after
+            .iter_mut()
+            .zip(progress.iter().zip(&at_recovery))
+        {
+            if first.is_none() && n.load(Ordering::SeqCst) > before {
+                *first = Some(recovered_at.elapsed());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     stop.store(true, Ordering::SeqCst);
     for t in tasks {
         t.await.expect("load task");
     }
+    let stalled: Vec<usize> = (0..first_after.len())
+        .filter(|&i| first_after[i].is_none())
+        .collect();
     assert!(
-        done.load(Ordering::SeqCst) > done_at_recovery,
-        "load continued after the failover"
+        stalled.is_empty(),
+        "load tasks {stalled:?} completed no lock+release within {bound:?} of the recovery"
     );
-    for key in keys.iter() {
-        let g = probe
-            .lock_with(key, LockOptions::new().wait(Duration::from_secs(5)))
-            .await
-            .expect("every key works after the failover");
-        g.release().await.unwrap();
+    let last_resumed = first_after
+        .iter()
+        .flatten()
+        .max()
+        .copied()
+        .unwrap_or_default();
+    let slowest_call = Duration::from_millis(slowest_call_ms.load(Ordering::SeqCst));
+    println!(
+        "cluster failover: every load task locked and released again within {last_resumed:?} \
+         of the recovery; {} load releases failed (a lock caught by the kill keeps its key \
+         until its ttl); the slowest load lock call took {slowest_call:?}",
+        failed_releases.load(Ordering::SeqCst)
+    );
+    assert!(
+        slowest_call < WAIT + SLACK,
+        "a load lock call hung for {slowest_call:?} (wait {WAIT:?})"
+    );
+    // Every key, the victim's included, works for every load manager. A lock caught by
+    // the kill may still hold its key for up to TTL: the wait covers it.
+    for (m, locks) in managers.iter().enumerate() {
+        for key in keys.iter() {
+            let g = locks
+                .lock_with(key, LockOptions::new().wait(TTL + SLACK))
+                .await
+                .unwrap_or_else(|e| {
+                    panic!("manager {m} cannot lock {key} after the failover: {e}")
+                });
+            g.release()
+                .await
+                .unwrap_or_else(|e| panic!("manager {m} cannot release {key}: {e}"));
+        }
     }
     println!(
         "cluster failover: {} lock+release under load, {} attempts failed during the failover",
-        done.load(Ordering::SeqCst),
+        completed(&progress),
         failures.load(Ordering::SeqCst)
     );
 }
