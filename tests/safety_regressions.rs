@@ -280,3 +280,32 @@ async fn cancelled_subscribe_leaks_no_subscription() {
     assert_eq!(n, 0, "the channel stayed subscribed after the waiter left");
     let _: () = raw.ping().await.unwrap();
 }
+
+/// Invariant 5: `wait` bounds the whole `lock()` call, plus at most one request. The
+/// subscription a waiter makes before its next attempt was not bounded by the wait, so a
+/// slow server made `lock()` take the wait plus two more round trips.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_wait_bounds_the_subscription() {
+    let server = RedisServer::start();
+    let proxy = ChaosProxy::start(server.addr()).await.unwrap();
+    let holder = LockManager::connect(&server.url()).await.unwrap();
+    let waiter = through(&proxy).await;
+    let key = "slow_sub_{1}";
+    let _held = holder.lock(key).await.unwrap();
+    // Every round trip through the proxy takes 600 ms.
+    proxy.set(Fault::Delay(Duration::from_millis(300)));
+    let started = Instant::now();
+    let outcome = waiter
+        .lock_with(key, LockOptions::new().wait(Duration::from_millis(200)))
+        .await;
+    let took = started.elapsed();
+    assert!(
+        matches!(outcome, Err(redlock::LockError::Timeout { .. })),
+        "{outcome:?}"
+    );
+    // The first attempt (one round trip) already outlasts the wait; nothing may follow.
+    assert!(
+        took < Duration::from_millis(1100),
+        "lock() took {took:?} with a 200 ms wait and 600 ms round trips"
+    );
+}

@@ -607,12 +607,17 @@ impl LockManager {
         };
         // Subscribed before the next attempt, so no release after it goes unnoticed. The
         // queue owns its interest from before the request is sent: if this future is
-        // dropped mid-way, the channel is still unsubscribed when the queue empties.
+        // dropped or cut short mid-way, the channel is still unsubscribed when the queue
+        // empties. The wait bounds the subscription too.
         let mut notified_by_server = place.queue.subscription() == Subscription::Confirmed;
         if !notified_by_server {
             let register = place.queue.subscription() == Subscription::None;
             place.queue.set_subscription(Subscription::Asked);
-            match shared.backend.subscribe(key.full(), register).await {
+            let subscribed =
+                tokio::time::timeout_at(deadline, shared.backend.subscribe(key.full(), register))
+                    .await
+                    .map_err(|_| timeout())?;
+            match subscribed {
                 Ok(()) => {
                     place.queue.set_subscription(Subscription::Confirmed);
                     notified_by_server = true;
