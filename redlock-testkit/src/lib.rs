@@ -38,7 +38,7 @@ mod wait;
 
 pub use cluster::RedisCluster;
 pub use env::{free_port, redis_available, redis_cli_bin, redis_server_bin};
-pub use proxy::{ChaosProxy, Fault};
+pub use proxy::{ChaosProxy, Direction, Fault};
 pub use sentinel::Sentinels;
 pub use server::{RedisServer, ServerBuilder};
 pub use set::RedisSet;
