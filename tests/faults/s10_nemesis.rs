@@ -1,0 +1,838 @@
+//! Scenario 10: the randomized nemesis.
+//!
+//! Several clients (each its own `LockManager`, in this process) contend on a few keys
+//! with random operations — `lock_with` (ttl 300 ms–2 s, short waits, some acquires
+//! cancelled by a short timeout), `extend` (longer and shorter than the current ttl, some
+//! cancelled mid-flight by a short `tokio::time::timeout`), holding for random times,
+//! `release`, dropping the guard — while a nemesis task injects random faults for random
+//! durations:
+//!
+//! * through each client's own [`ChaosProxy`] per node (single and Redlock): a lasting
+//!   "weather" of 0–150 ms delays per client (so extends and watchdog renewals are in
+//!   flight together, and short timeouts cancel extends after they were sent); delay of
+//!   requests, replies or both; blackhole of requests or of replies (request applied,
+//!   reply held); a cut (every live connection reset), alone or after blackholing the
+//!   replies (request applied, reply lost);
+//! * on the servers: `CLIENT KILL TYPE normal`, `CLIENT KILL ADDR` of a random client
+//!   connection, SIGSTOP/SIGCONT of one redis-server for 100–800 ms (Cluster masters at
+//!   most 400 ms, below the node timeout: a failover would lose locks by design, see the
+//!   README's guarantees table). The Cluster's clients connect directly (redirects name
+//!   the nodes' own addresses), so only the server-side faults apply to it.
+//!
+//! Every client samples `is_held()` every 1–5 ms while it holds a lock (also while an
+//! operation is in flight), and right before and after each operation, reading the clock
+//! *before* the call. The checker ([`redlock_faults::belief`]) reports an overlap of
+//! belief (invariant 1) and fencing-order violations (invariant 2); see there for why it
+//! has no false positives. The test prints per backend: rounds, operations by kind,
+//! faults by kind, grants, violations (the first few in detail, with the seed), and fails
+//! when there is any violation.
+//!
+//! Run sizes: the default run takes about 20 s per backend (single, Cluster 3+3, Redlock
+//! over 3 masters); `REDLOCK_SOAK=1` about 200 s per backend (Redlock over 5 masters).
+//! Every run prints its seed; `REDLOCK_NEMESIS_SEED=<seed>` replays the same random
+//! choices (operations, durations, faults; the interleaving itself still depends on
+//! timing):
+//!
+//! ```text
+//! REDLOCK_NEMESIS_SEED=1234 cargo test -p redlock-faults --test faults nemesis -- --nocapture
+//! REDLOCK_SOAK=1 cargo test -p redlock-faults --test faults nemesis -- --nocapture
+//! ```
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redlock::{LockError, LockGuard, LockManager, LockOptions};
+use redlock_faults::belief::{self, Grant, Violation};
+use redlock_faults::clock::now_ns;
+use redlock_testkit::{ChaosProxy, Direction, Fault, RedisCluster, RedisServer, RedisSet};
+use tokio::time::Instant;
+
+use crate::support::{require_redis, soak, unique, HEAVY};
+
+/// Clients (managers) per backend.
+const CLIENTS: usize = 5;
+/// Keys contended per round.
+const KEYS: usize = 3;
+/// The longest ttl an extend sets.
+const MAX_EXTEND: Duration = Duration::from_secs(3);
+/// Length of one round.
+const ROUND: Duration = Duration::from_secs(5);
+/// Operations per client per round, at most (the round's time bounds it first).
+const MAX_OPS: usize = 5_000;
+/// Faults per round, at most.
+const MAX_FAULTS: usize = 500;
+/// Violations printed in detail.
+const SHOWN: usize = 5;
+/// Bound on each reply: a blackholed request fails after this.
+const RESPONSE_TIMEOUT: Duration = Duration::from_millis(800);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Single,
+    Cluster,
+    Redlock,
+}
+
+/// The servers of one backend, owned by the nemesis while a round runs.
+enum Servers {
+    Single(RedisServer),
+    Cluster(RedisCluster),
+    Redlock(RedisSet),
+}
+
+impl Servers {
+    fn start(kind: Kind) -> Servers {
+        match kind {
+            Kind::Single => Servers::Single(RedisServer::start()),
+            Kind::Cluster => Servers::Cluster(RedisCluster::start_default()),
+            Kind::Redlock => Servers::Redlock(RedisSet::start(if soak() { 5 } else { 3 })),
+        }
+    }
+
+    fn nodes(&self) -> &[RedisServer] {
+        match self {
+            Servers::Single(s) => std::slice::from_ref(s),
+            Servers::Cluster(c) => c.nodes(),
+            Servers::Redlock(r) => r.nodes(),
+        }
+    }
+
+    fn node_mut(&mut self, i: usize) -> &mut RedisServer {
+        match self {
+            Servers::Single(s) => s,
+            Servers::Cluster(c) => c.node_mut(i),
+            Servers::Redlock(r) => r.node_mut(i),
+        }
+    }
+
+    /// The nodes whose pause matters (a Cluster's masters), as indices.
+    fn pausable(&self) -> Vec<usize> {
+        match self {
+            Servers::Cluster(c) => c.master_indices(),
+            _ => (0..self.nodes().len()).collect(),
+        }
+    }
+
+    /// The longest pause: below a Cluster's node timeout (no failover).
+    fn max_pause(&self) -> Duration {
+        match self {
+            Servers::Cluster(_) => Duration::from_millis(400),
+            _ => Duration::from_millis(800),
+        }
+    }
+}
+
+/// Counters by name, printed in the closing note.
+type Counts = BTreeMap<&'static str, u64>;
+
+fn bump(counts: &mut Counts, name: &'static str) {
+    *counts.entry(name).or_default() += 1;
+}
+
+/// A random duration in `lo..hi` from `rng`.
+fn between(rng: &mut fastrand::Rng, lo: Duration, hi: Duration) -> Duration {
+    let span = u64::try_from(hi.saturating_sub(lo).as_micros())
+        .unwrap_or(1)
+        .max(1);
+    lo + Duration::from_micros(rng.u64(0..span))
+}
+
+/// The seed of this run: `REDLOCK_NEMESIS_SEED`, or a fresh one.
+fn seed() -> u64 {
+    match std::env::var("REDLOCK_NEMESIS_SEED") {
+        Ok(s) => s
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("REDLOCK_NEMESIS_SEED={s:?} is not a u64")),
+        Err(_) => fastrand::u64(..),
+    }
+}
+
+/// The lock a client holds: the guard and its grant's index in the client's record.
+struct Held {
+    guard: LockGuard,
+    grant: usize,
+    ttl: Duration,
+}
+
+/// One step of a client or of the nemesis, for the report of a violation.
+struct Step {
+    /// The lock's key and token (empty and 0 for the nemesis).
+    key: String,
+    token: u64,
+    start: u64,
+    end: u64,
+    what: String,
+}
+
+/// One client's record of a round.
+#[derive(Default)]
+struct ClientLog {
+    grants: Vec<Grant>,
+    ops: Counts,
+    /// The operations on held locks (and the grants), in order.
+    trace: Vec<Step>,
+}
+
+impl ClientLog {
+    /// Counts an operation of kind `name` and, for a held lock, traces it.
+    fn note(&mut self, name: &'static str, held: Option<&Held>, start: u64, detail: &str) {
+        bump(&mut self.ops, name);
+        if let Some(h) = held {
+            self.trace.push(Step {
+                key: h.guard.key().to_owned(),
+                token: h.guard.fencing_token(),
+                start,
+                end: now_ns(),
+                what: format!("{name}{detail}"),
+            });
+        }
+    }
+
+    /// Samples `is_held()`, reading the clock first (the belief held at that instant).
+    fn sample(&mut self, held: &Held) {
+        let at = now_ns();
+        if held.guard.is_held() {
+            self.grants[held.grant].held_at(at);
+        }
+    }
+
+    /// Runs `op` while sampling `held`'s `is_held()` every 1–5 ms.
+    async fn sampled<F: Future>(
+        &mut self,
+        rng: &mut fastrand::Rng,
+        held: &Held,
+        op: F,
+    ) -> F::Output {
+        self.sample(held);
+        tokio::pin!(op);
+        // Bounded: the ops themselves are bounded by timeouts (wait, response timeout).
+        let out = loop {
+            let pause = Duration::from_micros(rng.u64(1_000..5_000));
+            tokio::select! {
+                out = &mut op => break out,
+                () = tokio::time::sleep(pause) => self.sample(held),
+            }
+        };
+        self.sample(held);
+        out
+    }
+}
+
+/// One client: random operations until `end`.
+async fn client(
+    id: usize,
+    locks: LockManager,
+    keys: Arc<Vec<String>>,
+    mut rng: fastrand::Rng,
+    end: Instant,
+) -> ClientLog {
+    let mut log = ClientLog::default();
+    let mut held: Option<Held> = None;
+    for _ in 0..MAX_OPS {
+        if Instant::now() >= end {
+            break;
+        }
+        held = match held.take() {
+            None => acquire(id, &locks, &keys, &mut rng, &mut log).await,
+            Some(h) => operate(h, &mut rng, &mut log, end).await,
+        };
+    }
+    if let Some(h) = held {
+        log.sample(&h);
+        drop(h.guard);
+    }
+    log
+}
+
+/// A random acquire; the grant is recorded.
+async fn acquire(
+    id: usize,
+    locks: &LockManager,
+    keys: &[String],
+    rng: &mut fastrand::Rng,
+    log: &mut ClientLog,
+) -> Option<Held> {
+    let key = &keys[rng.usize(..keys.len())];
+    // Mostly short ttls: the watchdog renews every ttl/3 (100-300 ms), racing extends.
+    let ttl = if rng.u8(..4) == 0 {
+        between(rng, Duration::from_millis(900), Duration::from_secs(2))
+    } else {
+        between(rng, Duration::from_millis(300), Duration::from_millis(900))
+    };
+    // A third are single attempts: quick to catch a lock that expired early.
+    let wait = if rng.u8(..3) == 0 {
+        Duration::ZERO
+    } else {
+        between(rng, Duration::ZERO, Duration::from_millis(600))
+    };
+    let opts = LockOptions::new().ttl(ttl).wait(wait);
+    let cancel_after = (rng.u8(..8) == 0)
+        .then(|| between(rng, Duration::from_millis(1), Duration::from_millis(50)));
+    let sent = now_ns();
+    let result = match cancel_after {
+        Some(limit) => match tokio::time::timeout(limit, locks.lock_with(key, opts)).await {
+            Ok(r) => r,
+            Err(_) => {
+                bump(&mut log.ops, "lock cancelled");
+                return None;
+            }
+        },
+        None => locks.lock_with(key, opts).await,
+    };
+    let returned = now_ns();
+    match result {
+        Ok(guard) => {
+            log.grants.push(Grant::new(
+                id,
+                guard.key(),
+                guard.fencing_token(),
+                sent,
+                returned,
+            ));
+            let held = Held {
+                guard,
+                grant: log.grants.len() - 1,
+                ttl,
+            };
+            log.note("lock ok", Some(&held), sent, &format!(" (ttl {ttl:?})"));
+            log.sample(&held);
+            Some(held)
+        }
+        Err(LockError::Timeout { .. }) => {
+            bump(&mut log.ops, "lock timeout");
+            None
+        }
+        Err(_) => {
+            bump(&mut log.ops, "lock error");
+            // A failing backend: do not spin.
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            None
+        }
+    }
+}
+
+/// A random operation on a held lock; `None` when it is no longer held by this client.
+async fn operate(
+    mut h: Held,
+    rng: &mut fastrand::Rng,
+    log: &mut ClientLog,
+    end: Instant,
+) -> Option<Held> {
+    let start = now_ns();
+    match rng.u8(..10) {
+        // Hold for a while (sampling): mostly short, some up to 1.5 ttl (outliving the
+        // lease when renewals fail); never past the round's end.
+        0..=2 => {
+            let longest = if rng.u8(..4) == 0 {
+                h.ttl.mul_f32(1.5)
+            } else {
+                h.ttl / 2
+            };
+            let hold = between(rng, Duration::from_millis(1), longest)
+                .min(end.saturating_duration_since(Instant::now()));
+            log.sampled(rng, &h, tokio::time::sleep(hold)).await;
+            if !h.guard.is_held() {
+                log.note("hold, then found lost", Some(&h), start, "");
+                drop(h.guard);
+                return None;
+            }
+            log.note("hold", Some(&h), start, "");
+            Some(h)
+        }
+        // Extend, longer or (much) shorter than the current ttl; some cancelled mid-flight.
+        3..=6 => {
+            let ttl = match rng.u8(..3) {
+                0 => between(rng, h.ttl, (h.ttl * 4).min(MAX_EXTEND)),
+                1 => between(rng, Duration::from_millis(100), h.ttl),
+                _ => between(rng, Duration::from_millis(10), h.ttl / 4),
+            };
+            let cancel_after = rng
+                .bool()
+                .then(|| between(rng, Duration::from_millis(1), Duration::from_millis(60)));
+            let guard = &h.guard;
+            let result = match cancel_after {
+                Some(limit) => {
+                    log.sampled(rng, &h, tokio::time::timeout(limit, guard.extend(ttl)))
+                        .await
+                }
+                None => Ok(log.sampled(rng, &h, guard.extend(ttl)).await),
+            };
+            let detail = format!(" ({:?} -> {ttl:?})", h.ttl);
+            match result {
+                Ok(Ok(())) => {
+                    log.note("extend ok", Some(&h), start, &detail);
+                    h.ttl = ttl;
+                }
+                Ok(Err(_)) => log.note("extend error", Some(&h), start, &detail),
+                Err(_) => log.note("extend cancelled", Some(&h), start, &detail),
+            }
+            Some(h)
+        }
+        // Release.
+        7 | 8 => {
+            log.sample(&h);
+            let key = h.guard.key().to_owned();
+            let token = h.guard.fencing_token();
+            let result = h.guard.release().await;
+            let name = if result.is_ok() {
+                "release ok"
+            } else {
+                "release error"
+            };
+            bump(&mut log.ops, name);
+            log.trace.push(Step {
+                key,
+                token,
+                start,
+                end: now_ns(),
+                what: name.to_owned(),
+            });
+            None
+        }
+        // Drop (released in the background).
+        _ => {
+            log.sample(&h);
+            log.note("drop", Some(&h), start, "");
+            drop(h.guard);
+            None
+        }
+    }
+}
+
+/// What the nemesis did: counts by kind, and each fault with its target and interval.
+#[derive(Default)]
+struct FaultLog {
+    counts: Counts,
+    trace: Vec<Step>,
+}
+
+impl FaultLog {
+    fn note(&mut self, name: &'static str, start: u64, target: &str) {
+        bump(&mut self.counts, name);
+        self.trace.push(Step {
+            key: String::new(),
+            token: 0,
+            start,
+            end: now_ns(),
+            what: format!("{name} {target}"),
+        });
+    }
+}
+
+/// The nemesis: random faults for random durations until `end`; every fault but the
+/// lasting weather is healed before the next one and before it returns.
+async fn nemesis(
+    servers: &mut Servers,
+    proxies: &[Vec<Arc<ChaosProxy>>],
+    rng: &mut fastrand::Rng,
+    end: Instant,
+    faults: &mut FaultLog,
+) {
+    for _ in 0..MAX_FAULTS {
+        let gap = between(rng, Duration::from_millis(20), Duration::from_millis(300));
+        tokio::time::sleep(gap).await;
+        if Instant::now() >= end {
+            break;
+        }
+        let start = now_ns();
+        let len = between(rng, Duration::from_millis(100), Duration::from_millis(800));
+        if !proxies.is_empty() && rng.u8(..3) == 0 {
+            let target = weather(proxies, rng);
+            faults.note("weather", start, &target);
+            continue;
+        }
+        let choice = if proxies.is_empty() {
+            rng.u8(6..9)
+        } else {
+            rng.u8(..9)
+        };
+        match choice {
+            0..=5 => {
+                // One client's proxies: to one node, or to all of them.
+                let c = rng.usize(..proxies.len());
+                let client = &proxies[c];
+                let (chosen, target): (Vec<&Arc<ChaosProxy>>, String) = if rng.bool() {
+                    (client.iter().collect(), format!("client {c}, all nodes"))
+                } else {
+                    let n = rng.usize(..client.len());
+                    (vec![&client[n]], format!("client {c}, node {n}"))
+                };
+                let direction = [Direction::ToServer, Direction::ToClient][rng.usize(..2)];
+                let (name, detail) = match choice {
+                    0 => {
+                        let d = between(rng, Duration::from_millis(10), Duration::from_millis(300));
+                        chosen.iter().for_each(|p| p.set(Fault::Delay(d)));
+                        tokio::time::sleep(len).await;
+                        ("delay both ways", format!("{d:?}"))
+                    }
+                    1 => {
+                        let d = between(rng, Duration::from_millis(10), Duration::from_millis(400));
+                        chosen
+                            .iter()
+                            .for_each(|p| p.set_direction(direction, Fault::Delay(d)));
+                        tokio::time::sleep(len).await;
+                        let name = if direction == Direction::ToServer {
+                            "delay requests"
+                        } else {
+                            "delay replies"
+                        };
+                        (name, format!("{d:?}"))
+                    }
+                    2 => {
+                        chosen
+                            .iter()
+                            .for_each(|p| p.set_direction(direction, Fault::Blackhole));
+                        tokio::time::sleep(len).await;
+                        let name = if direction == Direction::ToServer {
+                            "blackhole requests"
+                        } else {
+                            "blackhole replies"
+                        };
+                        (name, String::new())
+                    }
+                    3 => {
+                        // Requests applied, replies lost.
+                        chosen
+                            .iter()
+                            .for_each(|p| p.set_direction(Direction::ToClient, Fault::Blackhole));
+                        tokio::time::sleep(len.min(Duration::from_millis(300))).await;
+                        chosen.iter().for_each(|p| p.reset_all());
+                        ("blackhole replies, then cut", String::new())
+                    }
+                    4 => {
+                        chosen.iter().for_each(|p| p.reset_all());
+                        ("cut", String::new())
+                    }
+                    _ => {
+                        chosen.iter().for_each(|p| p.set(Fault::Refuse));
+                        tokio::time::sleep(len).await;
+                        ("refuse", String::new())
+                    }
+                };
+                chosen.iter().for_each(|p| p.heal());
+                let target = if detail.is_empty() {
+                    format!("({target})")
+                } else {
+                    format!("{detail} ({target})")
+                };
+                faults.note(name, start, &target);
+            }
+            6 | 7 => {
+                let node = rng.usize(..servers.nodes().len());
+                let port = servers.nodes()[node].port();
+                let name = if choice == 6 {
+                    let _ = client_kill(port, None).await;
+                    "CLIENT KILL TYPE normal"
+                } else {
+                    let _ = client_kill(port, Some(rng.u64(..))).await;
+                    "CLIENT KILL ADDR"
+                };
+                faults.note(name, start, &format!("(node {node})"));
+            }
+            _ => {
+                let candidates = servers.pausable();
+                let node = candidates[rng.usize(..candidates.len())];
+                let len = len.min(servers.max_pause());
+                servers.node_mut(node).pause();
+                tokio::time::sleep(len).await;
+                servers.node_mut(node).resume();
+                faults.note("SIGSTOP", start, &format!("(node {node})"));
+            }
+        }
+    }
+}
+
+/// Changes one client's lasting network weather: a delay of 0-150 ms on its requests,
+/// replies or both, to every node, until the next fault on its proxies heals them. This is
+/// what puts extends and renewals in flight together and lets short timeouts cancel
+/// extends after they were sent.
+///
+/// Returns what it did, for the trace.
+fn weather(proxies: &[Vec<Arc<ChaosProxy>>], rng: &mut fastrand::Rng) -> String {
+    let c = rng.usize(..proxies.len());
+    let client = &proxies[c];
+    let d = between(rng, Duration::ZERO, Duration::from_millis(150));
+    let fault = if d < Duration::from_millis(5) {
+        Fault::Pass
+    } else {
+        Fault::Delay(d)
+    };
+    let which = rng.u8(..3);
+    for p in client {
+        match which {
+            0 => p.set(fault),
+            1 => p.set_direction(Direction::ToServer, fault),
+            _ => p.set_direction(Direction::ToClient, fault),
+        }
+    }
+    let direction = ["both ways", "requests", "replies"][usize::from(which)];
+    format!("{fault:?} {direction} (client {c}, all nodes)")
+}
+
+/// `CLIENT KILL TYPE normal`, or (`pick` given) `CLIENT KILL ADDR` of a client connection
+/// chosen from `CLIENT LIST` with `pick`; on a direct connection, bounded by a timeout.
+async fn client_kill(port: u16, pick: Option<u64>) -> redis::RedisResult<()> {
+    let limit = Duration::from_secs(2);
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}"))?;
+    let run = async {
+        let mut c = client.get_multiplexed_async_connection().await?;
+        match pick {
+            None => {
+                let _: redis::Value = redis::cmd("CLIENT")
+                    .arg("KILL")
+                    .arg("TYPE")
+                    .arg("normal")
+                    .query_async(&mut c)
+                    .await?;
+            }
+            Some(pick) => {
+                let list: String = redis::cmd("CLIENT").arg("LIST").query_async(&mut c).await?;
+                let me: i64 = redis::cmd("CLIENT").arg("ID").query_async(&mut c).await?;
+                let addrs: Vec<&str> = list
+                    .lines()
+                    .filter(|l| !l.starts_with(&format!("id={me} ")))
+                    .filter_map(|l| l.split(' ').find_map(|f| f.strip_prefix("addr=")))
+                    .collect();
+                if !addrs.is_empty() {
+                    let n = usize::try_from(pick).unwrap_or(0) % addrs.len();
+                    let _: redis::Value = redis::cmd("CLIENT")
+                        .arg("KILL")
+                        .arg("ADDR")
+                        .arg(addrs[n])
+                        .query_async(&mut c)
+                        .await?;
+                }
+            }
+        }
+        Ok(())
+    };
+    tokio::time::timeout(limit, run)
+        .await
+        .unwrap_or_else(|_| Err((redis::ErrorKind::Io, "CLIENT KILL timed out").into()))
+}
+
+/// A manager for client `i`: through its proxies (single, Redlock) or directly (Cluster).
+async fn manager(kind: Kind, urls: &[String]) -> LockManager {
+    let b = LockManager::builder()
+        .response_timeout(RESPONSE_TIMEOUT)
+        .connect_timeout(Duration::from_secs(2));
+    let b = match kind {
+        Kind::Single => b.single(&urls[0]),
+        Kind::Cluster => b.cluster(urls),
+        Kind::Redlock => b.redlock(urls),
+    };
+    b.build().await.expect("manager builds")
+}
+
+/// What one backend's run saw.
+#[derive(Default)]
+struct Report {
+    rounds: usize,
+    ops: Counts,
+    faults: Counts,
+    grants: usize,
+    violations: Vec<Violation>,
+    /// The first few violations, explained.
+    details: Vec<String>,
+}
+
+/// A violation with what led to it: the steps of both grants' holders on that lock (times
+/// in ms from the earlier grant's acquire start) and the faults from 1 s before the
+/// earlier grant until its holder's last belief.
+fn explain(
+    v: &Violation,
+    traces: &[Vec<Step>],
+    faults: &[Step],
+    seed: u64,
+    round: usize,
+) -> String {
+    use std::fmt::Write as _;
+
+    let (earlier, later) = match v {
+        Violation::Overlap { earlier, later } => (earlier, later),
+        Violation::Fencing {
+            earlier: Some(e),
+            later,
+        } => (e, later),
+        Violation::Fencing {
+            earlier: None,
+            later,
+        } => (later, later),
+    };
+    let base = earlier.sent;
+    let ms = |t: u64| redlock_faults::clock::ms(base, t);
+    let mut out = format!("  seed {seed}, round {round}: {v}\n");
+    for g in [earlier, later] {
+        let _ = writeln!(out, "    client {} (token {}):", g.client, g.token);
+        let steps = traces.get(g.client).map_or(&[][..], Vec::as_slice);
+        for st in steps
+            .iter()
+            .filter(|st| st.key == g.key && st.token == g.token)
+        {
+            let _ = writeln!(
+                out,
+                "      {:8.1} .. {:8.1} ms  {}",
+                ms(st.start),
+                ms(st.end),
+                st.what
+            );
+        }
+    }
+    let until = earlier
+        .last_held
+        .unwrap_or(later.returned)
+        .max(later.returned);
+    let _ = writeln!(out, "    faults:");
+    for f in faults
+        .iter()
+        .filter(|f| f.end.saturating_add(1_000_000_000) >= base && f.start <= until)
+    {
+        let _ = writeln!(
+            out,
+            "      {:8.1} .. {:8.1} ms  {}",
+            ms(f.start),
+            ms(f.end),
+            f.what
+        );
+    }
+    out
+}
+
+async fn run(kind: Kind) {
+    let _heavy = HEAVY.lock().await;
+    let seed = seed();
+    println!("s10 nemesis {kind:?}: seed {seed} (REDLOCK_NEMESIS_SEED={seed} replays it)");
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut servers = Servers::start(kind);
+    let nodes: Vec<std::net::SocketAddr> = servers.nodes().iter().map(RedisServer::addr).collect();
+    // Per client, one proxy per node (not for the Cluster: redirects bypass them).
+    let mut proxies: Vec<Vec<Arc<ChaosProxy>>> = Vec::new();
+    let mut managers = Vec::new();
+    for _ in 0..CLIENTS {
+        let urls: Vec<String> = if kind == Kind::Cluster {
+            servers.nodes().iter().map(RedisServer::url).collect()
+        } else {
+            let mut mine = Vec::new();
+            for addr in &nodes {
+                mine.push(Arc::new(ChaosProxy::start(*addr).await.expect("proxy")));
+            }
+            let urls = mine.iter().map(|p| p.url()).collect();
+            proxies.push(mine);
+            urls
+        };
+        managers.push(manager(kind, &urls).await);
+    }
+
+    let rounds = if soak() { 36 } else { 3 };
+    let mut report = Report::default();
+    let started = std::time::Instant::now();
+    for round in 0..rounds {
+        let keys: Arc<Vec<String>> = Arc::new(
+            (0..KEYS)
+                .map(|k| format!("{{{}}}", unique(&format!("nemesis{k}"))))
+                .collect(),
+        );
+        let end = Instant::now() + ROUND;
+        let tasks: Vec<_> = managers
+            .iter()
+            .enumerate()
+            .map(|(id, locks)| {
+                let client_seed = rng.u64(..);
+                tokio::spawn(client(
+                    id,
+                    locks.clone(),
+                    Arc::clone(&keys),
+                    fastrand::Rng::with_seed(client_seed),
+                    end,
+                ))
+            })
+            .collect();
+        let mut nemesis_rng = fastrand::Rng::with_seed(rng.u64(..));
+        let mut faults = FaultLog::default();
+        nemesis(&mut servers, &proxies, &mut nemesis_rng, end, &mut faults).await;
+        for (name, n) in faults.counts {
+            *report.faults.entry(name).or_default() += n;
+        }
+        let mut grants = Vec::new();
+        let mut traces = Vec::new();
+        for task in tasks {
+            // Bounded: every client op is bounded by its wait, timeouts and the round's end.
+            let log = tokio::time::timeout(Duration::from_secs(30), task)
+                .await
+                .expect("client task ends")
+                .expect("client task did not panic");
+            for (name, n) in log.ops {
+                *report.ops.entry(name).or_default() += n;
+            }
+            grants.extend(log.grants);
+            traces.push(log.trace);
+        }
+        report.grants += grants.len();
+        let found = belief::check(&grants);
+        if !found.is_empty() {
+            println!(
+                "s10 nemesis {kind:?}: round {round}: {} violation(s)",
+                found.len()
+            );
+        }
+        for v in &found {
+            if report.details.len() < SHOWN {
+                report
+                    .details
+                    .push(explain(v, &traces, &faults.trace, seed, round));
+            }
+        }
+        report.violations.extend(found);
+        report.rounds += 1;
+        // Let dropped guards be released before the next round's keys (they differ anyway).
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(managers);
+
+    let total: u64 = report.ops.values().sum();
+    let faults: u64 = report.faults.values().sum();
+    println!(
+        "s10 nemesis {kind:?}: seed {seed}, {} rounds in {:.1} s, {CLIENTS} clients, {KEYS} keys/round; \
+         {total} operations {:?}; {faults} faults {:?}; {} grants; {} violations",
+        report.rounds,
+        started.elapsed().as_secs_f64(),
+        report.ops,
+        report.faults,
+        report.grants,
+        report.violations.len(),
+    );
+    for d in &report.details {
+        println!("{d}");
+    }
+    assert!(
+        report.violations.is_empty(),
+        "s10 nemesis {kind:?}: {} violation(s) of the safety invariants (seed {seed}; first: {})",
+        report.violations.len(),
+        report.violations[0]
+    );
+    assert!(
+        report.grants > 0,
+        "no lock was ever granted: the run checked nothing"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nemesis_single() {
+    require_redis!();
+    run(Kind::Single).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nemesis_cluster() {
+    require_redis!();
+    run(Kind::Cluster).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nemesis_redlock() {
+    require_redis!();
+    run(Kind::Redlock).await;
+}
