@@ -78,7 +78,9 @@ enum Kind {
 /// The servers of one backend, owned by the nemesis while a round runs.
 enum Servers {
     Single(RedisServer),
-    Cluster(RedisCluster),
+    /// The cluster and its masters' indices (read before the nodes announce proxy ports,
+    /// which the testkit's slot-map helpers do not know).
+    Cluster(RedisCluster, Vec<usize>),
     Redlock(RedisSet),
 }
 
@@ -86,7 +88,11 @@ impl Servers {
     fn start(kind: Kind) -> Servers {
         match kind {
             Kind::Single => Servers::Single(RedisServer::start()),
-            Kind::Cluster => Servers::Cluster(RedisCluster::start_default()),
+            Kind::Cluster => {
+                let c = RedisCluster::start_default();
+                let masters = c.master_indices();
+                Servers::Cluster(c, masters)
+            }
             Kind::Redlock => Servers::Redlock(RedisSet::start(if soak() { 5 } else { 3 })),
         }
     }
@@ -94,7 +100,7 @@ impl Servers {
     fn nodes(&self) -> &[RedisServer] {
         match self {
             Servers::Single(s) => std::slice::from_ref(s),
-            Servers::Cluster(c) => c.nodes(),
+            Servers::Cluster(c, _) => c.nodes(),
             Servers::Redlock(r) => r.nodes(),
         }
     }
@@ -102,7 +108,7 @@ impl Servers {
     fn node_mut(&mut self, i: usize) -> &mut RedisServer {
         match self {
             Servers::Single(s) => s,
-            Servers::Cluster(c) => c.node_mut(i),
+            Servers::Cluster(c, _) => c.node_mut(i),
             Servers::Redlock(r) => r.node_mut(i),
         }
     }
@@ -110,7 +116,7 @@ impl Servers {
     /// The nodes whose pause matters (a Cluster's masters), as indices.
     fn pausable(&self) -> Vec<usize> {
         match self {
-            Servers::Cluster(c) => c.master_indices(),
+            Servers::Cluster(_, masters) => masters.clone(),
             _ => (0..self.nodes().len()).collect(),
         }
     }
@@ -118,7 +124,7 @@ impl Servers {
     /// The longest pause: below a Cluster's node timeout (no failover).
     fn max_pause(&self) -> Duration {
         match self {
-            Servers::Cluster(_) => Duration::from_millis(400),
+            Servers::Cluster(..) => Duration::from_millis(400),
             _ => Duration::from_millis(800),
         }
     }
@@ -455,10 +461,13 @@ async fn nemesis(
                 let c = rng.usize(..proxies.len());
                 let client = &proxies[c];
                 let (chosen, target): (Vec<&Arc<ChaosProxy>>, String) = if rng.bool() {
-                    (client.iter().collect(), format!("client {c}, all nodes"))
+                    (
+                        client.iter().collect(),
+                        format!("{}, all nodes", who(proxies, c)),
+                    )
                 } else {
                     let n = rng.usize(..client.len());
-                    (vec![&client[n]], format!("client {c}, node {n}"))
+                    (vec![&client[n]], format!("{}, node {n}", who(proxies, c)))
                 };
                 let direction = [Direction::ToServer, Direction::ToClient][rng.usize(..2)];
                 let (name, detail) = match choice {
@@ -569,7 +578,60 @@ fn weather(proxies: &[Vec<Arc<ChaosProxy>>], rng: &mut fastrand::Rng) -> String 
         }
     }
     let direction = ["both ways", "requests", "replies"][usize::from(which)];
-    format!("{fault:?} {direction} (client {c}, all nodes)")
+    format!("{fault:?} {direction} ({}, all nodes)", who(proxies, c))
+}
+
+/// Whose traffic proxy set `c` carries: one client's, or (Cluster) everyone's.
+fn who(proxies: &[Vec<Arc<ChaosProxy>>], c: usize) -> String {
+    if proxies.len() == 1 && CLIENTS > 1 {
+        "all clients".to_owned()
+    } else {
+        format!("client {c}")
+    }
+}
+
+/// Puts one shared proxy in front of each Cluster node and makes the node announce the
+/// proxy's port (`cluster-announce-port`), so that discovery and `MOVED` redirects lead
+/// the clients through the proxies too; waits (10 s cap) until every node's view of the
+/// cluster names only proxy ports. Returns the proxies and their URLs.
+async fn announce_proxies(servers: &Servers) -> (Vec<Arc<ChaosProxy>>, Vec<String>) {
+    let mut proxies = Vec::new();
+    for node in servers.nodes() {
+        let proxy = Arc::new(ChaosProxy::start(node.addr()).await.expect("proxy"));
+        let port = proxy.addr().port().to_string();
+        node.cmd_sync(&["CONFIG", "SET", "cluster-announce-port", &port])
+            .expect("CONFIG SET cluster-announce-port");
+        proxies.push(proxy);
+    }
+    let ports: Vec<String> = proxies
+        .iter()
+        .map(|p| format!(":{}@", p.addr().port()))
+        .collect();
+    let announced = || {
+        servers.nodes().iter().all(|node| {
+            let text = match node.cmd_sync(&["CLUSTER", "NODES"]) {
+                Ok(redis::Value::BulkString(b)) => String::from_utf8_lossy(&b).into_owned(),
+                Ok(redis::Value::VerbatimString { text, .. }) => text,
+                _ => return false,
+            };
+            let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+            lines.len() == ports.len()
+                && lines
+                    .iter()
+                    .all(|l| ports.iter().any(|p| l.contains(p.as_str())))
+        })
+    };
+    let ok = redlock_testkit::wait_until(
+        Duration::from_secs(10),
+        Duration::from_millis(20),
+        announced,
+    );
+    assert!(
+        ok,
+        "the cluster nodes did not announce the proxy ports in time"
+    );
+    let urls = proxies.iter().map(|p| p.url()).collect();
+    (proxies, urls)
 }
 
 /// `CLIENT KILL TYPE normal`, or (`pick` given) `CLIENT KILL ADDR` of a client connection
@@ -614,7 +676,7 @@ async fn client_kill(port: u16, pick: Option<u64>) -> redis::RedisResult<()> {
         .unwrap_or_else(|_| Err((redis::ErrorKind::Io, "CLIENT KILL timed out").into()))
 }
 
-/// A manager for client `i`: through its proxies (single, Redlock) or directly (Cluster).
+/// A manager on `urls` (its proxies).
 async fn manager(kind: Kind, urls: &[String]) -> LockManager {
     let b = LockManager::builder()
         .response_timeout(RESPONSE_TIMEOUT)
@@ -708,12 +770,19 @@ async fn run(kind: Kind) {
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut servers = Servers::start(kind);
     let nodes: Vec<std::net::SocketAddr> = servers.nodes().iter().map(RedisServer::addr).collect();
-    // Per client, one proxy per node (not for the Cluster: redirects bypass them).
+    // Per client, one proxy per node; a Cluster has one shared proxy per node, announced
+    // by the node itself (per-client proxies would be bypassed by discovery and redirects).
     let mut proxies: Vec<Vec<Arc<ChaosProxy>>> = Vec::new();
+    let mut shared_urls = Vec::new();
+    if kind == Kind::Cluster {
+        let (shared, urls) = announce_proxies(&servers).await;
+        proxies.push(shared);
+        shared_urls = urls;
+    }
     let mut managers = Vec::new();
     for _ in 0..CLIENTS {
         let urls: Vec<String> = if kind == Kind::Cluster {
-            servers.nodes().iter().map(RedisServer::url).collect()
+            shared_urls.clone()
         } else {
             let mut mine = Vec::new();
             for addr in &nodes {
