@@ -162,11 +162,7 @@ pub fn check(grants: &[Grant]) -> Vec<Violation> {
     overlaps
 }
 
-fn check_key<'a>(
-    grants: &[&'a Grant],
-    overlaps: &mut Vec<Violation>,
-    fencing: &mut Vec<Violation>,
-) {
+fn check_key(grants: &[&Grant], overlaps: &mut Vec<Violation>, fencing: &mut Vec<Violation>) {
     for a in grants {
         if a.token == 0 {
             fencing.push(Violation::Fencing {
