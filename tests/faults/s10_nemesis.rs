@@ -7,7 +7,9 @@
 //! `release`, dropping the guard — while a nemesis task injects random faults for random
 //! durations:
 //!
-//! * through each client's own [`ChaosProxy`] per node (single and Redlock): a lasting
+//! * through each client's own [`ChaosProxy`] per node (single, Redlock; a Cluster's
+//!   clients share one proxy per node, which the node announces with
+//!   `cluster-announce-port` so that discovery and redirects use it too): a lasting
 //!   "weather" of 0–150 ms delays per client (so extends and watchdog renewals are in
 //!   flight together, and short timeouts cancel extends after they were sent); delay of
 //!   requests, replies or both; blackhole of requests or of replies (request applied,
@@ -16,8 +18,7 @@
 //! * on the servers: `CLIENT KILL TYPE normal`, `CLIENT KILL ADDR` of a random client
 //!   connection, SIGSTOP/SIGCONT of one redis-server for 100–800 ms (Cluster masters at
 //!   most 400 ms, below the node timeout: a failover would lose locks by design, see the
-//!   README's guarantees table). The Cluster's clients connect directly (redirects name
-//!   the nodes' own addresses), so only the server-side faults apply to it.
+//!   README's guarantees table).
 //!
 //! Every client samples `is_held()` every 1–5 ms while it holds a lock (also while an
 //! operation is in flight), and right before and after each operation, reading the clock
@@ -268,8 +269,9 @@ async fn acquire(
     } else {
         between(rng, Duration::from_millis(300), Duration::from_millis(900))
     };
-    // A third are single attempts: quick to catch a lock that expired early.
-    let wait = if rng.u8(..3) == 0 {
+    // Half are single attempts, repeated every few ms: they catch a lock that expired
+    // early (waiters sleep until the ttl they last saw, or a release).
+    let wait = if rng.bool() {
         Duration::ZERO
     } else {
         between(rng, Duration::ZERO, Duration::from_millis(600))
@@ -309,6 +311,14 @@ async fn acquire(
         }
         Err(LockError::Timeout { .. }) => {
             bump(&mut log.ops, "lock timeout");
+            if wait.is_zero() {
+                tokio::time::sleep(between(
+                    rng,
+                    Duration::from_millis(2),
+                    Duration::from_millis(10),
+                ))
+                .await;
+            }
             None
         }
         Err(_) => {
@@ -350,9 +360,12 @@ async fn operate(
         }
         // Extend, longer or (much) shorter than the current ttl; some cancelled mid-flight.
         3..=6 => {
-            let ttl = match rng.u8(..3) {
-                0 => between(rng, h.ttl, (h.ttl * 4).min(MAX_EXTEND)),
-                1 => between(rng, Duration::from_millis(100), h.ttl),
+            // Much longer (x3-x5): the next renewal, at ttl/3, then comes after the old
+            // ttl ran out, so a renewal that raced the extend with the old ttl shows.
+            let ttl = match rng.u8(..4) {
+                0 => between(rng, h.ttl, (h.ttl * 2).min(MAX_EXTEND)),
+                1 => between(rng, h.ttl * 3, h.ttl * 5).min(MAX_EXTEND),
+                2 => between(rng, Duration::from_millis(100), h.ttl),
                 _ => between(rng, Duration::from_millis(10), h.ttl / 4),
             };
             let cancel_after = rng
@@ -743,6 +756,24 @@ fn explain(
             );
         }
     }
+    // The holder's last extend before the other grant returned: the usual suspect.
+    let suspect = traces
+        .get(earlier.client)
+        .and_then(|steps| {
+            steps
+                .iter()
+                .filter(|st| st.key == earlier.key && st.token == earlier.token)
+                .filter(|st| st.what.starts_with("extend") && st.start <= later.returned)
+                .last()
+        })
+        .map_or_else(
+            || "none".to_owned(),
+            |st| format!("{:.1} ms: {}", ms(st.start), st.what),
+        );
+    let _ = writeln!(
+        out,
+        "    holder's last extend before the other grant: {suspect}"
+    );
     let until = earlier
         .last_held
         .unwrap_or(later.returned)
@@ -847,8 +878,15 @@ async fn run(kind: Kind) {
                 found.len()
             );
         }
+        // One explanation per believing (or out-of-order) grant: its later partners
+        // usually share one cause.
+        let mut explained = std::collections::HashSet::new();
         for v in &found {
-            if report.details.len() < SHOWN {
+            let culprit = match v {
+                Violation::Overlap { earlier, .. } => (earlier.key.clone(), earlier.token),
+                Violation::Fencing { later, .. } => (later.key.clone(), later.token),
+            };
+            if report.details.len() < SHOWN && explained.insert(culprit) {
                 report
                     .details
                     .push(explain(v, &traces, &faults.trace, seed, round));
