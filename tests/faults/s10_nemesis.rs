@@ -1,6 +1,6 @@
 //! Scenario 10: the randomized nemesis.
 //!
-//! Several clients (each its own `LockManager`, in this process) contend on a few keys
+//! Several clients (five `LockManager`s in this process, two tasks each) contend on a few keys
 //! with random operations — `lock_with` (ttl 300 ms–2 s, short waits, some acquires
 //! cancelled by a short timeout), `extend` (longer and shorter than the current ttl, some
 //! cancelled mid-flight by a short `tokio::time::timeout`), holding for random times,
@@ -52,8 +52,10 @@ use tokio::time::Instant;
 
 use crate::support::{require_redis, soak, unique, HEAVY};
 
-/// Clients (managers) per backend.
+/// Clients (managers) per backend, each with its own proxies.
 const CLIENTS: usize = 5;
+/// Tasks per manager, each doing its own random operations (a "client" of the checker).
+const TASKS: usize = 2;
 /// Keys contended per round.
 const KEYS: usize = 3;
 /// The longest ttl an extend sets.
@@ -368,9 +370,21 @@ async fn operate(
                 2 => between(rng, Duration::from_millis(100), h.ttl),
                 _ => between(rng, Duration::from_millis(10), h.ttl / 4),
             };
-            let cancel_after = rng
-                .bool()
-                .then(|| between(rng, Duration::from_millis(1), Duration::from_millis(60)));
+            // Some cancelled right after the request left (a loopback round trip takes
+            // about a millisecond), some while a delayed request or reply is in flight.
+            let cancel_after = match rng.u8(..4) {
+                0 => Some(between(
+                    rng,
+                    Duration::from_micros(100),
+                    Duration::from_millis(2),
+                )),
+                1 => Some(between(
+                    rng,
+                    Duration::from_millis(2),
+                    Duration::from_millis(60),
+                )),
+                _ => None,
+            };
             let guard = &h.guard;
             let result = match cancel_after {
                 Some(limit) => {
@@ -441,8 +455,8 @@ impl FaultLog {
     }
 }
 
-/// The nemesis: random faults for random durations until `end`; every fault but the
-/// lasting weather is healed before the next one and before it returns.
+/// The nemesis: random faults for random durations until `end`; every fault is healed
+/// (which also clears that manager's weather) before the next one and before it returns.
 async fn nemesis(
     servers: &mut Servers,
     proxies: &[Vec<Arc<ChaosProxy>>],
@@ -458,11 +472,6 @@ async fn nemesis(
         }
         let start = now_ns();
         let len = between(rng, Duration::from_millis(100), Duration::from_millis(800));
-        if !proxies.is_empty() && rng.u8(..3) == 0 {
-            let target = weather(proxies, rng);
-            faults.note("weather", start, &target);
-            continue;
-        }
         let choice = if proxies.is_empty() {
             rng.u8(6..9)
         } else {
@@ -567,6 +576,32 @@ async fn nemesis(
     }
 }
 
+/// Changes the weather (see [`weather`]) of a random manager every 50-400 ms until `end`.
+async fn weather_loop(
+    proxies: &[Vec<Arc<ChaosProxy>>],
+    rng: &mut fastrand::Rng,
+    end: Instant,
+    faults: &mut FaultLog,
+) {
+    if proxies.is_empty() {
+        return;
+    }
+    for _ in 0..MAX_FAULTS {
+        tokio::time::sleep(between(
+            rng,
+            Duration::from_millis(50),
+            Duration::from_millis(400),
+        ))
+        .await;
+        if Instant::now() >= end {
+            break;
+        }
+        let start = now_ns();
+        let target = weather(proxies, rng);
+        faults.note("weather", start, &target);
+    }
+}
+
 /// Changes one client's lasting network weather: a delay of 0-150 ms on its requests,
 /// replies or both, to every node, until the next fault on its proxies heals them. This is
 /// what puts extends and renewals in flight together and lets short timeouts cancel
@@ -599,7 +634,7 @@ fn who(proxies: &[Vec<Arc<ChaosProxy>>], c: usize) -> String {
     if proxies.len() == 1 && CLIENTS > 1 {
         "all clients".to_owned()
     } else {
-        format!("client {c}")
+        format!("manager {c}")
     }
 }
 
@@ -741,7 +776,14 @@ fn explain(
     let ms = |t: u64| redlock_faults::clock::ms(base, t);
     let mut out = format!("  seed {seed}, round {round}: {v}\n");
     for g in [earlier, later] {
-        let _ = writeln!(out, "    client {} (token {}):", g.client, g.token);
+        let _ = writeln!(
+            out,
+            "    client {} = manager {}, task {} (token {}):",
+            g.client,
+            g.client / TASKS,
+            g.client % TASKS,
+            g.token
+        );
         let steps = traces.get(g.client).map_or(&[][..], Vec::as_slice);
         for st in steps
             .iter()
@@ -836,14 +878,13 @@ async fn run(kind: Kind) {
                 .collect(),
         );
         let end = Instant::now() + ROUND;
-        let tasks: Vec<_> = managers
-            .iter()
-            .enumerate()
-            .map(|(id, locks)| {
+        // Client `id` is task `id % TASKS` of manager `id / TASKS`.
+        let tasks: Vec<_> = (0..CLIENTS * TASKS)
+            .map(|id| {
                 let client_seed = rng.u64(..);
                 tokio::spawn(client(
                     id,
-                    locks.clone(),
+                    managers[id / TASKS].clone(),
                     Arc::clone(&keys),
                     fastrand::Rng::with_seed(client_seed),
                     end,
@@ -851,9 +892,16 @@ async fn run(kind: Kind) {
             })
             .collect();
         let mut nemesis_rng = fastrand::Rng::with_seed(rng.u64(..));
+        let mut weather_rng = fastrand::Rng::with_seed(rng.u64(..));
         let mut faults = FaultLog::default();
-        nemesis(&mut servers, &proxies, &mut nemesis_rng, end, &mut faults).await;
-        for (name, n) in faults.counts {
+        let mut weather = FaultLog::default();
+        tokio::join!(
+            nemesis(&mut servers, &proxies, &mut nemesis_rng, end, &mut faults),
+            weather_loop(&proxies, &mut weather_rng, end, &mut weather),
+        );
+        faults.trace.extend(weather.trace);
+        faults.trace.sort_by_key(|f| f.start);
+        for (name, n) in faults.counts.into_iter().chain(weather.counts) {
             *report.faults.entry(name).or_default() += n;
         }
         let mut grants = Vec::new();
@@ -902,7 +950,7 @@ async fn run(kind: Kind) {
     let total: u64 = report.ops.values().sum();
     let faults: u64 = report.faults.values().sum();
     println!(
-        "s10 nemesis {kind:?}: seed {seed}, {} rounds in {:.1} s, {CLIENTS} clients, {KEYS} keys/round; \
+        "s10 nemesis {kind:?}: seed {seed}, {} rounds in {:.1} s, {CLIENTS} managers x {TASKS} tasks, {KEYS} keys/round; \
          {total} operations {:?}; {faults} faults {:?}; {} grants; {} violations",
         report.rounds,
         started.elapsed().as_secs_f64(),
