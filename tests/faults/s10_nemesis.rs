@@ -266,10 +266,10 @@ async fn acquire(
 ) -> Option<Held> {
     let key = &keys[rng.usize(..keys.len())];
     // Mostly short ttls: the watchdog renews every ttl/3 (100-300 ms), racing extends.
-    let ttl = if rng.u8(..4) == 0 {
-        between(rng, Duration::from_millis(900), Duration::from_secs(2))
-    } else {
-        between(rng, Duration::from_millis(300), Duration::from_millis(900))
+    let ttl = match rng.u8(..4) {
+        0 => between(rng, Duration::from_millis(900), Duration::from_secs(2)),
+        1 => between(rng, Duration::from_millis(600), Duration::from_millis(900)),
+        _ => between(rng, Duration::from_millis(300), Duration::from_millis(600)),
     };
     // Half are single attempts, repeated every few ms: they catch a lock that expired
     // early (waiters sleep until the ttl they last saw, or a release).
@@ -343,7 +343,7 @@ async fn operate(
     match rng.u8(..10) {
         // Hold for a while (sampling): mostly short, some up to 1.5 ttl (outliving the
         // lease when renewals fail); never past the round's end.
-        0..=2 => {
+        0..=3 => {
             let longest = if rng.u8(..4) == 0 {
                 h.ttl.mul_f32(1.5)
             } else {
@@ -361,13 +361,13 @@ async fn operate(
             Some(h)
         }
         // Extend, longer or (much) shorter than the current ttl; some cancelled mid-flight.
-        3..=6 => {
+        4..=6 => {
             // Much longer (x3-x5): the next renewal, at ttl/3, then comes after the old
             // ttl ran out, so a renewal that raced the extend with the old ttl shows.
-            let ttl = match rng.u8(..4) {
+            let ttl = match rng.u8(..6) {
                 0 => between(rng, h.ttl, (h.ttl * 2).min(MAX_EXTEND)),
-                1 => between(rng, h.ttl * 3, h.ttl * 5).min(MAX_EXTEND),
-                2 => between(rng, Duration::from_millis(100), h.ttl),
+                1..=2 => between(rng, h.ttl * 3, h.ttl * 5).min(MAX_EXTEND),
+                3 => between(rng, Duration::from_millis(100), h.ttl),
                 _ => between(rng, Duration::from_millis(10), h.ttl / 4),
             };
             // Some cancelled right after the request left (a loopback round trip takes
@@ -775,7 +775,12 @@ fn explain(
     let base = earlier.sent;
     let ms = |t: u64| redlock_faults::clock::ms(base, t);
     let mut out = format!("  seed {seed}, round {round}: {v}\n");
-    for g in [earlier, later] {
+    let pair = if std::ptr::eq(earlier, later) {
+        vec![earlier]
+    } else {
+        vec![earlier, later]
+    };
+    for g in pair {
         let _ = writeln!(
             out,
             "    client {} = manager {}, task {} (token {}):",
