@@ -809,9 +809,9 @@ fn explain(
         .and_then(|steps| {
             steps
                 .iter()
+                .rev()
                 .filter(|st| st.key == earlier.key && st.token == earlier.token)
-                .filter(|st| st.what.starts_with("extend") && st.start <= later.returned)
-                .last()
+                .find(|st| st.what.starts_with("extend") && st.start <= later.returned)
         })
         .map_or_else(
             || "none".to_owned(),
