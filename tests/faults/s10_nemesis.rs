@@ -10,9 +10,10 @@
 //! * through each client's own [`ChaosProxy`] per node (single, Redlock; a Cluster's
 //!   clients share one proxy per node, which the node announces with
 //!   `cluster-announce-port` so that discovery and redirects use it too): a lasting
-//!   "weather" of 0–150 ms delays per client (so extends and watchdog renewals are in
-//!   flight together, and short timeouts cancel extends after they were sent); delay of
-//!   requests, replies or both; blackhole of requests or of replies (request applied,
+//!   "weather" of 0–150 ms delays per client (0–30 ms for Redlock, whose per-node
+//!   timeout is ttl/10), so that extends and watchdog renewals are in flight together
+//!   and short timeouts cancel extends after they were sent; delay of requests, replies
+//!   or both; blackhole of requests or of replies (request applied,
 //!   reply held); a cut (every live connection reset), alone or after blackholing the
 //!   replies (request applied, reply lost);
 //! * on the servers: `CLIENT KILL TYPE normal`, `CLIENT KILL ADDR` of a random client
@@ -579,6 +580,7 @@ async fn nemesis(
 /// Changes the weather (see [`weather`]) of a random manager every 50-400 ms until `end`.
 async fn weather_loop(
     proxies: &[Vec<Arc<ChaosProxy>>],
+    max_delay: Duration,
     rng: &mut fastrand::Rng,
     end: Instant,
     faults: &mut FaultLog,
@@ -597,21 +599,26 @@ async fn weather_loop(
             break;
         }
         let start = now_ns();
-        let target = weather(proxies, rng);
+        let target = weather(proxies, max_delay, rng);
         faults.note("weather", start, &target);
     }
 }
 
-/// Changes one client's lasting network weather: a delay of 0-150 ms on its requests,
-/// replies or both, to every node, until the next fault on its proxies heals them. This is
+/// Changes one client's lasting network weather: a delay of up to `max_delay` on its
+/// requests, replies or both, to every node, until the next fault on its proxies heals
+/// them. This is
 /// what puts extends and renewals in flight together and lets short timeouts cancel
 /// extends after they were sent.
 ///
 /// Returns what it did, for the trace.
-fn weather(proxies: &[Vec<Arc<ChaosProxy>>], rng: &mut fastrand::Rng) -> String {
+fn weather(
+    proxies: &[Vec<Arc<ChaosProxy>>],
+    max_delay: Duration,
+    rng: &mut fastrand::Rng,
+) -> String {
     let c = rng.usize(..proxies.len());
     let client = &proxies[c];
-    let d = between(rng, Duration::ZERO, Duration::from_millis(150));
+    let d = between(rng, Duration::ZERO, max_delay);
     let fault = if d < Duration::from_millis(5) {
         Fault::Pass
     } else {
@@ -873,6 +880,13 @@ async fn run(kind: Kind) {
         managers.push(manager(kind, &urls).await);
     }
 
+    // Redlock's per-node timeout is ttl/10 (30-200 ms here): a longer weather would
+    // only make its requests fail.
+    let max_delay = if kind == Kind::Redlock {
+        Duration::from_millis(30)
+    } else {
+        Duration::from_millis(150)
+    };
     let rounds = if soak() { 36 } else { 3 };
     let mut report = Report::default();
     let started = std::time::Instant::now();
@@ -902,7 +916,7 @@ async fn run(kind: Kind) {
         let mut weather = FaultLog::default();
         tokio::join!(
             nemesis(&mut servers, &proxies, &mut nemesis_rng, end, &mut faults),
-            weather_loop(&proxies, &mut weather_rng, end, &mut weather),
+            weather_loop(&proxies, max_delay, &mut weather_rng, end, &mut weather),
         );
         faults.trace.extend(weather.trace);
         faults.trace.sort_by_key(|f| f.start);
