@@ -175,6 +175,8 @@ struct Step {
     start: u64,
     end: u64,
     what: String,
+    /// For an extend: whether it asked for a shorter ttl than the lock had.
+    shorter: Option<bool>,
 }
 
 /// One client's record of a round.
@@ -197,6 +199,7 @@ impl ClientLog {
                 start,
                 end: now_ns(),
                 what: format!("{name}{detail}"),
+                shorter: None,
             });
         }
     }
@@ -395,6 +398,7 @@ async fn operate(
                 None => Ok(log.sampled(rng, &h, guard.extend(ttl)).await),
             };
             let detail = format!(" ({:?} -> {ttl:?})", h.ttl);
+            let shorter = ttl < h.ttl;
             match result {
                 Ok(Ok(())) => {
                     log.note("extend ok", Some(&h), start, &detail);
@@ -402,6 +406,9 @@ async fn operate(
                 }
                 Ok(Err(_)) => log.note("extend error", Some(&h), start, &detail),
                 Err(_) => log.note("extend cancelled", Some(&h), start, &detail),
+            }
+            if let Some(step) = log.trace.last_mut() {
+                step.shorter = Some(shorter);
             }
             Some(h)
         }
@@ -423,6 +430,7 @@ async fn operate(
                 start,
                 end: now_ns(),
                 what: name.to_owned(),
+                shorter: None,
             });
             None
         }
@@ -452,6 +460,7 @@ impl FaultLog {
             start,
             end: now_ns(),
             what: format!("{name} {target}"),
+            shorter: None,
         });
     }
 }
@@ -754,6 +763,34 @@ struct Report {
     violations: Vec<Violation>,
     /// The first few violations, explained.
     details: Vec<String>,
+    /// Per grant that kept believing (or got a bad token): its suspect's kind.
+    suspects: Counts,
+}
+
+/// The believing holder's last extend before the other grant returned (the usual
+/// suspect), and what kind of step it was.
+fn suspect<'a>(
+    earlier: &Grant,
+    later: &Grant,
+    traces: &'a [Vec<Step>],
+) -> (&'static str, Option<&'a Step>) {
+    let step = traces.get(earlier.client).and_then(|steps| {
+        steps
+            .iter()
+            .rev()
+            .filter(|st| st.key == earlier.key && st.token == earlier.token)
+            .find(|st| st.shorter.is_some() && st.start <= later.returned)
+    });
+    let kind = match step {
+        None => "no extend",
+        Some(st) => match (st.what.starts_with("extend ok"), st.shorter) {
+            (true, Some(false)) => "a longer extend succeeded (as in finding 1)",
+            (true, _) => "a shorter extend succeeded (or was in flight)",
+            (false, Some(true)) => "a shorter extend failed or was cancelled (as in finding 2)",
+            (false, _) => "a longer extend failed or was cancelled",
+        },
+    };
+    (kind, step)
 }
 
 /// A violation with what led to it: the steps of both grants' holders on that lock (times
@@ -810,20 +847,11 @@ fn explain(
             );
         }
     }
-    // The holder's last extend before the other grant returned: the usual suspect.
-    let suspect = traces
-        .get(earlier.client)
-        .and_then(|steps| {
-            steps
-                .iter()
-                .rev()
-                .filter(|st| st.key == earlier.key && st.token == earlier.token)
-                .find(|st| st.what.starts_with("extend") && st.start <= later.returned)
-        })
-        .map_or_else(
-            || "none".to_owned(),
-            |st| format!("{:.1} ms: {}", ms(st.start), st.what),
-        );
+    let (kind, step) = suspect(earlier, later, traces);
+    let suspect = step.map_or_else(
+        || kind.to_owned(),
+        |st| format!("{:.1} ms: {} => {kind}", ms(st.start), st.what),
+    );
     let _ = writeln!(
         out,
         "    holder's last extend before the other grant: {suspect}"
@@ -953,7 +981,19 @@ async fn run(kind: Kind) {
                 Violation::Overlap { earlier, .. } => (earlier.key.clone(), earlier.token),
                 Violation::Fencing { later, .. } => (later.key.clone(), later.token),
             };
-            if report.details.len() < SHOWN && explained.insert(culprit) {
+            if !explained.insert(culprit) {
+                continue;
+            }
+            let (earlier, later) = match v {
+                Violation::Overlap { earlier, later } => (earlier, later),
+                Violation::Fencing { later, .. } => (later, later),
+            };
+            let kind = match v {
+                Violation::Overlap { .. } => suspect(earlier, later, &traces).0,
+                Violation::Fencing { .. } => "fencing",
+            };
+            bump(&mut report.suspects, kind);
+            if report.details.len() < SHOWN {
                 report
                     .details
                     .push(explain(v, &traces, &faults.trace, seed, round));
@@ -978,6 +1018,12 @@ async fn run(kind: Kind) {
         report.grants,
         report.violations.len(),
     );
+    if !report.suspects.is_empty() {
+        println!(
+            "s10 nemesis {kind:?}: grants involved in violations, by the holder's last extend: {:?}",
+            report.suspects
+        );
+    }
     for d in &report.details {
         println!("{d}");
     }
