@@ -12,7 +12,8 @@
 //!   and a pure-Rust [`key_slot`].
 //! * [`Sentinels`]: master + replica + 3 sentinels, with failover and the deterministic
 //!   "lost write" partition recipe.
-//! * [`ChaosProxy`]: an in-process tokio TCP proxy that delays, blackholes, refuses or resets.
+//! * [`ChaosProxy`]: an in-process tokio TCP proxy that delays, blackholes, refuses or resets,
+//!   in both directions or in one ([`Direction`]: requests, or replies).
 //!
 //! The API is blocking (std) except [`ChaosProxy`]. Blocking calls are short (a server starts in
 //! ~30 ms); the cluster and sentinel constructors take ~2-3 s, so call them from
