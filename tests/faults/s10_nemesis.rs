@@ -67,7 +67,7 @@ const ROUND: Duration = Duration::from_secs(5);
 const MAX_OPS: usize = 5_000;
 /// Faults per round, at most.
 const MAX_FAULTS: usize = 500;
-/// Violations printed in detail.
+/// Violations printed in detail (plus the first of each kind of suspect).
 const SHOWN: usize = 5;
 /// Bound on each reply: a blackholed request fails after this.
 const RESPONSE_TIMEOUT: Duration = Duration::from_millis(800);
@@ -992,8 +992,10 @@ async fn run(kind: Kind) {
                 Violation::Overlap { .. } => suspect(earlier, later, &traces).0,
                 Violation::Fencing { .. } => "fencing",
             };
+            // The first few, and the first of every kind of suspect.
+            let first_of_kind = !report.suspects.contains_key(kind);
             bump(&mut report.suspects, kind);
-            if report.details.len() < SHOWN {
+            if report.details.len() < SHOWN || first_of_kind {
                 report
                     .details
                     .push(explain(v, &traces, &faults.trace, seed, round));
