@@ -10,11 +10,15 @@
 //!   the checker of the suite's invariants: no overlap unless a holder lost its lease and
 //!   the resource rejected it; tokens strictly increasing in grant order; the protected
 //!   counter exact.
+//! * [`belief`]: the randomized nemesis's checker: every grant and the last instant its
+//!   holder's `is_held()` answered true; reports overlaps of belief and fencing-order
+//!   violations, conservatively.
 //! * [`protocol`]: the line protocol between the tests and the `fault-holder` process.
 //!
 //! Not published; not an API.
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod belief;
 pub mod clock;
 pub mod history;
 pub mod protocol;

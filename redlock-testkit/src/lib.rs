@@ -12,7 +12,8 @@
 //!   and a pure-Rust [`key_slot`]; [`fence_key`] names a lock's fencing counter.
 //! * [`Sentinels`]: master + replica + 3 sentinels, with failover and the deterministic
 //!   "lost write" partition recipe.
-//! * [`ChaosProxy`]: an in-process tokio TCP proxy that delays, blackholes, refuses or resets.
+//! * [`ChaosProxy`]: an in-process tokio TCP proxy that delays, blackholes, refuses or resets,
+//!   in both directions or in one ([`Direction`]: requests, or replies).
 //!
 //! The API is blocking (std) except [`ChaosProxy`]. Blocking calls are short (a server starts in
 //! ~30 ms); the cluster and sentinel constructors take ~2-3 s, so call them from
@@ -38,7 +39,7 @@ mod wait;
 
 pub use cluster::RedisCluster;
 pub use env::{free_port, redis_available, redis_cli_bin, redis_server_bin};
-pub use proxy::{ChaosProxy, Fault};
+pub use proxy::{ChaosProxy, Direction, Fault};
 pub use sentinel::Sentinels;
 pub use server::{RedisServer, ServerBuilder};
 pub use set::RedisSet;

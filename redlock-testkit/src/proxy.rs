@@ -20,30 +20,57 @@ const CHUNK: usize = 16 * 1024;
 /// Chunks queued per direction before the proxy stops reading (backpressure).
 const QUEUE: usize = 64;
 
-/// A network fault applied by a [`ChaosProxy`] to new and existing connections.
+/// A network fault applied by a [`ChaosProxy`] to new and existing connections, in both
+/// directions ([`ChaosProxy::set`]) or in one ([`ChaosProxy::set_direction`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Fault {
     /// Forward bytes as they come.
     #[default]
     Pass,
-    /// Deliver every chunk this long after it arrived, in both directions (a round trip gains
-    /// twice the delay). Throughput is not limited.
+    /// Deliver every chunk this long after it arrived (set in both directions, a round trip
+    /// gains twice the delay). Throughput is not limited.
     Delay(Duration),
-    /// Accept connections and read bytes in both directions, but deliver nothing until the
-    /// fault changes; then the held bytes are delivered in order (like dropped packets with TCP
-    /// retransmission). A client sees timeouts, not errors.
+    /// Accept connections and read bytes, but deliver nothing until the fault changes; then
+    /// the held bytes are delivered in order (like dropped packets with TCP retransmission).
+    /// A client sees timeouts, not errors. Held bytes are discarded by a reset
+    /// ([`ChaosProxy::reset_all`]): blackholing [`Direction::ToClient`] and then resetting
+    /// is "request applied, reply lost".
     Blackhole,
     /// Close new connections at once with a TCP reset, and reset the live ones when this fault
-    /// is set: a client sees "connection reset" right away, like a node that is down.
+    /// is set: a client sees "connection reset" right away, like a node that is down. A TCP
+    /// connection cannot be refused one way only: set in either direction, it refuses both.
     Refuse,
+}
+
+/// One direction of a proxied connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Direction {
+    /// Client to server: requests.
+    ToServer,
+    /// Server to client: replies (and pushes).
+    ToClient,
 }
 
 /// What the connection tasks watch.
 #[derive(Clone, Copy, Debug)]
 struct Control {
-    fault: Fault,
+    to_server: Fault,
+    to_client: Fault,
     /// Bumped by `reset_all`: every connection opened under an older epoch is reset.
     epoch: u64,
+}
+
+impl Control {
+    fn fault(&self, direction: Direction) -> Fault {
+        match direction {
+            Direction::ToServer => self.to_server,
+            Direction::ToClient => self.to_client,
+        }
+    }
+
+    fn refuses(&self) -> bool {
+        self.to_server == Fault::Refuse || self.to_client == Fault::Refuse
+    }
 }
 
 /// A TCP proxy on `127.0.0.1:<ephemeral port>` in front of one upstream server, with
@@ -62,14 +89,16 @@ struct Control {
 /// ```no_run
 /// # #[tokio::main]
 /// # async fn main() -> std::io::Result<()> {
-/// use redlock_testkit::{ChaosProxy, Fault, RedisServer};
+/// use redlock_testkit::{ChaosProxy, Direction, Fault, RedisServer};
 ///
 /// let server = RedisServer::start();
 /// let proxy = ChaosProxy::start(server.addr()).await?;
 /// let client = redis::Client::open(proxy.url()).unwrap();
 /// proxy.set(Fault::Blackhole); // the client's commands now time out
 /// proxy.set(Fault::Pass); // held bytes are delivered
-/// proxy.reset_all(); // live connections get a TCP reset
+/// proxy.set_direction(Direction::ToClient, Fault::Blackhole); // requests applied, no replies
+/// proxy.reset_all(); // live connections get a TCP reset; the held replies are lost
+/// proxy.heal();
 /// # drop(client);
 /// # Ok(())
 /// # }
@@ -96,7 +125,8 @@ impl ChaosProxy {
         let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
         let addr = listener.local_addr()?;
         let (control, rx) = watch::channel(Control {
-            fault: Fault::Pass,
+            to_server: Fault::Pass,
+            to_client: Fault::Pass,
             epoch: 0,
         });
         let live = Arc::new(AtomicUsize::new(0));
@@ -125,28 +155,50 @@ impl ChaosProxy {
         self.upstream
     }
 
-    /// Switches to `fault`, for new and existing connections (see [`Fault`]). Setting
-    /// [`Fault::Refuse`] also resets every live connection.
+    /// Switches both directions to `fault`, for new and existing connections (see
+    /// [`Fault`]). Setting [`Fault::Refuse`] also resets every live connection.
     pub fn set(&self, fault: Fault) {
         self.control.send_modify(|c| {
-            c.fault = fault;
+            c.to_server = fault;
+            c.to_client = fault;
             if fault == Fault::Refuse {
                 c.epoch += 1;
             }
         });
     }
 
-    /// Back to [`Fault::Pass`]; bytes held by [`Fault::Blackhole`] are delivered.
+    /// Switches one direction to `fault`, for new and existing connections; the other
+    /// direction keeps its fault. Setting [`Fault::Refuse`] resets every live connection
+    /// and refuses new ones (both ways: see [`Fault::Refuse`]).
+    pub fn set_direction(&self, direction: Direction, fault: Fault) {
+        self.control.send_modify(|c| {
+            match direction {
+                Direction::ToServer => c.to_server = fault,
+                Direction::ToClient => c.to_client = fault,
+            }
+            if fault == Fault::Refuse {
+                c.epoch += 1;
+            }
+        });
+    }
+
+    /// Back to [`Fault::Pass`] both ways; bytes held by [`Fault::Blackhole`] are delivered.
     pub fn heal(&self) {
         self.set(Fault::Pass);
     }
 
-    /// The fault in effect.
+    /// The fault in effect from client to server (the one [`set`](Self::set) sets both ways).
     pub fn fault(&self) -> Fault {
-        self.control.borrow().fault
+        self.fault_of(Direction::ToServer)
     }
 
-    /// Drops every live connection now, with a TCP reset on both sides (`SO_LINGER` 0). New
+    /// The fault in effect in `direction`.
+    pub fn fault_of(&self, direction: Direction) -> Fault {
+        self.control.borrow().fault(direction)
+    }
+
+    /// Drops every live connection now, with a TCP reset on both sides (`SO_LINGER` 0),
+    /// discarding the bytes held by a [`Fault::Blackhole`] or a [`Fault::Delay`]. New
     /// connections are still accepted.
     pub fn reset_all(&self) {
         self.control.send_modify(|c| c.epoch += 1);
@@ -177,7 +229,7 @@ async fn accept_loop(
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((client, _)) => {
-                    if control.borrow().fault == Fault::Refuse {
+                    if control.borrow().refuses() {
                         reset_on_close(&client);
                         drop(client);
                         continue;
@@ -227,7 +279,12 @@ async fn proxy_conn(
         let (sr, sw) = server.split();
         let mut watch_reset = control.clone();
         tokio::select! {
-            _ = async { tokio::join!(pump(cr, sw, control.clone()), pump(sr, cw, control)) } => false,
+            _ = async {
+                tokio::join!(
+                    pump(cr, sw, Direction::ToServer, control.clone()),
+                    pump(sr, cw, Direction::ToClient, control),
+                )
+            } => false,
             _ = reset_requested(&mut watch_reset, epoch) => true,
         }
     };
@@ -249,9 +306,9 @@ async fn reset_requested(control: &mut watch::Receiver<Control>, epoch: u64) {
     }
 }
 
-/// Copies `r` to `w` chunk by chunk, holding each chunk as the fault demands, then shuts `w`
-/// down (half-close) so the peer sees the end of stream.
-async fn pump<R, W>(mut r: R, mut w: W, mut control: watch::Receiver<Control>)
+/// Copies `r` to `w` chunk by chunk, holding each chunk as the fault of `direction`
+/// demands, then shuts `w` down (half-close) so the peer sees the end of stream.
+async fn pump<R, W>(mut r: R, mut w: W, direction: Direction, mut control: watch::Receiver<Control>)
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -273,7 +330,7 @@ where
     let writer = async move {
         while let Some((arrived, bytes)) = queue.recv().await {
             loop {
-                let fault = control.borrow_and_update().fault;
+                let fault = control.borrow_and_update().fault(direction);
                 let changed = match fault {
                     Fault::Pass | Fault::Refuse => break,
                     Fault::Blackhole => control.changed().await,

@@ -3,7 +3,7 @@
 use std::io::ErrorKind;
 use std::time::{Duration, Instant};
 
-use redlock_testkit::{redis_available, ChaosProxy, Fault, RedisServer};
+use redlock_testkit::{redis_available, ChaosProxy, Direction, Fault, RedisServer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::timeout;
@@ -232,4 +232,147 @@ async fn reset_all_drops_live_connections() {
             std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_err()
         });
     assert!(refused, "listener closed after drop");
+}
+
+/// Sends `SET k v` (RESP) on a raw connection, without reading the reply.
+async fn send_set(s: &mut TcpStream, key: &str) {
+    let cmd = format!("*3\r\n$3\r\nSET\r\n${}\r\n{key}\r\n$1\r\nv\r\n", key.len());
+    s.write_all(cmd.as_bytes()).await.expect("write SET");
+}
+
+/// `GET key` straight on the server (not through the proxy).
+fn get_direct(server: &RedisServer, key: &str) -> Option<String> {
+    match server.cmd_sync(&["GET", key]).expect("GET") {
+        redis::Value::BulkString(b) => Some(String::from_utf8(b).expect("utf8")),
+        _ => None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delay_one_direction() {
+    if skip() {
+        return;
+    }
+    let server = RedisServer::start();
+    let proxy = ChaosProxy::start(server.addr()).await.expect("proxy");
+    let mut s = TcpStream::connect(proxy.addr()).await.expect("connect");
+    assert_eq!(
+        ping(&mut s, Duration::from_secs(2)).await.expect("ping"),
+        PONG
+    );
+    let one_way = Duration::from_millis(400);
+    for direction in [Direction::ToServer, Direction::ToClient] {
+        proxy.set_direction(direction, Fault::Delay(one_way));
+        assert_eq!(proxy.fault_of(direction), Fault::Delay(one_way));
+        let t = Instant::now();
+        assert_eq!(
+            ping(&mut s, Duration::from_secs(3)).await.expect("ping"),
+            PONG
+        );
+        let rtt = t.elapsed();
+        eprintln!("PING with {direction:?} delayed by {one_way:?}: {rtt:?}");
+        // One delay, not two.
+        assert!(rtt >= one_way - Duration::from_millis(10), "{rtt:?}");
+        assert!(rtt < 2 * one_way - Duration::from_millis(10), "{rtt:?}");
+        proxy.heal();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blackhole_to_server_holds_requests() {
+    if skip() {
+        return;
+    }
+    let server = RedisServer::start();
+    let proxy = ChaosProxy::start(server.addr()).await.expect("proxy");
+    let mut s = TcpStream::connect(proxy.addr()).await.expect("connect");
+    assert_eq!(
+        ping(&mut s, Duration::from_secs(2)).await.expect("ping"),
+        PONG
+    );
+    proxy.set_direction(Direction::ToServer, Fault::Blackhole);
+    assert_eq!(proxy.fault_of(Direction::ToClient), Fault::Pass);
+    send_set(&mut s, "held").await;
+    let e = read_reply(&mut s, Duration::from_millis(300))
+        .await
+        .expect_err("no reply");
+    assert_eq!(e.kind(), ErrorKind::TimedOut);
+    assert_eq!(get_direct(&server, "held"), None, "the request was held");
+
+    proxy.heal();
+    let mut ok = vec![0u8; 5];
+    timeout(Duration::from_secs(2), s.read_exact(&mut ok))
+        .await
+        .expect("reply after heal")
+        .expect("read");
+    assert_eq!(ok, b"+OK\r\n");
+    assert_eq!(get_direct(&server, "held").as_deref(), Some("v"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blackhole_to_client_then_cut_loses_the_reply_of_an_applied_request() {
+    if skip() {
+        return;
+    }
+    let server = RedisServer::start();
+    let proxy = ChaosProxy::start(server.addr()).await.expect("proxy");
+    let mut s = TcpStream::connect(proxy.addr()).await.expect("connect");
+    assert_eq!(
+        ping(&mut s, Duration::from_secs(2)).await.expect("ping"),
+        PONG
+    );
+    proxy.set_direction(Direction::ToClient, Fault::Blackhole);
+    assert_eq!(proxy.fault(), Fault::Pass);
+    send_set(&mut s, "applied").await;
+    let applied =
+        redlock_testkit::wait_until(Duration::from_secs(2), Duration::from_millis(5), || {
+            get_direct(&server, "applied").is_some()
+        });
+    assert!(applied, "the request reached the server");
+    let e = read_reply(&mut s, Duration::from_millis(300))
+        .await
+        .expect_err("reply held");
+    assert_eq!(e.kind(), ErrorKind::TimedOut);
+
+    // Cut: the held reply is discarded, the client gets a reset instead.
+    proxy.reset_all();
+    let mut buf = [0u8; 16];
+    let r = timeout(Duration::from_secs(2), s.read(&mut buf))
+        .await
+        .expect("reset arrives promptly");
+    match r {
+        Err(e) => assert_eq!(e.kind(), ErrorKind::ConnectionReset),
+        Ok(n) => panic!("expected a reset, read {n} bytes"),
+    }
+    proxy.heal();
+    assert_eq!(get_direct(&server, "applied").as_deref(), Some("v"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refuse_in_one_direction_refuses_the_connection() {
+    if skip() {
+        return;
+    }
+    let server = RedisServer::start();
+    let proxy = ChaosProxy::start(server.addr()).await.expect("proxy");
+    let mut live = TcpStream::connect(proxy.addr()).await.expect("connect");
+    assert_eq!(
+        ping(&mut live, Duration::from_secs(2)).await.expect("ping"),
+        PONG
+    );
+    proxy.set_direction(Direction::ToClient, Fault::Refuse);
+    assert!(ping(&mut live, Duration::from_secs(2)).await.is_err());
+    let fresh_failed = match TcpStream::connect(proxy.addr()).await {
+        Err(_) => true,
+        Ok(mut fresh) => ping(&mut fresh, Duration::from_secs(2)).await.is_err(),
+    };
+    assert!(fresh_failed);
+    proxy.heal();
+    let mut again = TcpStream::connect(proxy.addr()).await.expect("connect");
+    assert_eq!(
+        ping(&mut again, Duration::from_secs(2))
+            .await
+            .expect("ping"),
+        PONG
+    );
 }

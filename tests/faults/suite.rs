@@ -2,8 +2,10 @@
 //! killed (-9), paused (SIGSTOP), cut off by a proxy, failed over; every contended workload
 //! checked by the history checker of `redlock_faults::history`.
 //!
-//! One module per scenario of issue 8; each test prints what it observed (rounds, overlaps,
-//! violations), so `cargo test -p redlock-faults -- --nocapture` is the report.
+//! One module per scenario of issue 8, plus `s10_nemesis` (issue 11: random operations of
+//! several clients under random faults, checked for overlaps of belief and fencing
+//! order); each test prints what it observed (rounds, overlaps, violations), so
+//! `cargo test -p redlock-faults -- --nocapture` is the report.
 //!
 //! * The default run is bounded (a few rounds per scenario, well under five minutes on two
 //!   cores). `REDLOCK_SOAK=1` runs many more rounds of every scenario.
@@ -14,6 +16,7 @@
 mod support;
 mod workload;
 
+mod s10_nemesis;
 mod s1_kill;
 mod s2_pause;
 mod s3_partition;

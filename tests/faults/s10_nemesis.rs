@@ -1,0 +1,1060 @@
+//! Scenario 10: the randomized nemesis.
+//!
+//! Several clients (five `LockManager`s in this process, two tasks each) contend on a few keys
+//! with random operations — `lock_with` (ttl 300 ms–2 s, short waits, some acquires
+//! cancelled by a short timeout), `extend` (longer and shorter than the current ttl, some
+//! cancelled mid-flight by a short `tokio::time::timeout`), holding for random times,
+//! `release`, dropping the guard — while a nemesis task injects random faults for random
+//! durations:
+//!
+//! * through each client's own [`ChaosProxy`] per node (single, Redlock; a Cluster's
+//!   clients share one proxy per node, which the node announces with
+//!   `cluster-announce-port` so that discovery and redirects use it too): a lasting
+//!   "weather" of 0–150 ms delays per client (0–30 ms for Redlock, whose per-node
+//!   timeout is ttl/10), so that extends and watchdog renewals are in flight together
+//!   and short timeouts cancel extends after they were sent; delay of requests, replies
+//!   or both; blackhole of requests or of replies (request applied,
+//!   reply held); a cut (every live connection reset), alone or after blackholing the
+//!   replies (request applied, reply lost);
+//! * on the servers: `CLIENT KILL TYPE normal`, `CLIENT KILL ADDR` of a random client
+//!   connection, SIGSTOP/SIGCONT of one redis-server for 100–800 ms (Cluster masters at
+//!   most 400 ms, below the node timeout: a failover would lose locks by design, see the
+//!   README's guarantees table).
+//!
+//! Every client samples `is_held()` every 1–5 ms while it holds a lock (also while an
+//! operation is in flight), and right before and after each operation, reading the clock
+//! *before* the call. The checker ([`redlock_faults::belief`]) reports an overlap of
+//! belief (invariant 1) and fencing-order violations (invariant 2); see there for why it
+//! has no false positives. The test prints per backend: rounds, operations by kind,
+//! faults by kind, grants, violations (the first few in detail, with the seed), and fails
+//! when there is any violation.
+//!
+//! Run sizes: the default run takes about 20 s per backend (single, Cluster 3+3, Redlock
+//! over 3 masters); `REDLOCK_SOAK=1` about 200 s per backend (Redlock over 5 masters).
+//! Every run prints its seed; `REDLOCK_NEMESIS_SEED=<seed>` replays the same random
+//! choices (operations, durations, faults; the interleaving itself still depends on
+//! timing):
+//!
+//! ```text
+//! REDLOCK_NEMESIS_SEED=1234 cargo test -p redlock-faults --test faults nemesis -- --nocapture
+//! REDLOCK_SOAK=1 cargo test -p redlock-faults --test faults nemesis -- --nocapture
+//! ```
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redlock::{LockError, LockGuard, LockManager, LockOptions};
+use redlock_faults::belief::{self, Grant, Violation};
+use redlock_faults::clock::now_ns;
+use redlock_testkit::{ChaosProxy, Direction, Fault, RedisCluster, RedisServer, RedisSet};
+use tokio::time::Instant;
+
+use crate::support::{require_redis, soak, unique, HEAVY};
+
+/// Clients (managers) per backend, each with its own proxies.
+const CLIENTS: usize = 5;
+/// Tasks per manager, each doing its own random operations (a "client" of the checker).
+const TASKS: usize = 2;
+/// Keys contended per round.
+const KEYS: usize = 3;
+/// The longest ttl an extend sets.
+const MAX_EXTEND: Duration = Duration::from_secs(3);
+/// Length of one round.
+const ROUND: Duration = Duration::from_secs(5);
+/// Operations per client per round, at most (the round's time bounds it first).
+const MAX_OPS: usize = 5_000;
+/// Faults per round, at most.
+const MAX_FAULTS: usize = 500;
+/// Violations printed in detail (plus the first of each kind of suspect).
+const SHOWN: usize = 5;
+/// Bound on each reply: a blackholed request fails after this.
+const RESPONSE_TIMEOUT: Duration = Duration::from_millis(800);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Single,
+    Cluster,
+    Redlock,
+}
+
+/// The servers of one backend, owned by the nemesis while a round runs.
+enum Servers {
+    Single(RedisServer),
+    /// The cluster and its masters' indices (read before the nodes announce proxy ports,
+    /// which the testkit's slot-map helpers do not know).
+    Cluster(RedisCluster, Vec<usize>),
+    Redlock(RedisSet),
+}
+
+impl Servers {
+    fn start(kind: Kind) -> Servers {
+        match kind {
+            Kind::Single => Servers::Single(RedisServer::start()),
+            Kind::Cluster => {
+                let c = RedisCluster::start_default();
+                let masters = c.master_indices();
+                Servers::Cluster(c, masters)
+            }
+            Kind::Redlock => Servers::Redlock(RedisSet::start(if soak() { 5 } else { 3 })),
+        }
+    }
+
+    fn nodes(&self) -> &[RedisServer] {
+        match self {
+            Servers::Single(s) => std::slice::from_ref(s),
+            Servers::Cluster(c, _) => c.nodes(),
+            Servers::Redlock(r) => r.nodes(),
+        }
+    }
+
+    fn node_mut(&mut self, i: usize) -> &mut RedisServer {
+        match self {
+            Servers::Single(s) => s,
+            Servers::Cluster(c, _) => c.node_mut(i),
+            Servers::Redlock(r) => r.node_mut(i),
+        }
+    }
+
+    /// The nodes whose pause matters (a Cluster's masters), as indices.
+    fn pausable(&self) -> Vec<usize> {
+        match self {
+            Servers::Cluster(_, masters) => masters.clone(),
+            _ => (0..self.nodes().len()).collect(),
+        }
+    }
+
+    /// The longest pause: below a Cluster's node timeout (no failover).
+    fn max_pause(&self) -> Duration {
+        match self {
+            Servers::Cluster(..) => Duration::from_millis(400),
+            _ => Duration::from_millis(800),
+        }
+    }
+}
+
+/// Counters by name, printed in the closing note.
+type Counts = BTreeMap<&'static str, u64>;
+
+fn bump(counts: &mut Counts, name: &'static str) {
+    *counts.entry(name).or_default() += 1;
+}
+
+/// A random duration in `lo..hi` from `rng`.
+fn between(rng: &mut fastrand::Rng, lo: Duration, hi: Duration) -> Duration {
+    let span = u64::try_from(hi.saturating_sub(lo).as_micros())
+        .unwrap_or(1)
+        .max(1);
+    lo + Duration::from_micros(rng.u64(0..span))
+}
+
+/// The seed of this run: `REDLOCK_NEMESIS_SEED`, or a fresh one.
+fn seed() -> u64 {
+    match std::env::var("REDLOCK_NEMESIS_SEED") {
+        Ok(s) => s
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("REDLOCK_NEMESIS_SEED={s:?} is not a u64")),
+        Err(_) => fastrand::u64(..),
+    }
+}
+
+/// The lock a client holds: the guard and its grant's index in the client's record.
+struct Held {
+    guard: LockGuard,
+    grant: usize,
+    ttl: Duration,
+}
+
+/// One step of a client or of the nemesis, for the report of a violation.
+struct Step {
+    /// The lock's key and token (empty and 0 for the nemesis).
+    key: String,
+    token: u64,
+    start: u64,
+    end: u64,
+    what: String,
+    /// For an extend: whether it asked for a shorter ttl than the lock had.
+    shorter: Option<bool>,
+}
+
+/// One client's record of a round.
+#[derive(Default)]
+struct ClientLog {
+    grants: Vec<Grant>,
+    ops: Counts,
+    /// The operations on held locks (and the grants), in order.
+    trace: Vec<Step>,
+}
+
+impl ClientLog {
+    /// Counts an operation of kind `name` and, for a held lock, traces it.
+    fn note(&mut self, name: &'static str, held: Option<&Held>, start: u64, detail: &str) {
+        bump(&mut self.ops, name);
+        if let Some(h) = held {
+            self.trace.push(Step {
+                key: h.guard.key().to_owned(),
+                token: h.guard.fencing_token(),
+                start,
+                end: now_ns(),
+                what: format!("{name}{detail}"),
+                shorter: None,
+            });
+        }
+    }
+
+    /// Samples `is_held()`, reading the clock first (the belief held at that instant).
+    fn sample(&mut self, held: &Held) {
+        let at = now_ns();
+        if held.guard.is_held() {
+            self.grants[held.grant].held_at(at);
+        }
+    }
+
+    /// Runs `op` while sampling `held`'s `is_held()` every 1–5 ms.
+    async fn sampled<F: Future>(
+        &mut self,
+        rng: &mut fastrand::Rng,
+        held: &Held,
+        op: F,
+    ) -> F::Output {
+        self.sample(held);
+        tokio::pin!(op);
+        // Bounded: the ops themselves are bounded by timeouts (wait, response timeout).
+        let out = loop {
+            let pause = Duration::from_micros(rng.u64(1_000..5_000));
+            tokio::select! {
+                out = &mut op => break out,
+                () = tokio::time::sleep(pause) => self.sample(held),
+            }
+        };
+        self.sample(held);
+        out
+    }
+}
+
+/// One client: random operations until `end`.
+async fn client(
+    id: usize,
+    locks: LockManager,
+    keys: Arc<Vec<String>>,
+    mut rng: fastrand::Rng,
+    end: Instant,
+) -> ClientLog {
+    let mut log = ClientLog::default();
+    let mut held: Option<Held> = None;
+    for _ in 0..MAX_OPS {
+        if Instant::now() >= end {
+            break;
+        }
+        held = match held.take() {
+            None => acquire(id, &locks, &keys, &mut rng, &mut log).await,
+            Some(h) => operate(h, &mut rng, &mut log, end).await,
+        };
+    }
+    if let Some(h) = held {
+        log.sample(&h);
+        drop(h.guard);
+    }
+    log
+}
+
+/// A random acquire; the grant is recorded.
+async fn acquire(
+    id: usize,
+    locks: &LockManager,
+    keys: &[String],
+    rng: &mut fastrand::Rng,
+    log: &mut ClientLog,
+) -> Option<Held> {
+    let key = &keys[rng.usize(..keys.len())];
+    // Mostly short ttls: the watchdog renews every ttl/3 (100-300 ms), racing extends.
+    let ttl = match rng.u8(..4) {
+        0 => between(rng, Duration::from_millis(900), Duration::from_secs(2)),
+        1 => between(rng, Duration::from_millis(600), Duration::from_millis(900)),
+        _ => between(rng, Duration::from_millis(300), Duration::from_millis(600)),
+    };
+    // Half are single attempts, repeated every few ms: they catch a lock that expired
+    // early (waiters sleep until the ttl they last saw, or a release).
+    let wait = if rng.bool() {
+        Duration::ZERO
+    } else {
+        between(rng, Duration::ZERO, Duration::from_millis(600))
+    };
+    let opts = LockOptions::new().ttl(ttl).wait(wait);
+    let cancel_after = (rng.u8(..8) == 0)
+        .then(|| between(rng, Duration::from_millis(1), Duration::from_millis(50)));
+    let sent = now_ns();
+    let result = match cancel_after {
+        Some(limit) => match tokio::time::timeout(limit, locks.lock_with(key, opts)).await {
+            Ok(r) => r,
+            Err(_) => {
+                bump(&mut log.ops, "lock cancelled");
+                return None;
+            }
+        },
+        None => locks.lock_with(key, opts).await,
+    };
+    let returned = now_ns();
+    match result {
+        Ok(guard) => {
+            log.grants.push(Grant::new(
+                id,
+                guard.key(),
+                guard.fencing_token(),
+                sent,
+                returned,
+            ));
+            let held = Held {
+                guard,
+                grant: log.grants.len() - 1,
+                ttl,
+            };
+            log.note("lock ok", Some(&held), sent, &format!(" (ttl {ttl:?})"));
+            log.sample(&held);
+            Some(held)
+        }
+        Err(LockError::Timeout { .. }) => {
+            bump(&mut log.ops, "lock timeout");
+            if wait.is_zero() {
+                tokio::time::sleep(between(
+                    rng,
+                    Duration::from_millis(2),
+                    Duration::from_millis(10),
+                ))
+                .await;
+            }
+            None
+        }
+        Err(_) => {
+            bump(&mut log.ops, "lock error");
+            // A failing backend: do not spin.
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            None
+        }
+    }
+}
+
+/// A random operation on a held lock; `None` when it is no longer held by this client.
+async fn operate(
+    mut h: Held,
+    rng: &mut fastrand::Rng,
+    log: &mut ClientLog,
+    end: Instant,
+) -> Option<Held> {
+    let start = now_ns();
+    match rng.u8(..10) {
+        // Hold for a while (sampling): mostly short, some up to 1.5 ttl (outliving the
+        // lease when renewals fail); never past the round's end.
+        0..=3 => {
+            let longest = if rng.u8(..4) == 0 {
+                h.ttl.mul_f32(1.5)
+            } else {
+                h.ttl / 2
+            };
+            let hold = between(rng, Duration::from_millis(1), longest)
+                .min(end.saturating_duration_since(Instant::now()));
+            log.sampled(rng, &h, tokio::time::sleep(hold)).await;
+            if !h.guard.is_held() {
+                log.note("hold, then found lost", Some(&h), start, "");
+                drop(h.guard);
+                return None;
+            }
+            log.note("hold", Some(&h), start, "");
+            Some(h)
+        }
+        // Extend, longer or (much) shorter than the current ttl; some cancelled mid-flight.
+        4..=6 => {
+            // Much longer (x3-x5): the next renewal, at ttl/3, then comes after the old
+            // ttl ran out, so a renewal that raced the extend with the old ttl shows.
+            let ttl = match rng.u8(..6) {
+                0 => between(rng, h.ttl, (h.ttl * 2).min(MAX_EXTEND)),
+                1..=2 => between(rng, h.ttl * 3, h.ttl * 5).min(MAX_EXTEND),
+                3 => between(rng, Duration::from_millis(100), h.ttl),
+                _ => between(rng, Duration::from_millis(10), h.ttl / 4),
+            };
+            // Some cancelled right after the request left (a loopback round trip takes
+            // about a millisecond), some while a delayed request or reply is in flight.
+            let cancel_after = match rng.u8(..4) {
+                0 => Some(between(
+                    rng,
+                    Duration::from_micros(100),
+                    Duration::from_millis(2),
+                )),
+                1 => Some(between(
+                    rng,
+                    Duration::from_millis(2),
+                    Duration::from_millis(60),
+                )),
+                _ => None,
+            };
+            let guard = &h.guard;
+            let result = match cancel_after {
+                Some(limit) => {
+                    log.sampled(rng, &h, tokio::time::timeout(limit, guard.extend(ttl)))
+                        .await
+                }
+                None => Ok(log.sampled(rng, &h, guard.extend(ttl)).await),
+            };
+            let detail = format!(" ({:?} -> {ttl:?})", h.ttl);
+            let shorter = ttl < h.ttl;
+            match result {
+                Ok(Ok(())) => {
+                    log.note("extend ok", Some(&h), start, &detail);
+                    h.ttl = ttl;
+                }
+                Ok(Err(_)) => log.note("extend error", Some(&h), start, &detail),
+                Err(_) => log.note("extend cancelled", Some(&h), start, &detail),
+            }
+            if let Some(step) = log.trace.last_mut() {
+                step.shorter = Some(shorter);
+            }
+            Some(h)
+        }
+        // Release.
+        7 | 8 => {
+            log.sample(&h);
+            let key = h.guard.key().to_owned();
+            let token = h.guard.fencing_token();
+            let result = h.guard.release().await;
+            let name = if result.is_ok() {
+                "release ok"
+            } else {
+                "release error"
+            };
+            bump(&mut log.ops, name);
+            log.trace.push(Step {
+                key,
+                token,
+                start,
+                end: now_ns(),
+                what: name.to_owned(),
+                shorter: None,
+            });
+            None
+        }
+        // Drop (released in the background).
+        _ => {
+            log.sample(&h);
+            log.note("drop", Some(&h), start, "");
+            drop(h.guard);
+            None
+        }
+    }
+}
+
+/// What the nemesis did: counts by kind, and each fault with its target and interval.
+#[derive(Default)]
+struct FaultLog {
+    counts: Counts,
+    trace: Vec<Step>,
+}
+
+impl FaultLog {
+    fn note(&mut self, name: &'static str, start: u64, target: &str) {
+        bump(&mut self.counts, name);
+        self.trace.push(Step {
+            key: String::new(),
+            token: 0,
+            start,
+            end: now_ns(),
+            what: format!("{name} {target}"),
+            shorter: None,
+        });
+    }
+}
+
+/// The nemesis: random faults for random durations until `end`; every fault is healed
+/// (which also clears that manager's weather) before the next one and before it returns.
+async fn nemesis(
+    servers: &mut Servers,
+    proxies: &[Vec<Arc<ChaosProxy>>],
+    rng: &mut fastrand::Rng,
+    end: Instant,
+    faults: &mut FaultLog,
+) {
+    for _ in 0..MAX_FAULTS {
+        let gap = between(rng, Duration::from_millis(20), Duration::from_millis(300));
+        tokio::time::sleep(gap).await;
+        if Instant::now() >= end {
+            break;
+        }
+        let start = now_ns();
+        let len = between(rng, Duration::from_millis(100), Duration::from_millis(800));
+        let choice = if proxies.is_empty() {
+            rng.u8(6..9)
+        } else {
+            rng.u8(..9)
+        };
+        match choice {
+            0..=5 => {
+                // One client's proxies: to one node, or to all of them.
+                let c = rng.usize(..proxies.len());
+                let client = &proxies[c];
+                let (chosen, target): (Vec<&Arc<ChaosProxy>>, String) = if rng.bool() {
+                    (
+                        client.iter().collect(),
+                        format!("{}, all nodes", who(proxies, c)),
+                    )
+                } else {
+                    let n = rng.usize(..client.len());
+                    (vec![&client[n]], format!("{}, node {n}", who(proxies, c)))
+                };
+                let direction = [Direction::ToServer, Direction::ToClient][rng.usize(..2)];
+                let (name, detail) = match choice {
+                    0 => {
+                        let d = between(rng, Duration::from_millis(10), Duration::from_millis(300));
+                        chosen.iter().for_each(|p| p.set(Fault::Delay(d)));
+                        tokio::time::sleep(len).await;
+                        ("delay both ways", format!("{d:?}"))
+                    }
+                    1 => {
+                        let d = between(rng, Duration::from_millis(10), Duration::from_millis(400));
+                        chosen
+                            .iter()
+                            .for_each(|p| p.set_direction(direction, Fault::Delay(d)));
+                        tokio::time::sleep(len).await;
+                        let name = if direction == Direction::ToServer {
+                            "delay requests"
+                        } else {
+                            "delay replies"
+                        };
+                        (name, format!("{d:?}"))
+                    }
+                    2 => {
+                        chosen
+                            .iter()
+                            .for_each(|p| p.set_direction(direction, Fault::Blackhole));
+                        tokio::time::sleep(len).await;
+                        let name = if direction == Direction::ToServer {
+                            "blackhole requests"
+                        } else {
+                            "blackhole replies"
+                        };
+                        (name, String::new())
+                    }
+                    3 => {
+                        // Requests applied, replies lost.
+                        chosen
+                            .iter()
+                            .for_each(|p| p.set_direction(Direction::ToClient, Fault::Blackhole));
+                        tokio::time::sleep(len.min(Duration::from_millis(300))).await;
+                        chosen.iter().for_each(|p| p.reset_all());
+                        ("blackhole replies, then cut", String::new())
+                    }
+                    4 => {
+                        chosen.iter().for_each(|p| p.reset_all());
+                        ("cut", String::new())
+                    }
+                    _ => {
+                        chosen.iter().for_each(|p| p.set(Fault::Refuse));
+                        tokio::time::sleep(len).await;
+                        ("refuse", String::new())
+                    }
+                };
+                chosen.iter().for_each(|p| p.heal());
+                let target = if detail.is_empty() {
+                    format!("({target})")
+                } else {
+                    format!("{detail} ({target})")
+                };
+                faults.note(name, start, &target);
+            }
+            6 | 7 => {
+                let node = rng.usize(..servers.nodes().len());
+                let port = servers.nodes()[node].port();
+                let name = if choice == 6 {
+                    let _ = client_kill(port, None).await;
+                    "CLIENT KILL TYPE normal"
+                } else {
+                    let _ = client_kill(port, Some(rng.u64(..))).await;
+                    "CLIENT KILL ADDR"
+                };
+                faults.note(name, start, &format!("(node {node})"));
+            }
+            _ => {
+                let candidates = servers.pausable();
+                let node = candidates[rng.usize(..candidates.len())];
+                let len = len.min(servers.max_pause());
+                servers.node_mut(node).pause();
+                tokio::time::sleep(len).await;
+                servers.node_mut(node).resume();
+                faults.note("SIGSTOP", start, &format!("(node {node})"));
+            }
+        }
+    }
+}
+
+/// Changes the weather (see [`weather`]) of a random manager every 50-400 ms until `end`.
+async fn weather_loop(
+    proxies: &[Vec<Arc<ChaosProxy>>],
+    max_delay: Duration,
+    rng: &mut fastrand::Rng,
+    end: Instant,
+    faults: &mut FaultLog,
+) {
+    if proxies.is_empty() {
+        return;
+    }
+    for _ in 0..MAX_FAULTS {
+        tokio::time::sleep(between(
+            rng,
+            Duration::from_millis(50),
+            Duration::from_millis(400),
+        ))
+        .await;
+        if Instant::now() >= end {
+            break;
+        }
+        let start = now_ns();
+        let target = weather(proxies, max_delay, rng);
+        faults.note("weather", start, &target);
+    }
+}
+
+/// Changes one client's lasting network weather: a delay of up to `max_delay` on its
+/// requests, replies or both, to every node, until the next fault on its proxies heals
+/// them. This is
+/// what puts extends and renewals in flight together and lets short timeouts cancel
+/// extends after they were sent.
+///
+/// Returns what it did, for the trace.
+fn weather(
+    proxies: &[Vec<Arc<ChaosProxy>>],
+    max_delay: Duration,
+    rng: &mut fastrand::Rng,
+) -> String {
+    let c = rng.usize(..proxies.len());
+    let client = &proxies[c];
+    let d = between(rng, Duration::ZERO, max_delay);
+    let fault = if d < Duration::from_millis(5) {
+        Fault::Pass
+    } else {
+        Fault::Delay(d)
+    };
+    let which = rng.u8(..3);
+    for p in client {
+        match which {
+            0 => p.set(fault),
+            1 => p.set_direction(Direction::ToServer, fault),
+            _ => p.set_direction(Direction::ToClient, fault),
+        }
+    }
+    let direction = ["both ways", "requests", "replies"][usize::from(which)];
+    format!("{fault:?} {direction} ({}, all nodes)", who(proxies, c))
+}
+
+/// Whose traffic proxy set `c` carries: one client's, or (Cluster) everyone's.
+fn who(proxies: &[Vec<Arc<ChaosProxy>>], c: usize) -> String {
+    if proxies.len() == 1 && CLIENTS > 1 {
+        "all clients".to_owned()
+    } else {
+        format!("manager {c}")
+    }
+}
+
+/// Puts one shared proxy in front of each Cluster node and makes the node announce the
+/// proxy's port (`cluster-announce-port`), so that discovery and `MOVED` redirects lead
+/// the clients through the proxies too; waits (10 s cap) until every node's view of the
+/// cluster names only proxy ports. Returns the proxies and their URLs.
+async fn announce_proxies(servers: &Servers) -> (Vec<Arc<ChaosProxy>>, Vec<String>) {
+    let mut proxies = Vec::new();
+    for node in servers.nodes() {
+        let proxy = Arc::new(ChaosProxy::start(node.addr()).await.expect("proxy"));
+        let port = proxy.addr().port().to_string();
+        node.cmd_sync(&["CONFIG", "SET", "cluster-announce-port", &port])
+            .expect("CONFIG SET cluster-announce-port");
+        proxies.push(proxy);
+    }
+    let ports: Vec<String> = proxies
+        .iter()
+        .map(|p| format!(":{}@", p.addr().port()))
+        .collect();
+    let announced = || {
+        servers.nodes().iter().all(|node| {
+            let text = match node.cmd_sync(&["CLUSTER", "NODES"]) {
+                Ok(redis::Value::BulkString(b)) => String::from_utf8_lossy(&b).into_owned(),
+                Ok(redis::Value::VerbatimString { text, .. }) => text,
+                _ => return false,
+            };
+            let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+            lines.len() == ports.len()
+                && lines
+                    .iter()
+                    .all(|l| ports.iter().any(|p| l.contains(p.as_str())))
+        })
+    };
+    let ok = redlock_testkit::wait_until(
+        Duration::from_secs(10),
+        Duration::from_millis(20),
+        announced,
+    );
+    assert!(
+        ok,
+        "the cluster nodes did not announce the proxy ports in time"
+    );
+    let urls = proxies.iter().map(|p| p.url()).collect();
+    (proxies, urls)
+}
+
+/// `CLIENT KILL TYPE normal`, or (`pick` given) `CLIENT KILL ADDR` of a client connection
+/// chosen from `CLIENT LIST` with `pick`; on a direct connection, bounded by a timeout.
+async fn client_kill(port: u16, pick: Option<u64>) -> redis::RedisResult<()> {
+    let limit = Duration::from_secs(2);
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}"))?;
+    let run = async {
+        let mut c = client.get_multiplexed_async_connection().await?;
+        match pick {
+            None => {
+                let _: redis::Value = redis::cmd("CLIENT")
+                    .arg("KILL")
+                    .arg("TYPE")
+                    .arg("normal")
+                    .query_async(&mut c)
+                    .await?;
+            }
+            Some(pick) => {
+                let list: String = redis::cmd("CLIENT").arg("LIST").query_async(&mut c).await?;
+                let me: i64 = redis::cmd("CLIENT").arg("ID").query_async(&mut c).await?;
+                let addrs: Vec<&str> = list
+                    .lines()
+                    .filter(|l| !l.starts_with(&format!("id={me} ")))
+                    .filter_map(|l| l.split(' ').find_map(|f| f.strip_prefix("addr=")))
+                    .collect();
+                if !addrs.is_empty() {
+                    let n = usize::try_from(pick).unwrap_or(0) % addrs.len();
+                    let _: redis::Value = redis::cmd("CLIENT")
+                        .arg("KILL")
+                        .arg("ADDR")
+                        .arg(addrs[n])
+                        .query_async(&mut c)
+                        .await?;
+                }
+            }
+        }
+        Ok(())
+    };
+    tokio::time::timeout(limit, run)
+        .await
+        .unwrap_or_else(|_| Err((redis::ErrorKind::Io, "CLIENT KILL timed out").into()))
+}
+
+/// A manager on `urls` (its proxies).
+async fn manager(kind: Kind, urls: &[String]) -> LockManager {
+    let b = LockManager::builder()
+        .response_timeout(RESPONSE_TIMEOUT)
+        .connect_timeout(Duration::from_secs(2));
+    let b = match kind {
+        Kind::Single => b.single(&urls[0]),
+        Kind::Cluster => b.cluster(urls),
+        Kind::Redlock => b.redlock(urls),
+    };
+    b.build().await.expect("manager builds")
+}
+
+/// What one backend's run saw.
+#[derive(Default)]
+struct Report {
+    rounds: usize,
+    ops: Counts,
+    faults: Counts,
+    grants: usize,
+    violations: Vec<Violation>,
+    /// The first few violations, explained.
+    details: Vec<String>,
+    /// Per grant that kept believing (or got a bad token): its suspect's kind.
+    suspects: Counts,
+}
+
+/// The believing holder's last extend before the other grant returned (the usual
+/// suspect), and what kind of step it was.
+fn suspect<'a>(
+    earlier: &Grant,
+    later: &Grant,
+    traces: &'a [Vec<Step>],
+) -> (&'static str, Option<&'a Step>) {
+    let step = traces.get(earlier.client).and_then(|steps| {
+        steps
+            .iter()
+            .rev()
+            .filter(|st| st.key == earlier.key && st.token == earlier.token)
+            .find(|st| st.shorter.is_some() && st.start <= later.returned)
+    });
+    let kind = match step {
+        None => "no extend",
+        Some(st) => match (st.what.starts_with("extend ok"), st.shorter) {
+            (true, Some(false)) => "a longer extend succeeded (as in finding 1)",
+            (true, _) => "a shorter extend succeeded (or was in flight)",
+            (false, Some(true)) => "a shorter extend failed or was cancelled (as in finding 2)",
+            (false, _) => "a longer extend failed or was cancelled",
+        },
+    };
+    (kind, step)
+}
+
+/// A violation with what led to it: the steps of both grants' holders on that lock (times
+/// in ms from the earlier grant's acquire start) and the faults from 1 s before the
+/// earlier grant until its holder's last belief.
+fn explain(
+    v: &Violation,
+    traces: &[Vec<Step>],
+    faults: &[Step],
+    seed: u64,
+    round: usize,
+) -> String {
+    use std::fmt::Write as _;
+
+    let (earlier, later) = match v {
+        Violation::Overlap { earlier, later } => (earlier, later),
+        Violation::Fencing {
+            earlier: Some(e),
+            later,
+        } => (e, later),
+        Violation::Fencing {
+            earlier: None,
+            later,
+        } => (later, later),
+    };
+    let base = earlier.sent;
+    let ms = |t: u64| redlock_faults::clock::ms(base, t);
+    let mut out = format!("  seed {seed}, round {round}: {v}\n");
+    let pair = if std::ptr::eq(earlier, later) {
+        vec![earlier]
+    } else {
+        vec![earlier, later]
+    };
+    for g in pair {
+        let _ = writeln!(
+            out,
+            "    client {} = manager {}, task {} (token {}):",
+            g.client,
+            g.client / TASKS,
+            g.client % TASKS,
+            g.token
+        );
+        let steps = traces.get(g.client).map_or(&[][..], Vec::as_slice);
+        for st in steps
+            .iter()
+            .filter(|st| st.key == g.key && st.token == g.token)
+        {
+            let _ = writeln!(
+                out,
+                "      {:8.1} .. {:8.1} ms  {}",
+                ms(st.start),
+                ms(st.end),
+                st.what
+            );
+        }
+    }
+    let (kind, step) = suspect(earlier, later, traces);
+    let suspect = step.map_or_else(
+        || kind.to_owned(),
+        |st| format!("{:.1} ms: {} => {kind}", ms(st.start), st.what),
+    );
+    let _ = writeln!(
+        out,
+        "    holder's last extend before the other grant: {suspect}"
+    );
+    let until = earlier
+        .last_held
+        .unwrap_or(later.returned)
+        .max(later.returned);
+    let _ = writeln!(out, "    faults:");
+    for f in faults
+        .iter()
+        .filter(|f| f.end.saturating_add(1_000_000_000) >= base && f.start <= until)
+    {
+        let _ = writeln!(
+            out,
+            "      {:8.1} .. {:8.1} ms  {}",
+            ms(f.start),
+            ms(f.end),
+            f.what
+        );
+    }
+    out
+}
+
+async fn run(kind: Kind) {
+    let _heavy = HEAVY.lock().await;
+    let seed = seed();
+    println!("s10 nemesis {kind:?}: seed {seed} (REDLOCK_NEMESIS_SEED={seed} replays it)");
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut servers = Servers::start(kind);
+    let nodes: Vec<std::net::SocketAddr> = servers.nodes().iter().map(RedisServer::addr).collect();
+    // Per client, one proxy per node; a Cluster has one shared proxy per node, announced
+    // by the node itself (per-client proxies would be bypassed by discovery and redirects).
+    let mut proxies: Vec<Vec<Arc<ChaosProxy>>> = Vec::new();
+    let mut shared_urls = Vec::new();
+    if kind == Kind::Cluster {
+        let (shared, urls) = announce_proxies(&servers).await;
+        proxies.push(shared);
+        shared_urls = urls;
+    }
+    let mut managers = Vec::new();
+    for _ in 0..CLIENTS {
+        let urls: Vec<String> = if kind == Kind::Cluster {
+            shared_urls.clone()
+        } else {
+            let mut mine = Vec::new();
+            for addr in &nodes {
+                mine.push(Arc::new(ChaosProxy::start(*addr).await.expect("proxy")));
+            }
+            let urls = mine.iter().map(|p| p.url()).collect();
+            proxies.push(mine);
+            urls
+        };
+        managers.push(manager(kind, &urls).await);
+    }
+
+    // Redlock's per-node timeout is ttl/10 (30-200 ms here): a longer weather would
+    // only make its requests fail.
+    let max_delay = if kind == Kind::Redlock {
+        Duration::from_millis(30)
+    } else {
+        Duration::from_millis(150)
+    };
+    let rounds = if soak() { 36 } else { 3 };
+    let mut report = Report::default();
+    let started = std::time::Instant::now();
+    for round in 0..rounds {
+        let keys: Arc<Vec<String>> = Arc::new(
+            (0..KEYS)
+                .map(|k| format!("{{{}}}", unique(&format!("nemesis{k}"))))
+                .collect(),
+        );
+        let end = Instant::now() + ROUND;
+        // Client `id` is task `id % TASKS` of manager `id / TASKS`.
+        let tasks: Vec<_> = (0..CLIENTS * TASKS)
+            .map(|id| {
+                let client_seed = rng.u64(..);
+                tokio::spawn(client(
+                    id,
+                    managers[id / TASKS].clone(),
+                    Arc::clone(&keys),
+                    fastrand::Rng::with_seed(client_seed),
+                    end,
+                ))
+            })
+            .collect();
+        let mut nemesis_rng = fastrand::Rng::with_seed(rng.u64(..));
+        let mut weather_rng = fastrand::Rng::with_seed(rng.u64(..));
+        let mut faults = FaultLog::default();
+        let mut weather = FaultLog::default();
+        tokio::join!(
+            nemesis(&mut servers, &proxies, &mut nemesis_rng, end, &mut faults),
+            weather_loop(&proxies, max_delay, &mut weather_rng, end, &mut weather),
+        );
+        faults.trace.extend(weather.trace);
+        faults.trace.sort_by_key(|f| f.start);
+        for (name, n) in faults.counts.into_iter().chain(weather.counts) {
+            *report.faults.entry(name).or_default() += n;
+        }
+        let mut grants = Vec::new();
+        let mut traces = Vec::new();
+        for task in tasks {
+            // Bounded: every client op is bounded by its wait, timeouts and the round's end.
+            let log = tokio::time::timeout(Duration::from_secs(30), task)
+                .await
+                .expect("client task ends")
+                .expect("client task did not panic");
+            for (name, n) in log.ops {
+                *report.ops.entry(name).or_default() += n;
+            }
+            grants.extend(log.grants);
+            traces.push(log.trace);
+        }
+        report.grants += grants.len();
+        let found = belief::check(&grants);
+        if !found.is_empty() {
+            println!(
+                "s10 nemesis {kind:?}: round {round}: {} violation(s)",
+                found.len()
+            );
+        }
+        // One explanation per believing (or out-of-order) grant: its later partners
+        // usually share one cause.
+        let mut explained = std::collections::HashSet::new();
+        for v in &found {
+            let culprit = match v {
+                Violation::Overlap { earlier, .. } => (earlier.key.clone(), earlier.token),
+                Violation::Fencing { later, .. } => (later.key.clone(), later.token),
+            };
+            if !explained.insert(culprit) {
+                continue;
+            }
+            let (earlier, later) = match v {
+                Violation::Overlap { earlier, later } => (earlier, later),
+                Violation::Fencing { later, .. } => (later, later),
+            };
+            let kind = match v {
+                Violation::Overlap { .. } => suspect(earlier, later, &traces).0,
+                Violation::Fencing { .. } => "fencing",
+            };
+            // The first few, and the first of every kind of suspect.
+            let first_of_kind = !report.suspects.contains_key(kind);
+            bump(&mut report.suspects, kind);
+            if report.details.len() < SHOWN || first_of_kind {
+                report
+                    .details
+                    .push(explain(v, &traces, &faults.trace, seed, round));
+            }
+        }
+        report.violations.extend(found);
+        report.rounds += 1;
+        // Let dropped guards be released before the next round's keys (they differ anyway).
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(managers);
+
+    let total: u64 = report.ops.values().sum();
+    let faults: u64 = report.faults.values().sum();
+    println!(
+        "s10 nemesis {kind:?}: seed {seed}, {} rounds in {:.1} s, {CLIENTS} managers x {TASKS} tasks, {KEYS} keys/round; \
+         {total} operations {:?}; {faults} faults {:?}; {} grants; {} violations",
+        report.rounds,
+        started.elapsed().as_secs_f64(),
+        report.ops,
+        report.faults,
+        report.grants,
+        report.violations.len(),
+    );
+    if !report.suspects.is_empty() {
+        println!(
+            "s10 nemesis {kind:?}: grants involved in violations, by the holder's last extend: {:?}",
+            report.suspects
+        );
+    }
+    for d in &report.details {
+        println!("{d}");
+    }
+    assert!(
+        report.violations.is_empty(),
+        "s10 nemesis {kind:?}: {} violation(s) of the safety invariants (seed {seed}; first: {})",
+        report.violations.len(),
+        report.violations[0]
+    );
+    assert!(
+        report.grants > 0,
+        "no lock was ever granted: the run checked nothing"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nemesis_single() {
+    require_redis!();
+    run(Kind::Single).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nemesis_cluster() {
+    require_redis!();
+    run(Kind::Cluster).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nemesis_redlock() {
+    require_redis!();
+    run(Kind::Redlock).await;
+}
