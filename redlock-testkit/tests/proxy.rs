@@ -24,6 +24,19 @@ async fn ping(s: &mut TcpStream, limit: Duration) -> std::io::Result<Vec<u8>> {
     read_reply(s, limit).await
 }
 
+/// A server, a proxy in front of it, and a client connection through the proxy that has
+/// answered a PING (the server must outlive the connection: keep it bound).
+async fn through_proxy() -> (RedisServer, ChaosProxy, TcpStream) {
+    let server = RedisServer::start();
+    let proxy = ChaosProxy::start(server.addr()).await.expect("proxy");
+    let mut s = TcpStream::connect(proxy.addr()).await.expect("connect");
+    assert_eq!(
+        ping(&mut s, Duration::from_secs(2)).await.expect("ping"),
+        PONG
+    );
+    (server, proxy, s)
+}
+
 async fn read_reply(s: &mut TcpStream, limit: Duration) -> std::io::Result<Vec<u8>> {
     let mut buf = vec![0u8; PONG.len()];
     match timeout(limit, s.read_exact(&mut buf)).await {
@@ -96,13 +109,7 @@ async fn blackhole_holds_bytes_until_healed() {
     if skip() {
         return;
     }
-    let server = RedisServer::start();
-    let proxy = ChaosProxy::start(server.addr()).await.expect("proxy");
-    let mut live = TcpStream::connect(proxy.addr()).await.expect("connect");
-    assert_eq!(
-        ping(&mut live, Duration::from_secs(2)).await.expect("ping"),
-        PONG
-    );
+    let (_server, proxy, mut live) = through_proxy().await;
 
     proxy.set(Fault::Blackhole);
     // Existing connection: no answer.
@@ -138,13 +145,7 @@ async fn refuse_closes_new_and_live_connections() {
     if skip() {
         return;
     }
-    let server = RedisServer::start();
-    let proxy = ChaosProxy::start(server.addr()).await.expect("proxy");
-    let mut live = TcpStream::connect(proxy.addr()).await.expect("connect");
-    assert_eq!(
-        ping(&mut live, Duration::from_secs(2)).await.expect("ping"),
-        PONG
-    );
+    let (_server, proxy, mut live) = through_proxy().await;
 
     proxy.set(Fault::Refuse);
     let t = Instant::now();
@@ -253,13 +254,7 @@ async fn delay_one_direction() {
     if skip() {
         return;
     }
-    let server = RedisServer::start();
-    let proxy = ChaosProxy::start(server.addr()).await.expect("proxy");
-    let mut s = TcpStream::connect(proxy.addr()).await.expect("connect");
-    assert_eq!(
-        ping(&mut s, Duration::from_secs(2)).await.expect("ping"),
-        PONG
-    );
+    let (_server, proxy, mut s) = through_proxy().await;
     let one_way = Duration::from_millis(400);
     for direction in [Direction::ToServer, Direction::ToClient] {
         proxy.set_direction(direction, Fault::Delay(one_way));
@@ -283,13 +278,7 @@ async fn blackhole_to_server_holds_requests() {
     if skip() {
         return;
     }
-    let server = RedisServer::start();
-    let proxy = ChaosProxy::start(server.addr()).await.expect("proxy");
-    let mut s = TcpStream::connect(proxy.addr()).await.expect("connect");
-    assert_eq!(
-        ping(&mut s, Duration::from_secs(2)).await.expect("ping"),
-        PONG
-    );
+    let (server, proxy, mut s) = through_proxy().await;
     proxy.set_direction(Direction::ToServer, Fault::Blackhole);
     assert_eq!(proxy.fault_of(Direction::ToClient), Fault::Pass);
     send_set(&mut s, "held").await;
@@ -314,13 +303,7 @@ async fn blackhole_to_client_then_cut_loses_the_reply_of_an_applied_request() {
     if skip() {
         return;
     }
-    let server = RedisServer::start();
-    let proxy = ChaosProxy::start(server.addr()).await.expect("proxy");
-    let mut s = TcpStream::connect(proxy.addr()).await.expect("connect");
-    assert_eq!(
-        ping(&mut s, Duration::from_secs(2)).await.expect("ping"),
-        PONG
-    );
+    let (server, proxy, mut s) = through_proxy().await;
     proxy.set_direction(Direction::ToClient, Fault::Blackhole);
     assert_eq!(proxy.fault(), Fault::Pass);
     send_set(&mut s, "applied").await;
@@ -353,13 +336,7 @@ async fn refuse_in_one_direction_refuses_the_connection() {
     if skip() {
         return;
     }
-    let server = RedisServer::start();
-    let proxy = ChaosProxy::start(server.addr()).await.expect("proxy");
-    let mut live = TcpStream::connect(proxy.addr()).await.expect("connect");
-    assert_eq!(
-        ping(&mut live, Duration::from_secs(2)).await.expect("ping"),
-        PONG
-    );
+    let (_server, proxy, mut live) = through_proxy().await;
     proxy.set_direction(Direction::ToClient, Fault::Refuse);
     assert!(ping(&mut live, Duration::from_secs(2)).await.is_err());
     let fresh_failed = match TcpStream::connect(proxy.addr()).await {
