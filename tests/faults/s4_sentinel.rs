@@ -91,6 +91,28 @@ fn sentinels_see_replica(sentinels: &[String], port: u16) -> bool {
     })
 }
 
+/// What each sentinel says of the replica on `port` (its flags), for a failure message.
+fn replica_flags(sentinels: &[String], port: u16) -> Vec<Option<String>> {
+    sentinels
+        .iter()
+        .map(|url| {
+            let client = redis::Client::open(url.as_str()).ok()?;
+            let mut c = client
+                .get_connection_with_timeout(Duration::from_millis(500))
+                .ok()?;
+            let replicas: Vec<HashMap<String, String>> = redis::cmd("SENTINEL")
+                .arg("REPLICAS")
+                .arg("mymaster")
+                .query(&mut c)
+                .ok()?;
+            replicas
+                .into_iter()
+                .find(|r| r.get("port").map(String::as_str) == Some(&port.to_string()))
+                .and_then(|r| r.get("flags").cloned())
+        })
+        .collect()
+}
+
 /// Restarts the server on `port` (killed by the round) as a replica of the current
 /// primary and waits until it is attached and every sentinel counts it healthy; returns
 /// how long that took.
@@ -112,12 +134,16 @@ fn restore(sent: &mut Sentinels, killed: u16) -> Duration {
         }),
         "the restarted server never attached as a replica"
     );
+    // Sentinels refresh their view of replicas by polling (INFO every few seconds, more
+    // slowly on a saturated machine): the bound is generous, the loop ends as soon as
+    // every sentinel agrees.
     let urls = sent.sentinel_urls();
     assert!(
-        wait_until(Duration::from_secs(15), Duration::from_millis(50), || {
+        wait_until(Duration::from_secs(30), Duration::from_millis(50), || {
             sentinels_see_replica(&urls, killed)
         }),
-        "the sentinels never saw the restarted replica as healthy"
+        "the sentinels never saw the restarted replica as healthy: {:?}",
+        replica_flags(&urls, killed)
     );
     started.elapsed()
 }
