@@ -171,6 +171,34 @@ impl Sentinels {
         self.fail(&format!("no failover within {timeout:?}: {why}"))
     }
 
+    /// Waits until the set is settled again after a failover and a restart: every live
+    /// sentinel names the same master, flags it plain `master` (no `s_down`, `o_down` or
+    /// `failover_in_progress`), and lists the other data server as a plain `slave`; that
+    /// master's `ROLE` is `master` and a replica acknowledges a write (`WAIT 1`). Returns
+    /// the time this call waited.
+    ///
+    /// Sentinels can fail over a second time (one that missed the first failover's new
+    /// configuration may judge the freshly promoted master down and promote the other
+    /// server back), so "settled" is checked as a whole, not per server.
+    ///
+    /// # Panics
+    ///
+    /// When that does not happen within `timeout`, with what each sentinel says and the
+    /// logs' tails.
+    pub fn wait_healthy(&self, timeout: Duration) -> Duration {
+        let started = Instant::now();
+        if wait_until(timeout, Duration::from_millis(50), || {
+            self.check_healthy().is_ok()
+        }) {
+            return started.elapsed();
+        }
+        let why = self.check_healthy().err().unwrap_or_default();
+        panic!(
+            "redlock-testkit: the sentinel set did not settle within {timeout:?}: {why}\n{}",
+            self.describe()
+        )
+    }
+
     /// The deterministic lost-write recipe: freezes the current replica (SIGSTOP) and makes the
     /// current master drop it (`CLIENT KILL TYPE replica`). Writes to the master are then
     /// acknowledged by no replica (`WAIT 1 100` returns 0), and are lost if the master is
@@ -220,18 +248,51 @@ impl Sentinels {
         Ok(())
     }
 
-    fn check_failover(&self) -> Result<(), String> {
-        let mut agreed: Option<u16> = None;
-        for s in self
-            .sentinels
+    fn check_healthy(&self) -> Result<(), String> {
+        let master = self.agreed_master()?;
+        let replica = self
+            .data
             .iter()
-            .filter(|s| s.has_process() && !s.is_paused())
-        {
+            .map(RedisServer::port)
+            .find(|&p| p != master)
+            .ok_or("no second data server")?;
+        for s in self.live_sentinels() {
+            let port = s.port();
+            let m = conn::query(port, &["SENTINEL", "MASTER", MASTER_NAME], PROBE_TIMEOUT)
+                .map_err(|e| format!("sentinel {port}: {e}"))?;
+            let flags = flat_map(&m).get("flags").cloned().unwrap_or_default();
+            if flags != "master" {
+                return Err(format!("sentinel {port}: master flags {flags:?}"));
+            }
+            let v = conn::query(port, &["SENTINEL", "REPLICAS", MASTER_NAME], PROBE_TIMEOUT)
+                .map_err(|e| format!("sentinel {port}: {e}"))?;
+            let Value::Array(items) = v else {
+                return Err(format!("sentinel {port}: REPLICAS reply {v:?}"));
+            };
+            let listed = items.iter().map(flat_map).any(|r| {
+                r.get("port") == Some(&replica.to_string())
+                    && r.get("flags").map(String::as_str) == Some("slave")
+            });
+            if !listed {
+                return Err(format!(
+                    "sentinel {port}: {replica} is not a healthy replica"
+                ));
+            }
+        }
+        if replica_acks(master) {
+            Ok(())
+        } else {
+            Err(format!("no replica acknowledges writes on {master}"))
+        }
+    }
+
+    /// The master every live sentinel names, if they agree and it is a live server whose
+    /// `ROLE` is `master`.
+    fn agreed_master(&self) -> Result<u16, String> {
+        let mut agreed: Option<u16> = None;
+        for s in self.live_sentinels() {
             let (_, port) =
                 master_addr(s.port()).ok_or_else(|| format!("sentinel {}: no answer", s.port()))?;
-            if Some(port) == self.failed_master {
-                return Err(format!("sentinel {} still names {port}", s.port()));
-            }
             match agreed {
                 None => agreed = Some(port),
                 Some(p) if p != port => return Err(format!("sentinels name {p} and {port}")),
@@ -253,14 +314,59 @@ impl Sentinels {
             })
             .ok_or_else(|| format!("{port}: no ROLE"))?;
         if role == "master" {
-            Ok(())
+            Ok(port)
         } else {
             Err(format!("{port}: role {role}"))
         }
     }
 
-    fn fail(&self, what: &str) -> ! {
-        let mut msg = format!("redlock-testkit: {what}");
+    fn live_sentinels(&self) -> impl Iterator<Item = &RedisServer> {
+        self.sentinels
+            .iter()
+            .filter(|s| s.has_process() && !s.is_paused())
+    }
+
+    fn check_failover(&self) -> Result<(), String> {
+        let port = self.agreed_master()?;
+        if Some(port) == self.failed_master {
+            return Err(format!("the sentinels still name {port}"));
+        }
+        Ok(())
+    }
+
+    /// What each sentinel says of `mymaster` (its address and replicas with their flags),
+    /// then the tail of every process's log: for a test's failure message.
+    pub fn describe(&self) -> String {
+        let mut out = String::new();
+        for s in &self.sentinels {
+            let port = s.port();
+            let replicas = conn::query(port, &["SENTINEL", "REPLICAS", MASTER_NAME], PROBE_TIMEOUT)
+                .map(|v| match v {
+                    Value::Array(items) => items
+                        .iter()
+                        .map(|r| {
+                            let m = flat_map(r);
+                            format!(
+                                "{}:{}",
+                                m.get("port").map_or("?", String::as_str),
+                                m.get("flags").map_or("?", String::as_str)
+                            )
+                        })
+                        .collect::<Vec<_>>()
+                        .join(" "),
+                    other => format!("{other:?}"),
+                });
+            out.push_str(&format!(
+                "sentinel {port}: master {:?}, replicas {replicas:?}\n",
+                master_addr(port)
+            ));
+        }
+        out.push_str(&self.log_tails(20));
+        out
+    }
+
+    fn log_tails(&self, lines: usize) -> String {
+        let mut msg = String::new();
         let all = self.data.iter().chain(self.sentinels.iter());
         for (name, s) in [
             "master",
@@ -276,10 +382,14 @@ impl Sentinels {
                 "\n--- {name} (port {}) {} ---\n{}",
                 s.port(),
                 s.log_path().display(),
-                s.log_tail(8)
+                s.log_tail(lines)
             ));
         }
-        panic!("{msg}");
+        msg
+    }
+
+    fn fail(&self, what: &str) -> ! {
+        panic!("redlock-testkit: {what}{}", self.log_tails(8));
     }
 }
 
