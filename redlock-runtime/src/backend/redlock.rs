@@ -43,14 +43,15 @@
 //! never decreases**. Counters and the floor are exact decimal strings on the server
 //! and `u64` here, never Lua doubles.
 //!
-//! The token of an acquisition is the **maximum** counter among the nodes that granted
-//! it. That maximum must be *vouched for* by a quorum: nodes whose acquire script
-//! reported it, plus nodes raised to it by `fence_floor.lua`. When all granting
-//! nodes agree (the normal case) this costs nothing; when they disagree (a node was down
-//! or restarted, or other keys of the slot were granted by some nodes only) a second
-//! round trip raises the lagging ones before the guard is handed out, and an attempt
-//! that cannot get a quorum to vouch is undone like any failed attempt. Granting nodes
-//! that lag behind while a quorum already vouches are raised in the background.
+//! The token of an acquisition is the **maximum** counter among the grants that decided
+//! it (the first quorum to answer). That maximum must be *vouched for* by a quorum: nodes
+//! whose acquire script reported it, plus nodes raised to it by `fence_floor.lua`. When
+//! all granting nodes agree (the normal case) this costs nothing; when they disagree (a
+//! node was down or restarted, or other keys of the slot were granted by some nodes only)
+//! a second round trip raises the lagging ones until a quorum vouches, before the guard
+//! is handed out, and an attempt that cannot get a quorum to vouch is undone like any
+//! failed attempt. The other lagging nodes, and grants landing after the decision whose
+//! counter is behind, are raised in the background while the lock is held.
 //!
 //! **Guaranteed, whatever the clocks and pauses do**: take two successful acquisitions
 //! A and B of a key, and a node *n* that vouched for A's token and granted B. When *n*
@@ -388,7 +389,7 @@ impl RedlockBackend {
                     .saturating_sub(started.elapsed())
                     .saturating_sub(drift(ttl));
                 if !validity.is_zero() {
-                    self.keep_late_grants(&shared_key, token, in_flight);
+                    self.keep_late_grants(&shared_key, token, fence, in_flight);
                     return Ok(Attempt::Acquired {
                         fence,
                         replicas: None,
@@ -417,8 +418,16 @@ impl RedlockBackend {
     /// is applied before it on that node's connection, but not every request is sent at
     /// once (an `EVAL` after a restarted node's `NOSCRIPT`, a send after a reconnect):
     /// the release marks the token (under the lock of `landing`, before sending), and a
-    /// grant or unanswered request seen after that is undone.
-    fn keep_late_grants(&self, key: &Arc<LockKey>, token: Token, in_flight: InFlight<Attempt>) {
+    /// grant or unanswered request seen after that is undone. A kept grant whose counter
+    /// is behind the token is raised to it, so that it vouches for the token too (see
+    /// "Fencing tokens").
+    fn keep_late_grants(
+        &self,
+        key: &Arc<LockKey>,
+        token: Token,
+        fence: u64,
+        in_flight: InFlight<Attempt>,
+    ) {
         if in_flight.is_empty() {
             return;
         }
@@ -428,10 +437,14 @@ impl RedlockBackend {
         let stragglers = in_flight.for_each_concurrent(None, move |(i, answer)| {
             let released = !matches!(answer, Ok(Attempt::Held { .. }))
                 && lock(&marks).get(&token).copied().unwrap_or(true);
-            let undo = released.then(|| undo(nodes.clone(), key.clone(), token, i));
+            let behind = matches!(answer, Ok(Attempt::Acquired { fence: f, .. }) if f < fence);
+            let (nodes, key) = (nodes.clone(), key.clone());
             async move {
-                if let Some(undo) = undo {
-                    undo.await;
+                if released {
+                    undo(nodes, key, token, i).await;
+                } else if let (true, Some(node)) = (behind, nodes.get(i)) {
+                    // Compare-token: a no-op if the lock is gone meanwhile.
+                    let _ = raise_fence(node, &key, token, fence).await;
                 }
             }
         });
@@ -492,17 +505,14 @@ impl RedlockBackend {
             return Some(fence);
         }
         let needed = self.quorum.saturating_sub(granted.len() - behind.len());
-        let keys = Arc::new([key.full().to_owned(), key.fence().to_owned()]);
+        let shared_key = Arc::new(key.clone());
         let mut raises = self.send_to(behind, |nodes, i| {
-            let keys = keys.clone();
+            let key = shared_key.clone();
             async move {
-                let Some(con) = nodes.get(i).map(SingleBackend::connection) else {
-                    return Ok(false);
-                };
-                FENCE_FLOOR
-                    .invoke::<bool, _, _, _>(&con, &keys[..], (token.as_bytes(), fence))
-                    .await
-                    .map_err(LockError::backend("fence_floor"))
+                match nodes.get(i) {
+                    Some(node) => raise_fence(node, &key, token, fence).await,
+                    None => Err(LockError::invalid_option("no such redlock node")),
+                }
             }
         });
         // Already safe once a quorum vouches: the other laggards are raised in the
@@ -762,6 +772,24 @@ async fn release_on(
         .await
         .map_err(LockError::backend("release"))?;
     Ok(released == 1)
+}
+
+/// `fence_floor.lua` on one node: true when its counter is now at least `fence` (and the
+/// lock still ours there).
+async fn raise_fence(
+    node: &SingleBackend,
+    key: &LockKey,
+    token: Token,
+    fence: u64,
+) -> Result<bool, LockError> {
+    FENCE_FLOOR
+        .invoke(
+            &node.connection(),
+            &[key.full(), key.fence()],
+            (token.as_bytes(), fence),
+        )
+        .await
+        .map_err(LockError::backend("fence_floor"))
 }
 
 /// Undoes an attempt on node `i`: compare-token delete, without waking anyone (the
