@@ -82,9 +82,9 @@
 //! them (their low counter is raised to the token). Persistence with
 //! `appendfsync always` on every node removes the caveat for both.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
@@ -544,7 +544,8 @@ impl RedlockBackend {
     /// clients do not collide again.
     fn retry_after(&self, held: &[(Option<Duration>, Option<u64>)], ttl: Duration) -> Duration {
         let majority_holder = held.iter().any(|(_, holder)| {
-            holder.is_some_and(|h| held.iter().filter(|(_, o)| *o == Some(h)).count() >= self.quorum)
+            holder
+                .is_some_and(|h| held.iter().filter(|(_, o)| *o == Some(h)).count() >= self.quorum)
         });
         // Holding nodes that must free up before the others can form a quorum.
         let must_free = (self.quorum + held.len()).saturating_sub(self.nodes.len());
