@@ -19,6 +19,9 @@ pub const ARL: &str = "async-redis-lock 0.4.0";
 /// One implementation, connected.
 pub enum Locker {
     Raw(Raw),
+    /// The same raw lock + release on several servers at once (the machine's floor for
+    /// Redlock: every node's SET NX in parallel, then every node's compare-and-delete).
+    RawParallel(Vec<Raw>),
     Redlock(LockManager),
     Rslock(rslock::LockManager),
     Arl(async_redis_lock::Locker),
@@ -29,6 +32,22 @@ impl Locker {
     pub async fn lock_release(&self, key: &str) -> Res<()> {
         match self {
             Self::Raw(r) => r.lock_release(key, TTL).await,
+            Self::RawParallel(nodes) => {
+                let held =
+                    futures_util::future::join_all(nodes.iter().map(|r| r.try_lock(key, TTL)))
+                        .await;
+                let mut releases = Vec::with_capacity(nodes.len());
+                for (r, held) in nodes.iter().zip(held) {
+                    let held = held?.ok_or_else(|| format!("raw: {key} unexpectedly held"))?;
+                    releases.push(r.release(held));
+                }
+                for released in futures_util::future::join_all(releases).await {
+                    if !released? {
+                        return Err(format!("raw: {key} was lost"));
+                    }
+                }
+                Ok(())
+            }
             Self::Redlock(m) => {
                 let guard = m.lock(key).await.map_err(err)?;
                 guard.release().await.map_err(err)
@@ -49,6 +68,7 @@ impl Locker {
     pub fn key(&self, tag: &str, i: usize) -> String {
         match self {
             Self::Raw(_) => format!("raw:{tag}_{{{i}}}"),
+            Self::RawParallel(_) => format!("rawp:{tag}_{{{i}}}"),
             Self::Redlock(_) => format!("{tag}_{{{i}}}"),
             Self::Rslock(_) => format!("rsl:{tag}_{{{i}}}"),
             Self::Arl(_) => format!("arl:{tag}_{{{i}}}"),

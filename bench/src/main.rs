@@ -10,19 +10,23 @@
 //! in the same run, and the ratio. The last line sums the ratios up:
 //!
 //! ```text
-//! ratios: uncontended=<x> distinct64=<x> handoff_vs_poll=<x> handoff_vs_rslock=<x> handoff_vs_rtt=<x> fifo=<x> redlock5_vs_single=<x> macro_vs_guard=<x>
+//! ratios: uncontended=<x> distinct64=<x> handoff_vs_poll=<x> handoff_vs_rslock=<x> handoff_vs_rtt=<x> fifo=<x> redlock5_vs_single=<x> redlock5_vs_floor=<x> frozen_node=<x> macro_vs_guard=<x>
 //! ```
 //!
 //! Throughput ratios are redlock ÷ baseline; `handoff_vs_*` is the baseline's hand-off p50
 //! ÷ redlock's; `handoff_vs_rtt` is redlock's hand-off p50 ÷ one raw `SET` round trip;
 //! `fifo` is the fraction of contended acquisitions that changed holder;
-//! `redlock5_vs_single` and `macro_vs_guard` are time-per-operation ratios (cost ÷ cost);
+//! `redlock5_vs_single`, `redlock5_vs_floor` (÷ raw lock+release on all five servers at
+//! once, the machine's floor for Redlock) and `macro_vs_guard` are time-per-operation
+//! ratios (cost ÷ cost); `frozen_node` is Redlock's lock+release p50 with one master
+//! SIGSTOPped ÷ the same managers' healthy p50 (the larger over 3 and 5 masters);
 //! for `macro_vs_guard` the macro's extra work is measured on the in-memory backend (where
 //! it is well above the noise) and set against a Redis lock+release of the same run.
 //! Figures are printed, never asserted: timings do not fail the run (a scenario that
 //! cannot run at all, e.g. no redis-server, exits non-zero).
 
 mod cpu;
+mod frozen;
 mod handoff;
 mod lockers;
 mod macro_guard;
@@ -94,19 +98,20 @@ impl Config {
     }
 }
 
-const SCENARIOS: [&str; 6] = [
+const SCENARIOS: [&str; 7] = [
     "uncontended",
     "distinct64",
     "handoff",
     "watchdog",
     "redlock5",
+    "frozen",
     "macro",
 ];
 
 const USAGE: &str = "usage: redlock-bench [--quick] [--scenario NAME]...
   --quick            short runs (under 90 s on 2 cores), as CI runs it
   --scenario NAME    only this scenario (repeatable, or comma-separated):
-                     uncontended, distinct64, handoff, watchdog, redlock5, macro";
+                     uncontended, distinct64, handoff, watchdog, redlock5, frozen, macro";
 
 fn parse_args() -> Result<(bool, Vec<String>), String> {
     let mut quick = false;
@@ -158,7 +163,7 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let server = RedisServer::start();
-    let set = wanted("redlock5").then(|| RedisSet::start(5));
+    let set = (wanted("redlock5") || wanted("frozen")).then(|| RedisSet::start(5));
     let version = server
         .cmd_sync(&["INFO", "server"])
         .ok()
@@ -236,10 +241,20 @@ fn main() -> ExitCode {
                 report("watchdog", e);
             }
         }
-        if let Some(urls) = &set_urls {
+        if let (Some(urls), true) = (&set_urls, wanted("redlock5")) {
             match redlock5::run(&cfg, urls, &set_pids).await {
-                Ok(x) => r.redlock5_vs_single = Some(x),
+                Ok(x) => {
+                    r.redlock5_vs_single = Some(x.vs_single);
+                    r.redlock5_vs_floor = Some(x.vs_floor);
+                }
                 Err(e) => report("redlock5", e),
+            }
+        }
+        // After redlock5: it freezes one of the set's servers for a while.
+        if let (Some(urls), true) = (&set_urls, wanted("frozen")) {
+            match frozen::run(&cfg, urls, &set_pids).await {
+                Ok(x) => r.frozen_node = Some(x),
+                Err(e) => report("frozen", e),
             }
         }
         if wanted("macro") {
@@ -271,6 +286,8 @@ struct Ratios {
     handoff_vs_rtt: Option<f64>,
     fifo: Option<f64>,
     redlock5_vs_single: Option<f64>,
+    redlock5_vs_floor: Option<f64>,
+    frozen_node: Option<f64>,
     macro_vs_guard: Option<f64>,
 }
 
@@ -281,7 +298,7 @@ impl Ratios {
             _ => "n/a".into(),
         };
         format!(
-            "ratios: uncontended={} distinct64={} handoff_vs_poll={} handoff_vs_rslock={} handoff_vs_rtt={} fifo={} redlock5_vs_single={} macro_vs_guard={}",
+            "ratios: uncontended={} distinct64={} handoff_vs_poll={} handoff_vs_rslock={} handoff_vs_rtt={} fifo={} redlock5_vs_single={} redlock5_vs_floor={} frozen_node={} macro_vs_guard={}",
             f(self.uncontended, 2),
             f(self.distinct64, 2),
             f(self.handoff_vs_poll, 1),
@@ -289,6 +306,8 @@ impl Ratios {
             f(self.handoff_vs_rtt, 2),
             f(self.fifo, 3),
             f(self.redlock5_vs_single, 2),
+            f(self.redlock5_vs_floor, 2),
+            f(self.frozen_node, 2),
             f(self.macro_vs_guard, 3),
         )
     }

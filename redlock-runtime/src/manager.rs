@@ -555,7 +555,7 @@ impl LockManager {
             .await?;
         pending.armed = false;
         let fence = match attempt {
-            Attempt::Held { remaining } => return Ok(Outcome::Held(remaining)),
+            Attempt::Held { remaining, .. } => return Ok(Outcome::Held(remaining)),
             Attempt::Acquired {
                 fence,
                 replicas: acked,

@@ -3,7 +3,7 @@
 use std::fmt;
 
 /// 16 bytes from the operating system's CSPRNG. Never printed: `Debug` is redacted.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct Token([u8; 16]);
 
 impl Token {

@@ -147,7 +147,7 @@ impl ClusterBackend {
         let keys = [key.full(), key.fence()];
         let args = (token.as_bytes(), ttl_ms(ttl));
         let Some(rw) = replicas else {
-            let reply: (i64, Value) = ACQUIRE
+            let reply: Value = ACQUIRE
                 .invoke(&self.con, &keys, args)
                 .await
                 .map_err(LockError::backend("acquire"))?;
@@ -178,7 +178,7 @@ impl ClusterBackend {
             .route_pipeline(pipe, 0, 3, master_of(key.full()))
             .await
             .map_err(LockError::backend("acquire"))?;
-        let (reply, acked): ((i64, Value), u32) = match <[Value; 3]>::try_from(replies) {
+        let (reply, acked): (Value, u32) = match <[Value; 3]>::try_from(replies) {
             Ok([_, reply, acked]) => (decode(reply, "acquire")?, decode(acked, "acquire")?),
             Err(other) => return Err(unexpected("acquire", other.len())),
         };

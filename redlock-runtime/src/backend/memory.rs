@@ -97,6 +97,7 @@ impl MemoryBackend {
                 if held.token != token {
                     return Ok(Attempt::Held {
                         remaining: Some(held.expires - now),
+                        holder: None,
                     });
                 }
                 held.expires = expires;

@@ -28,8 +28,13 @@ pub(crate) enum Attempt {
     /// The lock is ours, with this fencing token; `replicas` is the `WAIT` count when
     /// replicas were asked for.
     Acquired { fence: u64, replicas: Option<u32> },
-    /// Someone else holds it for about this long (`None`: no expiry was set).
-    Held { remaining: Option<Duration> },
+    /// Someone else holds it for about this long (`None`: no expiry was set). `holder`
+    /// names the holder when the server said who (a digest of its token, the same on
+    /// every node that holder holds; Redis backends only).
+    Held {
+        remaining: Option<Duration>,
+        holder: Option<u64>,
+    },
 }
 
 /// What to `WAIT` for after acquiring.

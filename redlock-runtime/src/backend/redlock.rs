@@ -1,20 +1,34 @@
 //! Redlock: the same lock on N independent Redis masters, held by a majority.
 //!
 //! Every operation goes to all N nodes at once, each request bounded by the per-node
-//! timeout (default 200 ms, at most ttl/10), so a frozen or partitioned node costs at
-//! most that long and never hangs a call. Each node is a [`SingleBackend`] (its own
-//! command and subscriber connections, reconnecting by themselves).
+//! timeout (default 200 ms, at most ttl/10), so a frozen or partitioned node never hangs
+//! a call. Acquire, release, extend and subscribe return as soon as their outcome is
+//! decided, not when the slowest node answers: with one node frozen they cost what the
+//! healthy ones cost. Each node is a [`SingleBackend`] (its own command and subscriber
+//! connections, reconnecting by themselves).
+//!
+//! The requests still unanswered when a call returns are never dropped (a dropped request
+//! may never be written, and an undo lost that way leaves its key behind): a task of
+//! their own drives them to completion and finishes what they did. It owns the node
+//! connections, so it completes even when the manager is dropped meanwhile.
 //!
 //! - **Acquire** runs `acquire.lua` (`SET NX PX` plus the node's fencing `INCR`) on every
 //!   node. The lock is ours iff a quorum (N/2+1) said yes *and* the validity
-//!   ttl − elapsed − drift (drift = 1 % of the ttl + 2 ms) is still positive. Otherwise
-//!   the attempt is undone on every node at once (a node whose reply was lost may have
-//!   applied it) and reported as [`Attempt::Held`] (retried by the manager after the
-//!   holders' remaining ttl plus a random jitter, or at once on a release notification),
-//!   or as [`LockError::QuorumUnavailable`] when fewer than a quorum of nodes answered.
+//!   ttl − elapsed − drift (drift = 1 % of the ttl + 2 ms), measured from before the
+//!   requests were sent, is still positive once the last counted grant arrived. Grants
+//!   landing after that are kept as part of the lock (renewals and release go to every
+//!   node), unless the lock was released before they landed: then they are undone.
+//!   A lost attempt returns as soon as a quorum is impossible: what it won, and every
+//!   node that answers later with a grant or not at all, is undone in the background
+//!   (compare-token, without a wake-up: it would wake this caller itself). It is
+//!   reported as [`Attempt::Held`] — retried by the manager after a random jitter when no
+//!   single holder has a quorum (a split vote), else after the holder's remaining ttl or
+//!   at once on its release notification — or as [`LockError::QuorumUnavailable`] when
+//!   fewer than a quorum of nodes answered.
 //! - **Release and extend** go to every node; they succeed when a quorum confirms, report
 //!   the lock lost when so many nodes deny it that no quorum can, and fail with
-//!   `QuorumUnavailable` when too few answered to tell.
+//!   `QuorumUnavailable` when too few answered to tell. A release unconfirmed by a node
+//!   is retried in the background for a few seconds.
 //! - **Renewal** (the watchdog) extends each lock on every node in one round trip per
 //!   node; a lock is lost once a majority no longer confirms it.
 //! - **Wake-ups**: waiters subscribe on every node, and any node's message wakes them
@@ -29,14 +43,15 @@
 //! never decreases**. Counters and the floor are exact decimal strings on the server
 //! and `u64` here, never Lua doubles.
 //!
-//! The token of an acquisition is the **maximum** counter among the nodes that granted
-//! it. That maximum must be *vouched for* by a quorum: nodes whose acquire script
-//! reported it, plus nodes raised to it by `fence_floor.lua`. When all granting
-//! nodes agree (the normal case) this costs nothing; when they disagree (a node was down
-//! or restarted, or other keys of the slot were granted by some nodes only) a second
-//! round trip raises the lagging ones before the guard is handed out, and an attempt
-//! that cannot get a quorum to vouch is undone like any failed attempt. Granting nodes
-//! that lag behind while a quorum already vouches are raised in the background.
+//! The token of an acquisition is the **maximum** counter among the grants that decided
+//! it (the first quorum to answer). That maximum must be *vouched for* by a quorum: nodes
+//! whose acquire script reported it, plus nodes raised to it by `fence_floor.lua`. When
+//! all granting nodes agree (the normal case) this costs nothing; when they disagree (a
+//! node was down or restarted, or other keys of the slot were granted by some nodes only)
+//! a second round trip raises the lagging ones until a quorum vouches, before the guard
+//! is handed out, and an attempt that cannot get a quorum to vouch is undone like any
+//! failed attempt. The other lagging nodes, and grants landing after the decision whose
+//! counter is behind, are raised in the background while the lock is held.
 //!
 //! **Guaranteed, whatever the clocks and pauses do**: take two successful acquisitions
 //! A and B of a key, and a node *n* that vouched for A's token and granted B. When *n*
@@ -67,12 +82,14 @@
 //! them (their low counter is raised to the token). Persistence with
 //! `appendfsync always` on every node removes the caveat for both.
 
+use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Weak;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
-use redis::aio::ConnectionManager;
+use futures_util::stream::{FuturesUnordered, StreamExt};
 
 use super::single::SingleBackend;
 use super::{Attempt, Renewal, Renewed, ReplicaWait, Timeouts};
@@ -85,21 +102,40 @@ use crate::LockError;
 
 /// The default bound on each node's reply.
 pub(crate) const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(200);
-/// Pauses before the background retries of an undo some node did not confirm.
-const UNDO_RETRIES: [Duration; 3] = [
+/// Pauses before each request of a background undo: the first at once, then retries
+/// while the node does not confirm (a release retries from the second).
+const UNDO_PAUSES: [Duration; 4] = [
+    Duration::ZERO,
     Duration::from_millis(200),
     Duration::from_millis(800),
     Duration::from_secs(2),
 ];
 /// The longest random delay added to a retry after a failed attempt.
 const MAX_JITTER: Duration = Duration::from_millis(50);
+/// `release.lua`'s publish argument: a release wakes the waiters, an undo does not.
+const PUBLISH: &str = "PUBLISH";
+const NO_PUBLISH: &str = "";
 
 /// N independent masters.
 pub(crate) struct RedlockBackend {
-    nodes: Vec<SingleBackend>,
+    /// Shared with the requests still in flight after a call returned.
+    nodes: Arc<[SingleBackend]>,
     quorum: usize,
     node_timeout: Duration,
+    /// Won attempts whose requests to some nodes are still in flight, by token: `true`
+    /// once the lock was released meanwhile (see [`RedlockBackend::keep_late_grants`]).
+    landing: Arc<Mutex<HashMap<Token, bool>>>,
 }
+
+/// One node's answer: its index and its outcome.
+type Answer<T> = (usize, Result<T, LockError>);
+
+/// One request per node, each owning what it needs. A call returns as soon as its outcome
+/// is decided; the requests still unanswered then are driven to completion by a task of
+/// their own ([`finish`]), never dropped: a dropped request may never be written (an undo
+/// lost that way leaves its key behind for the whole ttl), or be written with nobody left
+/// to undo what it did.
+type InFlight<T> = FuturesUnordered<Pin<Box<dyn Future<Output = Answer<T>> + Send>>>;
 
 /// How a quorum vote came out.
 enum Vote {
@@ -107,8 +143,45 @@ enum Vote {
     Yes,
     /// So many nodes denied that no quorum can confirm.
     No,
-    /// Too few answered to tell.
+    /// Too few answered to tell (yet).
     Unknown,
+}
+
+/// The answers to an acquisition so far.
+#[derive(Default)]
+struct Tally {
+    /// Node and fencing counter of every grant.
+    granted: Vec<(usize, u64)>,
+    /// Remaining ttl and holder of every node held by someone else.
+    held: Vec<(Option<Duration>, Option<u64>)>,
+    failed: usize,
+    last_error: Option<LockError>,
+}
+
+impl Tally {
+    fn add(&mut self, (i, answer): Answer<Attempt>) {
+        match answer {
+            Ok(Attempt::Acquired { fence, .. }) => self.granted.push((i, fence)),
+            Ok(Attempt::Held { remaining, holder }) => self.held.push((remaining, holder)),
+            Err(e) => {
+                self.failed += 1;
+                self.last_error = Some(e);
+            }
+        }
+    }
+
+    fn answered(&self) -> usize {
+        self.granted.len() + self.held.len()
+    }
+
+    /// Whether the answers so far decide the attempt: a quorum granted, or it cannot
+    /// and enough answered to tell "held" from "quorum unavailable".
+    fn decided(&self, nodes: usize, quorum: usize) -> bool {
+        let pending = nodes - self.answered() - self.failed;
+        self.granted.len() >= quorum
+            || (self.granted.len() + pending < quorum
+                && (self.answered() >= quorum || self.failed > nodes - quorum))
+    }
 }
 
 impl RedlockBackend {
@@ -137,8 +210,9 @@ impl RedlockBackend {
         let nodes = connected.into_iter().collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
             quorum: nodes.len() / 2 + 1,
-            nodes,
+            nodes: nodes.into(),
             node_timeout,
+            landing: Arc::default(),
         })
     }
 
@@ -149,7 +223,8 @@ impl RedlockBackend {
             .max(Duration::from_millis(1))
     }
 
-    /// Runs `f` on every node at once, each bounded by `timeout`.
+    /// Runs `f` on every node at once, each bounded by `timeout`, and waits for them all
+    /// (for requests whose loss is harmless: reads, renewals, unsubscriptions).
     async fn on_all<'a, T, F, Fut>(
         &'a self,
         operation: &'static str,
@@ -171,6 +246,32 @@ impl RedlockBackend {
         .await
     }
 
+    /// Sends `request(nodes, i)` to every node `i`.
+    fn send_all<T, F, Fut>(&self, request: F) -> InFlight<T>
+    where
+        F: Fn(Arc<[SingleBackend]>, usize) -> Fut,
+        Fut: Future<Output = Result<T, LockError>> + Send + 'static,
+        T: 'static,
+    {
+        self.send_to(0..self.nodes.len(), request)
+    }
+
+    /// Sends `request(nodes, i)` to each node `i` of `to`.
+    fn send_to<T, F, Fut>(&self, to: impl IntoIterator<Item = usize>, request: F) -> InFlight<T>
+    where
+        F: Fn(Arc<[SingleBackend]>, usize) -> Fut,
+        Fut: Future<Output = Result<T, LockError>> + Send + 'static,
+        T: 'static,
+    {
+        to.into_iter()
+            .map(|i| {
+                let request = request(self.nodes.clone(), i);
+                Box::pin(async move { (i, request.await) })
+                    as Pin<Box<dyn Future<Output = Answer<T>> + Send>>
+            })
+            .collect()
+    }
+
     /// Counts confirmations and denials.
     fn vote(&self, answers: impl IntoIterator<Item = Option<bool>>) -> Vote {
         let (mut yes, mut no) = (0, 0);
@@ -190,14 +291,63 @@ impl RedlockBackend {
         }
     }
 
-    fn unavailable(&self, key: &LockKey, answers: &[Result<bool, LockError>]) -> LockError {
-        if let Some(Err(e)) = answers.iter().find(|a| a.is_err()) {
+    /// The vote of the answers to a compare-token request so far.
+    fn vote_of(&self, answers: &[Answer<bool>]) -> Vote {
+        self.vote(answers.iter().map(|(_, a)| a.as_ref().ok().copied()))
+    }
+
+    /// `QuorumUnavailable` for a call that got `reached` answers.
+    fn unavailable(&self, key: &LockKey, reached: usize, error: Option<&LockError>) -> LockError {
+        if let Some(e) = error {
             tracing::debug!(key = key.full(), error = %e, "redlock: too few nodes answered");
         }
         LockError::QuorumUnavailable {
             key: key.full().to_owned(),
-            reached: answers.iter().filter(|a| a.is_ok()).count(),
+            reached,
             needed: self.quorum,
+        }
+    }
+
+    /// A compare-token request to every node, decided by a quorum vote: returns as soon
+    /// as a quorum confirmed or denied (or the per-node timeout passed); the requests
+    /// still in flight finish in the background (`retry`: released again if they fail).
+    async fn decide<F, Fut>(
+        &self,
+        key: &LockKey,
+        timeout: Duration,
+        retry: Option<Token>,
+        request: F,
+    ) -> Result<bool, LockError>
+    where
+        F: Fn(Arc<[SingleBackend]>, usize) -> Fut,
+        Fut: Future<Output = Result<bool, LockError>> + Send + 'static,
+    {
+        let mut in_flight = self.send_all(request);
+        let mut answers = Vec::with_capacity(self.nodes.len());
+        gather(&mut in_flight, timeout, |answer| {
+            answers.push(answer);
+            !matches!(self.vote_of(&answers), Vote::Unknown)
+        })
+        .await;
+        let vote = self.vote_of(&answers);
+        let shared_key = Arc::new(key.clone());
+        let nodes = self.nodes.clone();
+        finish(in_flight, move |(i, answer)| {
+            let (nodes, key) = (nodes.clone(), shared_key.clone());
+            async move {
+                if let (Err(_), Some(token), Some(node)) = (answer, retry, nodes.get(i)) {
+                    release_until_confirmed(node, &key, token, PUBLISH, &UNDO_PAUSES[1..]).await;
+                }
+            }
+        });
+        match vote {
+            Vote::Yes => Ok(true),
+            Vote::No => Ok(false),
+            Vote::Unknown => {
+                let reached = answers.iter().filter(|(_, a)| a.is_ok()).count();
+                let error = answers.iter().find_map(|(_, a)| a.as_ref().err());
+                Err(self.unavailable(key, reached, error))
+            }
         }
     }
 
@@ -215,25 +365,31 @@ impl RedlockBackend {
         }
         let started = Instant::now();
         let timeout = self.node_timeout(ttl);
-        let answers = self
-            .on_all("acquire", timeout, |n| n.acquire(key, token, ttl, None))
-            .await;
-        let mut granted: Vec<(usize, u64)> = Vec::new();
-        let mut held: Vec<Option<Duration>> = Vec::new();
-        let mut last_error = None;
-        for (i, answer) in answers.into_iter().enumerate() {
-            match answer {
-                Ok(Attempt::Acquired { fence, .. }) => granted.push((i, fence)),
-                Ok(Attempt::Held { remaining }) => held.push(remaining),
-                Err(e) => last_error = Some(e),
+        let shared_key = Arc::new(key.clone());
+        let mut in_flight = self.send_all(|nodes, i| {
+            let key = shared_key.clone();
+            async move {
+                match nodes.get(i) {
+                    Some(node) => node.acquire(&key, token, ttl, None).await,
+                    None => Err(LockError::invalid_option("no such redlock node")),
+                }
             }
-        }
-        if granted.len() >= self.quorum {
-            if let Some(fence) = self.settle_fence(key, token, &granted, timeout).await {
+        });
+        let (nodes, quorum) = (self.nodes.len(), self.quorum);
+        let mut tally = Tally::default();
+        gather(&mut in_flight, timeout, |answer| {
+            tally.add(answer);
+            tally.decided(nodes, quorum)
+        })
+        .await;
+        if tally.granted.len() >= quorum {
+            if let Some(fence) = self.settle_fence(key, token, &tally.granted, timeout).await {
+                // Measured from before the requests were sent, after the last grant counted.
                 let validity = ttl
                     .saturating_sub(started.elapsed())
                     .saturating_sub(drift(ttl));
                 if !validity.is_zero() {
+                    self.keep_late_grants(&shared_key, token, fence, in_flight);
                     return Ok(Attempt::Acquired {
                         fence,
                         replicas: None,
@@ -242,74 +398,96 @@ impl RedlockBackend {
                 tracing::debug!(key = key.full(), elapsed = ?started.elapsed(), "redlock: quorum won too late; undoing");
             }
         }
-        let answered = granted.len() + held.len();
-        if answered < self.quorum {
-            if let Some(e) = last_error {
-                tracing::debug!(key = key.full(), error = %e, "redlock: too few nodes answered");
-            }
-            // The manager releases what a failed attempt may have taken, on every node,
-            // in the background: the error is not delayed by another round of timeouts.
-            return Err(LockError::QuorumUnavailable {
-                key: key.full().to_owned(),
-                reached: answered,
-                needed: self.quorum,
-            });
+        // Lost: undo what was won, in the background, and retry (the manager) without
+        // waiting for it: the error or the retry is not delayed by another round trip.
+        let won = tally.granted.iter().map(|&(i, _)| i).collect();
+        self.undo_in_background(&shared_key, token, won, in_flight);
+        if tally.answered() < quorum {
+            return Err(self.unavailable(key, tally.answered(), tally.last_error.as_ref()));
         }
-        // Undo everywhere at once (a node whose reply was lost may have granted it),
-        // before retrying, so that competing clients find the nodes free.
-        self.undo_everywhere(key, token, timeout).await;
         Ok(Attempt::Held {
-            remaining: Some(self.retry_after(&held, ttl)),
+            remaining: Some(self.retry_after(&tally.held, ttl)),
+            holder: None,
         })
     }
 
-    /// Undoes a failed attempt on every node. Nodes that did not confirm are retried in
-    /// the background for a few seconds, so a lost undo does not leave a stale grant
-    /// standing in the way of everyone for its whole ttl. (It can never be counted as a
-    /// grant again: every attempt has a token of its own.)
-    async fn undo_everywhere(&self, key: &LockKey, token: Token, timeout: Duration) {
-        let answers = self
-            .on_all("release", timeout, |n| undo(n, key, token))
-            .await;
-        let unconfirmed: Vec<ConnectionManager> = self
-            .nodes
-            .iter()
-            .zip(&answers)
-            .filter(|(_, answer)| answer.is_err())
-            .map(|(node, _)| node.connection())
-            .collect();
-        if unconfirmed.is_empty() {
+    /// The rest of a won attempt, in a task of its own: a grant landing late is kept as
+    /// part of the lock (the lease's renewals and release go to every node, so they
+    /// cover it, and a lock on more than a bare quorum survives more node failures),
+    /// unless the lock was released before it landed. A request sent before the release
+    /// is applied before it on that node's connection, but not every request is sent at
+    /// once (an `EVAL` after a restarted node's `NOSCRIPT`, a send after a reconnect):
+    /// the release marks the token (under the lock of `landing`, before sending), and a
+    /// grant or unanswered request seen after that is undone. A kept grant whose counter
+    /// is behind the token is raised to it, so that it vouches for the token too (see
+    /// "Fencing tokens").
+    fn keep_late_grants(
+        &self,
+        key: &Arc<LockKey>,
+        token: Token,
+        fence: u64,
+        in_flight: InFlight<Attempt>,
+    ) {
+        if in_flight.is_empty() {
             return;
         }
-        let key = key.clone();
-        let node_timeout = self.node_timeout;
-        tokio::spawn(async move {
-            for pause in UNDO_RETRIES {
-                tokio::time::sleep(pause).await;
-                let retries = unconfirmed.iter().map(|con| {
-                    let (mut con, key) = (con.clone(), &key);
-                    async move {
-                        let cmd = RELEASE.eval(&[key.full()], (token.as_bytes(), "PUBLISH"));
-                        tokio::time::timeout(node_timeout, cmd.query_async::<i64>(&mut con)).await
-                    }
-                });
-                if join_all(retries)
-                    .await
-                    .iter()
-                    .all(|r| matches!(r, Ok(Ok(_))))
-                {
-                    return;
+        lock(&self.landing).insert(token, false);
+        let (nodes, key, landing) = (self.nodes.clone(), key.clone(), self.landing.clone());
+        let marks = landing.clone();
+        let stragglers = in_flight.for_each_concurrent(None, move |(i, answer)| {
+            let released = !matches!(answer, Ok(Attempt::Held { .. }))
+                && lock(&marks).get(&token).copied().unwrap_or(true);
+            let behind = matches!(answer, Ok(Attempt::Acquired { fence: f, .. }) if f < fence);
+            let (nodes, key) = (nodes.clone(), key.clone());
+            async move {
+                if released {
+                    undo(nodes, key, token, i).await;
+                } else if let (true, Some(node)) = (behind, nodes.get(i)) {
+                    // Compare-token: a no-op if the lock is gone meanwhile.
+                    let _ = raise_fence(node, &key, token, fence).await;
                 }
             }
-            tracing::debug!(
-                key = key.full(),
-                "redlock: undo not confirmed by every node; the ttl frees the rest"
-            );
+        });
+        tokio::spawn(async move {
+            stragglers.await;
+            lock(&landing).remove(&token);
         });
     }
 
+    /// Undoes a lost attempt in a task of its own: at once on the nodes in `won`, and on
+    /// every node still in flight once it answers, unless it answered "held" (a grant
+    /// landing late, or a request whose reply never came and that may have been applied:
+    /// the undo follows it on the same connection, so it is applied after it).
+    fn undo_in_background(
+        &self,
+        key: &Arc<LockKey>,
+        token: Token,
+        won: Vec<usize>,
+        in_flight: InFlight<Attempt>,
+    ) {
+        if won.is_empty() && in_flight.is_empty() {
+            return;
+        }
+        let (nodes, key) = (self.nodes.clone(), key.clone());
+        let at_once = join_all(
+            won.into_iter()
+                .map(|i| undo(nodes.clone(), key.clone(), token, i)),
+        );
+        let stragglers = in_flight.for_each_concurrent(None, move |(i, answer)| {
+            let held = matches!(answer, Ok(Attempt::Held { .. }));
+            let undo = (!held).then(|| undo(nodes.clone(), key.clone(), token, i));
+            async move {
+                if let Some(undo) = undo {
+                    undo.await;
+                }
+            }
+        });
+        tokio::spawn(futures_util::future::join(at_once, stragglers));
+    }
+
     /// The fencing token of a won quorum (the highest counter among `granted`), once a
-    /// quorum vouches for it; `None` when it cannot (the attempt must be undone).
+    /// quorum vouches for it; `None` when it cannot (the attempt must be undone). Only
+    /// nodes that granted are asked, and only until a quorum vouches.
     async fn settle_fence(
         &self,
         key: &LockKey,
@@ -326,31 +504,29 @@ impl RedlockBackend {
         if behind.is_empty() {
             return Some(fence);
         }
-        let vouching = granted.len() - behind.len();
-        let raise = |i: usize| {
-            let con = self.nodes.get(i).map(SingleBackend::connection);
-            let keys = [key.full().to_owned(), key.fence().to_owned()];
+        let needed = self.quorum.saturating_sub(granted.len() - behind.len());
+        let shared_key = Arc::new(key.clone());
+        let mut raises = self.send_to(behind, |nodes, i| {
+            let key = shared_key.clone();
             async move {
-                let con = con.as_ref()?;
-                let raised =
-                    FENCE_FLOOR.invoke::<bool, _, _, _>(con, &keys, (token.as_bytes(), fence));
-                tokio::time::timeout(timeout, raised).await.ok()?.ok()
+                match nodes.get(i) {
+                    Some(node) => raise_fence(node, &key, token, fence).await,
+                    None => Err(LockError::invalid_option("no such redlock node")),
+                }
             }
-        };
-        if vouching >= self.quorum {
-            // Already safe; bring the laggards up in the background.
-            let catch_up = join_all(behind.into_iter().map(raise));
-            tokio::spawn(async move {
-                catch_up.await;
-            });
-            return Some(fence);
+        });
+        // Already safe once a quorum vouches: the other laggards are raised in the
+        // background.
+        let mut raised = 0;
+        if needed > 0 {
+            gather(&mut raises, timeout, |(_, answer)| {
+                raised += usize::from(matches!(answer, Ok(true)));
+                raised >= needed
+            })
+            .await;
         }
-        let raised = join_all(behind.into_iter().map(raise))
-            .await
-            .into_iter()
-            .filter(|r| *r == Some(true))
-            .count();
-        if vouching + raised >= self.quorum {
+        finish(raises, |_| async {});
+        if raised >= needed {
             Some(fence)
         } else {
             tracing::debug!(
@@ -361,18 +537,24 @@ impl RedlockBackend {
         }
     }
 
-    /// When to try again after losing: once enough holders' keys expire that a quorum
-    /// becomes possible (at once after a split vote), plus a random jitter so competing
+    /// When to try again after losing. When one holder has a quorum of the nodes: once
+    /// enough of its keys expire that a quorum becomes possible (a release notification
+    /// comes first). Otherwise (a split vote, or stale grants of other failed attempts
+    /// that their undos are removing): at once. Plus a random jitter, so competing
     /// clients do not collide again.
-    fn retry_after(&self, held: &[Option<Duration>], ttl: Duration) -> Duration {
+    fn retry_after(&self, held: &[(Option<Duration>, Option<u64>)], ttl: Duration) -> Duration {
+        let majority_holder = held.iter().any(|(_, holder)| {
+            holder
+                .is_some_and(|h| held.iter().filter(|(_, o)| *o == Some(h)).count() >= self.quorum)
+        });
         // Holding nodes that must free up before the others can form a quorum.
         let must_free = (self.quorum + held.len()).saturating_sub(self.nodes.len());
-        let base = if must_free == 0 {
+        let base = if !majority_holder || must_free == 0 {
             Duration::ZERO
         } else {
             let mut remaining: Vec<Duration> = held
                 .iter()
-                .map(|r| r.unwrap_or(Duration::from_secs(1)))
+                .map(|(r, _)| r.unwrap_or(Duration::from_secs(1)))
                 .collect();
             remaining.sort_unstable();
             remaining.get(must_free - 1).copied().unwrap_or_default()
@@ -380,35 +562,46 @@ impl RedlockBackend {
         base + jitter((ttl / 10).clamp(Duration::from_millis(2), MAX_JITTER))
     }
 
-    /// Releases on every node; true when a quorum deleted our token.
+    /// Releases on every node; true when a quorum deleted our token. Returns once a
+    /// quorum decided; the other nodes' requests finish in the background (and are
+    /// retried there if they fail).
     pub(crate) async fn release(&self, key: &LockKey, token: Token) -> Result<bool, LockError> {
-        let answers = self
-            .on_all("release", self.node_timeout, |n| undo(n, key, token))
-            .await;
-        match self.vote(answers.iter().map(|a| a.as_ref().ok().copied())) {
-            Vote::Yes => Ok(true),
-            Vote::No => Ok(false),
-            Vote::Unknown => Err(self.unavailable(key, &answers)),
+        if let Some(released) = lock(&self.landing).get_mut(&token) {
+            *released = true;
         }
+        let shared_key = Arc::new(key.clone());
+        self.decide(key, self.node_timeout, Some(token), |nodes, i| {
+            let key = shared_key.clone();
+            async move {
+                match nodes.get(i) {
+                    Some(node) => release_on(node, &key, token, PUBLISH).await,
+                    None => Err(LockError::invalid_option("no such redlock node")),
+                }
+            }
+        })
+        .await
     }
 
-    /// Extends on every node; true when a quorum still had our token.
+    /// Extends on every node; true when a quorum still had our token. Returns once a
+    /// quorum decided; the other nodes' requests finish in the background (applied late,
+    /// they only keep that node's copy longer than the lease believes).
     pub(crate) async fn extend(
         &self,
         key: &LockKey,
         token: Token,
         ttl: Duration,
     ) -> Result<bool, LockError> {
-        let answers = self
-            .on_all("extend", self.node_timeout(ttl), |n| {
-                n.extend(key, token, ttl)
-            })
-            .await;
-        match self.vote(answers.iter().map(|a| a.as_ref().ok().copied())) {
-            Vote::Yes => Ok(true),
-            Vote::No => Ok(false),
-            Vote::Unknown => Err(self.unavailable(key, &answers)),
-        }
+        let shared_key = Arc::new(key.clone());
+        self.decide(key, self.node_timeout(ttl), None, |nodes, i| {
+            let key = shared_key.clone();
+            async move {
+                match nodes.get(i) {
+                    Some(node) => node.extend(&key, token, ttl).await,
+                    None => Err(LockError::invalid_option("no such redlock node")),
+                }
+            }
+        })
+        .await
     }
 
     /// One batched renewal per node, all at once; each lock is decided by its own vote.
@@ -466,7 +659,11 @@ impl RedlockBackend {
         match self.vote(answers.iter().map(|a| a.as_ref().ok().copied())) {
             Vote::Yes => Ok(true),
             Vote::No => Ok(false),
-            Vote::Unknown => Err(self.unavailable(key, &answers)),
+            Vote::Unknown => {
+                let reached = answers.iter().filter(|a| a.is_ok()).count();
+                let error = answers.iter().find_map(|a| a.as_ref().err());
+                Err(self.unavailable(key, reached, error))
+            }
         }
     }
 
@@ -475,21 +672,39 @@ impl RedlockBackend {
         let answers = self
             .on_all("force_unlock", self.node_timeout, |n| n.force_unlock(key))
             .await;
-        if answers.iter().filter(|a| a.is_ok()).count() < self.quorum {
-            return Err(self.unavailable(key, &answers));
+        let reached = answers.iter().filter(|a| a.is_ok()).count();
+        if reached < self.quorum {
+            let error = answers.iter().find_map(|a| a.as_ref().err());
+            return Err(self.unavailable(key, reached, error));
         }
         Ok(answers.iter().any(|a| matches!(a, Ok(true))))
     }
 
     /// Subscribes on every node; enough when any node confirms (a release publishes on
-    /// every node it reaches, and the fallback timer covers the rest).
+    /// every node it reaches, and the fallback timer covers the rest). Returns at the
+    /// first confirmation; the other subscriptions finish in the background.
     pub(crate) async fn subscribe(&self, key: &str, register: bool) -> Result<(), LockError> {
-        let answers = self
-            .on_all("subscribe", self.node_timeout, |n| {
-                n.subscriber().subscribe(key, register)
-            })
-            .await;
-        first_ok(answers)
+        let channel: Arc<str> = Arc::from(key);
+        let mut in_flight = self.send_all(|nodes, i| {
+            let channel = channel.clone();
+            async move {
+                match nodes.get(i) {
+                    Some(node) => node.subscriber().subscribe(&channel, register).await,
+                    None => Err(LockError::invalid_option("no such redlock node")),
+                }
+            }
+        });
+        let mut outcome = None;
+        gather(&mut in_flight, self.node_timeout, |(_, answer)| {
+            let confirmed = answer.is_ok();
+            if outcome.as_ref().is_none_or(Result::is_err) {
+                outcome = Some(answer);
+            }
+            confirmed
+        })
+        .await;
+        finish(in_flight, |_| async {});
+        outcome.unwrap_or_else(|| Err(LockError::timed_out("subscribe", self.node_timeout)))
     }
 
     /// Drops one interest in `key` on every node.
@@ -503,19 +718,118 @@ impl RedlockBackend {
     }
 }
 
-/// Compare-token delete and publish on one node, as one self-contained `EVAL`.
-///
-/// Not `EVALSHA`: when a node answers late, the caller stops waiting but the request is
-/// still delivered, in order after the acquire it undoes. An `EVALSHA` answered with
-/// `NOSCRIPT` (a restarted node) would then be lost with nobody left to send the
-/// fallback, leaving the late acquire in place for its whole ttl.
-async fn undo(node: &SingleBackend, key: &LockKey, token: Token) -> Result<bool, LockError> {
+/// Feeds the answers of `in_flight` to `take` as they arrive, until it says the outcome
+/// is decided or `timeout` passes (nodes that did not answer by then count as failed;
+/// their requests stay in `in_flight`).
+async fn gather<T>(
+    in_flight: &mut InFlight<T>,
+    timeout: Duration,
+    mut take: impl FnMut(Answer<T>) -> bool,
+) {
+    let deadline = tokio::time::sleep(timeout);
+    tokio::pin!(deadline);
+    loop {
+        tokio::select! {
+            biased;
+            answer = in_flight.next() => match answer {
+                Some(answer) => {
+                    if take(answer) {
+                        return;
+                    }
+                }
+                None => return,
+            },
+            () = &mut deadline => return,
+        }
+    }
+}
+
+/// Drives the requests still in flight to completion in a task of their own, handing
+/// each answer to `then`. The task owns the nodes it talks to, so it finishes even when
+/// the manager is dropped meanwhile.
+fn finish<T, G, Fut>(in_flight: InFlight<T>, then: G)
+where
+    T: Send + 'static,
+    G: FnMut(Answer<T>) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    if !in_flight.is_empty() {
+        tokio::spawn(in_flight.for_each_concurrent(None, then));
+    }
+}
+
+/// Compare-token delete on one node, publishing with `publish` (`""`: no wake-up), as
+/// one self-contained `EVAL`: never answered `NOSCRIPT` by a restarted node, so the
+/// request is applied whenever it is delivered. True when our token was deleted.
+async fn release_on(
+    node: &SingleBackend,
+    key: &LockKey,
+    token: Token,
+    publish: &str,
+) -> Result<bool, LockError> {
     let released: i64 = RELEASE
-        .eval(&[key.full()], (token.as_bytes(), "PUBLISH"))
+        .eval(&[key.full()], (token.as_bytes(), publish))
         .query_async(&mut node.connection())
         .await
         .map_err(LockError::backend("release"))?;
     Ok(released == 1)
+}
+
+/// `fence_floor.lua` on one node: true when its counter is now at least `fence` (and the
+/// lock still ours there).
+async fn raise_fence(
+    node: &SingleBackend,
+    key: &LockKey,
+    token: Token,
+    fence: u64,
+) -> Result<bool, LockError> {
+    FENCE_FLOOR
+        .invoke(
+            &node.connection(),
+            &[key.full(), key.fence()],
+            (token.as_bytes(), fence),
+        )
+        .await
+        .map_err(LockError::backend("fence_floor"))
+}
+
+/// Undoes an attempt on node `i`: compare-token delete, without waking anyone (the
+/// waiters there would include this attempt's own caller, which retries by its own
+/// timer), retried for a few seconds while unconfirmed; after that the ttl frees it.
+async fn undo(nodes: Arc<[SingleBackend]>, key: Arc<LockKey>, token: Token, i: usize) {
+    if let Some(node) = nodes.get(i) {
+        release_until_confirmed(node, &key, token, NO_PUBLISH, &UNDO_PAUSES).await;
+    }
+}
+
+/// The map of won attempts still landing, whatever a panic elsewhere left in it.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Releases on one node until a request is answered: one request after each pause of
+/// `pauses` (zero: at once). Each request is bounded by the connection's response
+/// timeout, never cut short by ours, so it is written whatever happens.
+async fn release_until_confirmed(
+    node: &SingleBackend,
+    key: &LockKey,
+    token: Token,
+    publish: &str,
+    pauses: &[Duration],
+) {
+    for &pause in pauses {
+        if !pause.is_zero() {
+            tokio::time::sleep(pause).await;
+        }
+        if release_on(node, key, token, publish).await.is_ok() {
+            return;
+        }
+    }
+    tracing::debug!(
+        key = key.full(),
+        node = node.addr(),
+        "redlock: release not confirmed by a node; its ttl frees it"
+    );
 }
 
 /// `Ok` when any node succeeded, else the first error.

@@ -100,7 +100,7 @@ impl SingleBackend {
         let keys = [key.full(), key.fence()];
         let args = (token.as_bytes(), ttl_ms(ttl));
         let Some(rw) = replicas else {
-            let reply: (i64, Value) = reconnecting(|| ACQUIRE.invoke(&self.con, &keys, args))
+            let reply: Value = reconnecting(|| ACQUIRE.invoke(&self.con, &keys, args))
                 .await
                 .map_err(LockError::backend("acquire"))?;
             return decode_acquire(reply, None);
@@ -127,7 +127,7 @@ impl SingleBackend {
             .cmd("WAIT")
             .arg(rw.replicas)
             .arg(ttl_ms(rw.timeout));
-        let (reply, acked): ((i64, Value), u32) = pipe
+        let (reply, acked): (Value, u32) = pipe
             .query_async(con)
             .await
             .map_err(LockError::backend("acquire"))?;
@@ -279,15 +279,21 @@ pub(crate) fn parse_eviction_policy(info: &str) -> Result<String, LockError> {
         })
 }
 
-/// `{1, fence}` (the fence a decimal string) or `{0, pttl}` from `acquire.lua`.
+/// `{1, fence}` (the fence a decimal string) or `{0, pttl, holder}` from `acquire.lua`.
 ///
 /// A grant whose fence is not a positive integer that fits a `u64` is an error, never
-/// token 0: the caller gives the lock back (the manager's pending-attempt release).
-pub(crate) fn decode_acquire(
-    (ok, n): (i64, Value),
-    replicas: Option<u32>,
-) -> Result<Attempt, LockError> {
-    match ok {
+/// token 0: the caller gives the lock back (the manager's pending-attempt release). A
+/// holder that is not 16 hex digits is simply not named.
+pub(crate) fn decode_acquire(reply: Value, replicas: Option<u32>) -> Result<Attempt, LockError> {
+    let items: Vec<Value> =
+        redis::from_redis_value(reply).map_err(|e| LockError::backend("acquire")(e.into()))?;
+    let mut items = items.into_iter();
+    let (Some(status), Some(n)) = (items.next(), items.next()) else {
+        return Err(bad_reply("fewer than two elements".to_owned()));
+    };
+    let status: i64 =
+        redis::from_redis_value(status).map_err(|e| LockError::backend("acquire")(e.into()))?;
+    match status {
         1 => Ok(Attempt::Acquired {
             fence: parse_fence(&n)?,
             replicas,
@@ -295,8 +301,14 @@ pub(crate) fn decode_acquire(
         0 => {
             let pttl: i64 =
                 redis::from_redis_value(n).map_err(|e| LockError::backend("acquire")(e.into()))?;
+            let holder = items
+                .next()
+                .and_then(|h| redis::from_redis_value::<String>(h).ok())
+                .filter(|h| h.len() == 16)
+                .and_then(|h| u64::from_str_radix(&h, 16).ok());
             Ok(Attempt::Held {
                 remaining: u64::try_from(pttl).ok().map(Duration::from_millis),
+                holder,
             })
         }
         other => Err(bad_reply(format!("status {other}"))),

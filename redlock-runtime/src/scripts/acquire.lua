@@ -5,7 +5,10 @@
 -- Returns {1, fence} when acquired, the fence being the counter as a decimal string:
 -- never a Lua number, whose double is inexact above 2^53. A retried call that finds its
 -- own token is granted too, its expiry reset to the ttl as a fresh grant would be.
--- Returns {0, pttl} when someone else holds the lock (pttl -1: held without expiry).
+-- Returns {0, pttl, holder} when someone else holds the lock (pttl -1: held without
+-- expiry); holder is 16 hex digits of the SHA1 of the holder's value, the same on every
+-- node one holder holds (Redlock tells a majority holder from a split vote by it), and
+-- nothing anyone could use to release or extend that lock.
 -- Fails, the lock given back, when the counter does not yield a positive integer
 -- (not an integer, zero or negative, or INCR overflowing at 2^63 - 1).
 local function issued()
@@ -27,8 +30,13 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   end
   return issued()
 end
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+local held = redis.call('GET', KEYS[1])
+if held == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return issued()
 end
-return {0, redis.call('PTTL', KEYS[1])}
+local holder = ''
+if held then
+  holder = string.sub(redis.sha1hex(held), 1, 16)
+end
+return {0, redis.call('PTTL', KEYS[1]), holder}
