@@ -500,6 +500,27 @@ async fn cross_slot_resubscription_after_reconnect(h: &Cluster) {
     }
 }
 
+/// A release between the subscriber's disconnection and its resubscription still wakes
+/// its waiter: the subscriber's connection to every node is killed at once (see the
+/// conformance module).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscriber_reconnect_loses_no_wake_up() {
+    let _serial = SERIAL.lock().await;
+    let h = Cluster::start().await;
+    conformance::subscriber_reconnect_loses_no_wake_up(
+        &h,
+        |channels| channels.iter().all(|c| subscribers_anywhere(&h, c) == 1),
+        || {
+            (0..h.cluster.len())
+                .map(|i| int(&h.on(i, &["CLIENT", "KILL", "TYPE", "pubsub"])))
+                .sum::<i64>()
+                .try_into()
+                .unwrap_or(0)
+        },
+    )
+    .await;
+}
+
 /// When a slot moves to another master, the old owner sends an unsolicited
 /// `sunsubscribe`; redis-rs mistakes it for a reply and forgets the subscription. The
 /// subscriber wakes the waiter and subscribes again (following MOVED to the new owner),

@@ -5,7 +5,7 @@ mod conformance;
 
 use std::time::{Duration, Instant};
 
-use conformance::{unique, Harness};
+use conformance::{backends, unique, Harness};
 use redis::AsyncCommands;
 use redlock::{LockError, LockManager, LockManagerBuilder, LockOptions};
 use redlock_testkit::{wait_until, ChaosProxy, Fault, RedisServer, RedisSet};
@@ -523,4 +523,27 @@ async fn require_noeviction_checks_every_redlock_node() {
         .build()
         .await
         .expect("only a warning by default");
+}
+
+/// A release between the subscribers' disconnection and their resubscription still
+/// wakes its waiter: the subscriber connections of every node are killed at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscriber_reconnect_loses_no_wake_up() {
+    let h = Redlock::new();
+    conformance::subscriber_reconnect_loses_no_wake_up(
+        &h,
+        // Every waiter listens on some node (a subscription that missed the per-node
+        // timeout on a busy node is not retried: any node's message wakes the waiter).
+        |channels| {
+            let per_node: Vec<Vec<i64>> = h
+                .set
+                .nodes()
+                .iter()
+                .map(|node| backends::numsub(node, channels))
+                .collect();
+            (0..channels.len()).all(|i| per_node.iter().any(|n| n.get(i) == Some(&1)))
+        },
+        || h.set.nodes().iter().map(backends::kill_pubsub).sum(),
+    )
+    .await;
 }

@@ -594,6 +594,85 @@ pub fn static_send_sync_checks(locks: &LockManager) {
     is_send(&locks.lock_with("k", LockOptions::new()));
 }
 
+/// A subscriber reconnect loses no wake-up. Many waiters (distinct keys, held by another
+/// manager with a long ttl and no watchdog, so the ttl fallback is far away) are
+/// subscribed and asleep; `kill_subscribers` drops the subscriber connections
+/// (`CLIENT KILL TYPE pubsub`) and every holder releases right after, while the
+/// subscriptions are being restored. A release the waiters did not hear leaves them
+/// asleep until the fallback; every one must instead acquire within seconds.
+///
+/// `subscribed(channels)` says whether the server counts a subscriber on every channel.
+pub async fn subscriber_reconnect_loses_no_wake_up<H: Harness>(
+    h: &H,
+    subscribed: impl Fn(&[String]) -> bool,
+    kill_subscribers: impl Fn() -> usize,
+) {
+    const WAITERS: usize = 150;
+    let ttl = Duration::from_secs(60);
+    let wait = Duration::from_secs(20);
+    let (holder, waiter) = (manager(h).await, manager(h).await);
+    let keys: Vec<String> = (0..WAITERS).map(|_| unique("resub")).collect();
+    let mut guards = Vec::new();
+    for key in &keys {
+        let options = LockOptions::new().ttl(ttl).watchdog(false);
+        guards.push(
+            lock_short(&holder, key, options)
+                .await
+                .expect("holder locks"),
+        );
+    }
+    let tasks: Vec<_> = keys
+        .iter()
+        .map(|key| {
+            let (waiter, key) = (waiter.clone(), key.clone());
+            tokio::spawn(async move {
+                let guard = waiter
+                    .lock_with(&key, LockOptions::new().wait(wait))
+                    .await?;
+                let at = Instant::now();
+                drop(guard);
+                Ok::<_, LockError>(at)
+            })
+        })
+        .collect();
+    let channels: Vec<String> = keys.iter().map(|k| format!("lock:{k}")).collect();
+    assert!(
+        eventually(Duration::from_secs(10), || async { subscribed(&channels) }).await,
+        "the waiters subscribed"
+    );
+    // Each head's attempt after its subscription is done: all are asleep.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        kill_subscribers() >= 1,
+        "a subscriber connection was killed"
+    );
+    let released = Instant::now();
+    let releases = guards.into_iter().map(|g| async move { g.release().await });
+    for r in futures::future::join_all(releases).await {
+        r.expect("holder releases");
+    }
+    let mut late = Vec::new();
+    let mut slowest = Duration::ZERO;
+    for (key, task) in keys.iter().zip(tasks) {
+        match task.await.expect("waiter task") {
+            Ok(at) => {
+                let took = at.saturating_duration_since(released);
+                slowest = slowest.max(took);
+                if took > Duration::from_secs(5) {
+                    late.push(format!("{key}: {took:?}"));
+                }
+            }
+            Err(e) => late.push(format!("{key}: {e}")),
+        }
+    }
+    println!("subscriber reconnect: {WAITERS} waiters, slowest hand-off {slowest:?}");
+    assert!(
+        late.is_empty(),
+        "{} of {WAITERS} waiters slept through their release: {late:?}",
+        late.len()
+    );
+}
+
 /// One `#[tokio::test]` per behaviour, for the harness `$make` builds.
 #[macro_export]
 macro_rules! conformance_tests {
