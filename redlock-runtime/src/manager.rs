@@ -341,6 +341,8 @@ static GLOBAL: AtomicPtr<LockManager> = AtomicPtr::new(std::ptr::null_mut());
 
 /// How often a head polls while it cannot hear releases.
 const POLL_UNSUBSCRIBED: Duration = Duration::from_millis(100);
+/// How long a head lets a key's channel go unheard before subscribing again.
+const RESUBSCRIBE_AFTER: Duration = Duration::from_secs(1);
 /// The longest pause between attempts that failed.
 const MAX_RETRY_BACKOFF: Duration = Duration::from_millis(500);
 
@@ -657,25 +659,42 @@ impl LockManager {
         else {
             return Err(last_error.unwrap_or_else(timeout));
         };
-        // Subscribed before the next attempt, so no release after it goes unnoticed. The
-        // queue owns its interest from before the request is sent: if this future is
-        // dropped or cut short mid-way, the channel is still unsubscribed when the queue
-        // empties. The wait bounds the subscription too.
-        if !shared.backend.listening(key.full()) {
-            let register = place.queue.subscription() == Subscription::None;
-            place.queue.set_subscription(Subscription::Asked);
-            let subscribed =
-                tokio::time::timeout_at(deadline, shared.backend.subscribe(key.full(), register))
-                    .await;
-            match subscribed {
-                Err(_) => return Err(last_error.unwrap_or_else(timeout)),
-                Ok(Ok(())) => place.queue.set_subscription(Subscription::Confirmed),
-                Ok(Err(e)) => tracing::warn!(error = %e, "no release notifications; polling"),
-            }
-        }
         let mut backoff = Duration::from_millis(10);
+        // When this head first saw the key's channel not listened to (or last asked).
+        let mut unheard_since: Option<Instant> = None;
+        let mut asked = false;
         // Each round ends in a wake-up, a timer or the deadline; the deadline ends the loop.
         loop {
+            // Subscribed before the next attempt, so no release after it goes unnoticed.
+            // The queue owns its interest from before the request is sent: if this
+            // future is dropped or cut short mid-way, the channel is still unsubscribed
+            // when the queue empties. The wait bounds the subscription too. A channel
+            // unheard for a while (a subscription that failed, or one lost with its
+            // connection and not restored by the connection's own resubscription) is
+            // asked for again; meanwhile the head polls.
+            if shared.backend.listening(key.full()) {
+                unheard_since = None;
+            } else {
+                let now = Instant::now();
+                let since = *unheard_since.get_or_insert(now);
+                if !asked || now.duration_since(since) >= RESUBSCRIBE_AFTER {
+                    let again = std::mem::replace(&mut asked, true);
+                    unheard_since = Some(now);
+                    let register = place.queue.subscription() == Subscription::None;
+                    place.queue.set_subscription(Subscription::Asked);
+                    let subscribe = shared.backend.subscribe(key.full(), register);
+                    match tokio::time::timeout_at(deadline, subscribe).await {
+                        Err(_) => return Err(last_error.unwrap_or_else(timeout)),
+                        Ok(Ok(())) => place.queue.set_subscription(Subscription::Confirmed),
+                        Ok(Err(e)) if again => {
+                            tracing::debug!(error = %e, "subscribing again failed; polling");
+                        }
+                        Ok(Err(e)) => {
+                            tracing::warn!(error = %e, "no release notifications; polling");
+                        }
+                    }
+                }
+            }
             let mut notified = pin!(place.queue.wake.notified());
             notified.as_mut().enable();
             let pause = match self.bounded_attempt(key, opts, replicas).await {

