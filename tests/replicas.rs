@@ -211,3 +211,31 @@ async fn min_replicas_acquisitions_do_not_queue() {
         );
     }
 }
+
+/// The connections kept for `WAIT` break when the server restarts: the next acquisition
+/// with `min_replicas` retries on a fresh one instead of failing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_replicas_after_a_server_restart() {
+    let mut server = RedisServer::start();
+    let locks = LockManager::connect(&server.url()).await.unwrap();
+    // No replica: WAIT (ttl/10 = 10 ms) gets no acknowledgement, on a pooled connection.
+    let opts = || {
+        LockOptions::new()
+            .ttl(Duration::from_millis(100))
+            .min_replicas(1)
+            .wait(Duration::ZERO)
+    };
+    for _ in 0..2 {
+        let err = locks.lock_with("restart_{1}", opts()).await.unwrap_err();
+        assert!(
+            matches!(err, LockError::ReplicasUnavailable { .. }),
+            "{err}"
+        );
+    }
+    server.restart();
+    let err = locks.lock_with("restart_{1}", opts()).await.unwrap_err();
+    assert!(
+        matches!(err, LockError::ReplicasUnavailable { .. }),
+        "the first acquisition after the restart: {err}"
+    );
+}

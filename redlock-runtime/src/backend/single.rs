@@ -109,9 +109,9 @@ impl SingleBackend {
             return decode_acquire(reply, None);
         };
         // WAIT counts the writes of its own connection and blocks it meanwhile: a
-        // connection of its own. One that dropped under the request is retried once on a
-        // fresh connection (the script is idempotent per token), and the idle ones,
-        // broken too, are dropped.
+        // connection of its own. A pooled one found broken (the server restarted) is
+        // dropped with the other idle ones, broken too, and the request retried once on
+        // a fresh connection (the script is idempotent per token).
         let mut pipe = redis::pipe();
         pipe.add_command(ACQUIRE.load())
             .ignore()
@@ -119,20 +119,18 @@ impl SingleBackend {
             .cmd("WAIT")
             .arg(rw.replicas)
             .arg(ttl_ms(rw.timeout));
-        let mut fresh = false;
-        let (con, reply) = loop {
-            let mut con = match self.wait_pool.take() {
-                Some(con) => con,
-                None => {
-                    fresh = true;
-                    self.wait_connection().await?
-                }
-            };
-            match pipe.query_async::<((i64, Value), u32)>(&mut con).await {
-                Err(e) if is_dropped(&e) && !fresh => self.wait_pool.clear(),
-                reply => break (con, reply),
-            }
+        let pooled = self.wait_pool.take();
+        let was_pooled = pooled.is_some();
+        let mut con = match pooled {
+            Some(con) => con,
+            None => self.wait_connection().await?,
         };
+        let mut reply = pipe.query_async::<((i64, Value), u32)>(&mut con).await;
+        if was_pooled && reply.as_ref().is_err_and(is_dropped) {
+            self.wait_pool.clear();
+            con = self.wait_connection().await?;
+            reply = pipe.query_async(&mut con).await;
+        }
         let (reply, acked) = reply.map_err(LockError::backend("acquire"))?;
         self.wait_pool.put(con);
         decode_acquire(reply, Some(acked))
