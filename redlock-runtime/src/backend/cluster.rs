@@ -15,9 +15,9 @@
 //!   `MOVED` to the slot's new owner).
 //! - **Cross-slot resubscription**: after a reconnect redis-rs re-sends all of a node's
 //!   shard channels in one `SSUBSCRIBE`, which fails with `CROSSSLOT` as soon as they
-//!   span two slots. On every `Disconnection` push the subscriber wakes all waiters and
-//!   re-subscribes each wanted channel on its own, retrying with backoff while the
-//!   cluster is failing over.
+//!   span two slots. On every `Disconnection` push the subscriber marks every channel
+//!   lost (their heads poll until it is back), wakes all waiters and re-subscribes each
+//!   wanted channel on its own, retrying with backoff while the cluster is failing over.
 //! - **Script loading on every node**: `Script::invoke_async` answers `NOSCRIPT` with a
 //!   `SCRIPT LOAD` sent to all nodes, so one unhealthy unrelated node fails an acquire.
 //!   [`LuaScript::invoke`](crate::scripts) falls back to `EVAL` instead, routed by the
@@ -392,10 +392,12 @@ fn unexpected(operation: &'static str, replies: usize) -> LockError {
 ///
 /// Two tasks serve it: the dispatcher turns `smessage` pushes into wake-ups, and on a
 /// `Disconnection` push, or a `sunsubscribe` push for a channel still wanted (redis-rs
-/// loses those subscriptions), wakes the waiters at once and hands the channels to the
-/// resubscriber, which subscribes each one on its own (never several slots in one
-/// command), retrying with backoff while the slot has no reachable owner, and wakes the
-/// channel's waiters again once it is back. Both tasks end with the subscriber.
+/// loses those subscriptions), marks the channels lost (not
+/// [`listening`](Self::listening): their heads poll), wakes the waiters at once and hands
+/// the channels to the resubscriber, which subscribes each one on its own (never several
+/// slots in one command), retrying with backoff while the slot has no reachable owner,
+/// and confirms the channel and wakes its waiters again once it is back. Both tasks end
+/// with the subscriber.
 pub(crate) struct ShardSubscriber {
     inner: Arc<SubInner>,
 }
