@@ -9,8 +9,8 @@
 //! gone until the connection manager has restored them: every channel is marked *lost*
 //! (so its head polls instead of sleeping until its fallback timer) and every head is
 //! woken to retry at once. A release between that retry and the server's confirmation
-//! of the resubscription would still go unheard, so the head of each lost channel is
-//! woken again when the `subscribe` push confirming it arrives. Interest is
+//! of the resubscription would still go unheard, so the head of each channel that was
+//! not confirmed is woken again when the `subscribe` push confirming it arrives. Interest is
 //! reference-counted per key and (un)subscribe calls are issued under one async lock,
 //! so the server sees them in the order they were decided.
 
@@ -94,10 +94,11 @@ impl Interest {
         !self.is_confirmed()
     }
 
-    /// Records the server's confirmation; true when the channel had been lost (messages
-    /// published meanwhile went unheard: its waiters must retry).
+    /// Records the server's confirmation; true when the channel was not confirmed
+    /// (lost with its connection, or asked for on a connection that then dropped):
+    /// messages published meanwhile went unheard, so its head must retry.
     pub(crate) fn confirm(&mut self) -> bool {
-        std::mem::replace(&mut self.state, SubState::Confirmed) == SubState::Lost
+        std::mem::replace(&mut self.state, SubState::Confirmed) != SubState::Confirmed
     }
 
     /// Records that the connection carrying the subscription dropped.
@@ -215,13 +216,15 @@ pub(crate) fn push_handler(
                 let Some(channel) = channel_of(&push) else {
                     return Ok(());
                 };
-                let was_lost = channels
+                let unheard = channels
                     .state()
                     .interest
                     .get_mut(&channel)
                     .is_some_and(Interest::confirm);
-                if was_lost {
-                    // Resubscribed: a release since the disconnection went unheard.
+                if unheard {
+                    // Resubscribed: a release since the disconnection went unheard. (A
+                    // first subscription's head is not waiting yet: it attempts once
+                    // its `subscribe` returns, which is after this push.)
                     waiters.wake(&channel);
                 }
             }
