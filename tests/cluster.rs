@@ -344,6 +344,42 @@ async fn min_replicas_waits_on_the_keys_master(h: &Cluster) {
     );
     assert!(!h.exists("lock:rep_{1}").await, "no key left behind");
     other.release().await.unwrap();
+
+    // Concurrent WAITs do not queue behind each other (min_replicas_acquisitions_do_not_queue
+    // on one server): four at once on one master all end after about one WAIT (500 ms).
+    let master = h.master_of("lock:rep_{1}");
+    let keys: Vec<String> = (0..10_000)
+        .map(|i| format!("rep_{{q{i}}}"))
+        .filter(|k| h.master_of(&format!("lock:{k}")) == master)
+        .take(4)
+        .collect();
+    let started = Instant::now();
+    let tasks: Vec<_> = keys
+        .into_iter()
+        .map(|key| {
+            let locks = locks.clone();
+            tokio::spawn(async move {
+                let outcome = locks.lock_with(&key, opts().min_replicas(2)).await;
+                (started.elapsed(), outcome.map(drop))
+            })
+        })
+        .collect();
+    let mut ended = Vec::new();
+    for t in tasks {
+        let (took, outcome) = t.await.unwrap();
+        let err = outcome.unwrap_err();
+        assert!(
+            matches!(err, LockError::ReplicasUnavailable { .. }),
+            "{err}"
+        );
+        ended.push(took);
+    }
+    ended.sort();
+    println!("cluster min_replicas, 4 at once on one master, ended at {ended:?}");
+    assert!(
+        ended.iter().all(|&t| t < Duration::from_millis(1000)),
+        "acquisitions queued behind each other's WAIT: {ended:?}"
+    );
 }
 
 /// After SCRIPT FLUSH, an acquire falls back to EVAL on the key's own node: an
@@ -498,6 +534,32 @@ async fn cross_slot_resubscription_after_reconnect(h: &Cluster) {
             "woken by the ttl, not a release: {handoff:?}"
         );
     }
+}
+
+/// A release between the subscriber's disconnection and its resubscription still wakes
+/// its waiter: the subscriber's connection to every node is killed at once (see the
+/// conformance module).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscriber_reconnect_loses_no_wake_up() {
+    let _serial = SERIAL.lock().await;
+    let h = Cluster::start().await;
+    conformance::subscriber_reconnect_loses_no_wake_up(
+        &h,
+        |channels| {
+            channels
+                .iter()
+                .filter(|c| subscribers_anywhere(&h, c) == 1)
+                .count()
+        },
+        || {
+            (0..h.cluster.len())
+                .map(|i| int(&h.on(i, &["CLIENT", "KILL", "TYPE", "pubsub"])))
+                .sum::<i64>()
+                .try_into()
+                .unwrap_or(0)
+        },
+    )
+    .await;
 }
 
 /// When a slot moves to another master, the old owner sends an unsolicited

@@ -5,7 +5,7 @@ mod conformance;
 
 use std::time::{Duration, Instant};
 
-use conformance::{unique, Harness};
+use conformance::{backends, unique, Harness};
 use redis::AsyncCommands;
 use redlock::{LockError, LockManager, LockManagerBuilder, LockOptions};
 use redlock_testkit::{wait_until, ChaosProxy, Fault, RedisServer, RedisSet};
@@ -122,14 +122,15 @@ async fn two_dead_nodes_are_tolerated_three_are_quorum_unavailable() {
     held.release().await.unwrap();
 
     h.set.node_mut(2).kill9();
+    // One attempt (wait 0): QuorumUnavailable at once.
     let start = Instant::now();
     let err = b
-        .lock_with(&key, LockOptions::new().wait(Duration::from_secs(10)))
+        .lock_with(&key, LockOptions::new().wait(Duration::ZERO))
         .await
         .unwrap_err();
     let took = start.elapsed();
     println!("redlock: QuorumUnavailable with 3 of 5 nodes down after {took:?}");
-    assert!(
+    let quorum_unavailable = |err: &LockError| {
         matches!(
             err,
             LockError::QuorumUnavailable {
@@ -137,11 +138,22 @@ async fn two_dead_nodes_are_tolerated_three_are_quorum_unavailable() {
                 needed: 3,
                 ..
             }
-        ),
-        "{err}"
-    );
+        )
+    };
+    assert!(quorum_unavailable(&err), "{err}");
     assert!(err.is_retryable());
     assert!(took < Duration::from_secs(1), "took {took:?}");
+    // With a wait, the attempts are retried until it is spent; the last error is
+    // returned, about one attempt after the deadline.
+    let wait = Duration::from_millis(800);
+    let start = Instant::now();
+    let err = b
+        .lock_with(&key, LockOptions::new().wait(wait))
+        .await
+        .unwrap_err();
+    let took = start.elapsed();
+    assert!(quorum_unavailable(&err), "{err}");
+    assert!(took >= wait && took < wait * 2, "took {took:?}");
     // What a failed attempt took is released in the background, at once.
     for i in 3..5 {
         assert!(
@@ -152,20 +164,10 @@ async fn two_dead_nodes_are_tolerated_three_are_quorum_unavailable() {
         );
     }
     h.set.node_mut(2).restart();
-    // The connection to the restarted node comes back within a few attempts.
+    // The connection to the restarted node comes back within a few attempts, which
+    // `lock` retries within its wait.
     let start = Instant::now();
-    let g = loop {
-        match b.lock(&key).await {
-            Ok(g) => break g,
-            Err(e @ LockError::QuorumUnavailable { .. })
-                if start.elapsed() < Duration::from_secs(10) =>
-            {
-                let _ = e;
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(e) => panic!("not working again after {:?}: {e}", start.elapsed()),
-        }
-    };
+    let g = b.lock(&key).await.expect("working again after the restart");
     println!(
         "redlock: working again {:?} after the restart",
         start.elapsed()
@@ -341,7 +343,8 @@ async fn fencing_tokens_across_node_restarts() {
 }
 
 /// The per-node timeout bounds every request, so an acquisition against a frozen
-/// majority is QuorumUnavailable after about one timeout, never a hang.
+/// majority is QuorumUnavailable after about one timeout (with a wait: once the wait is
+/// spent, retrying meanwhile), never a hang.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn frozen_majority_is_quorum_unavailable_quickly() {
     let mut h = Redlock::new();
@@ -354,15 +357,24 @@ async fn frozen_majority_is_quorum_unavailable_quickly() {
     for i in 0..3 {
         h.set.node_mut(i).pause();
     }
-    let start = Instant::now();
-    let err = locks.lock(&unique("frozen")).await.unwrap_err();
-    let took = start.elapsed();
+    let mut took = Vec::new();
+    for wait in [Duration::ZERO, Duration::from_millis(500)] {
+        let start = Instant::now();
+        let err = locks
+            .lock_with(&unique("frozen"), LockOptions::new().wait(wait))
+            .await
+            .unwrap_err();
+        took.push((wait, start.elapsed()));
+        assert!(matches!(err, LockError::QuorumUnavailable { .. }), "{err}");
+    }
     for i in 0..3 {
         h.set.node_mut(i).resume();
     }
-    assert!(matches!(err, LockError::QuorumUnavailable { .. }), "{err}");
-    // One attempt (100 ms) plus its undo (100 ms).
-    assert!(took < Duration::from_millis(600), "took {took:?}");
+    // The wait plus about one attempt (100 ms) and its undo (100 ms).
+    for (wait, took) in took {
+        assert!(took >= wait, "gave up early: {took:?}");
+        assert!(took < wait + Duration::from_millis(600), "took {took:?}");
+    }
 }
 
 /// Redlock has no `WAIT`: asking for replicas is an InvalidOption, not a silent no-op.
@@ -676,4 +688,71 @@ async fn redlock_loser_does_not_wake_itself() {
     );
     // What the waiter won on the free node was undone.
     assert!(gone_within(set.node(2), &full, Duration::from_secs(5)).await);
+
+/// A release between the subscribers' disconnection and their resubscription still
+/// wakes its waiter: the subscriber connections of every node are killed at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscriber_reconnect_loses_no_wake_up() {
+    let h = Redlock::new();
+    conformance::subscriber_reconnect_loses_no_wake_up(
+        &h,
+        // Listening on any node is enough: every node's message wakes the waiter.
+        |channels| {
+            let per_node: Vec<Vec<i64>> = h
+                .set
+                .nodes()
+                .iter()
+                .map(|node| backends::numsub(node, channels))
+                .collect();
+            (0..channels.len())
+                .filter(|&i| per_node.iter().any(|n| n.get(i) == Some(&1)))
+                .count()
+        },
+        || h.set.nodes().iter().map(backends::kill_pubsub).sum(),
+    )
+    .await;
+}
+
+/// `lock` does not give up on the first `QuorumUnavailable` while it has wait budget:
+/// with a majority frozen for a moment (a few per-node timeouts), a `lock` with a 5 s
+/// wait retries and acquires once the nodes answer again; with a zero wait it still
+/// fails after its one attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quorum_unavailable_is_retried_within_the_wait() {
+    let mut h = Redlock::new();
+    let locks = h
+        .managers()
+        .redlock_node_timeout(Duration::from_millis(100))
+        .build()
+        .await
+        .unwrap();
+    let key = unique("quorum_retry");
+    locks.lock(&key).await.unwrap().release().await.unwrap();
+    for i in 0..3 {
+        h.set.node_mut(i).pause();
+    }
+    let err = locks
+        .lock_with(&key, LockOptions::new().wait(Duration::ZERO))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::QuorumUnavailable { .. }), "{err}");
+    let (l2, k2) = (locks.clone(), key.clone());
+    let start = Instant::now();
+    let waiting = tokio::spawn(async move {
+        l2.lock_with(&k2, LockOptions::new().wait(Duration::from_secs(5)))
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    for i in 0..3 {
+        h.set.node_mut(i).resume();
+    }
+    let guard = waiting
+        .await
+        .unwrap()
+        .expect("acquired once the majority answers again");
+    let took = start.elapsed();
+    println!("redlock: acquired {took:?} after a majority froze for 600 ms");
+    assert!(took >= Duration::from_millis(600), "{took:?}");
+    assert!(took < Duration::from_secs(3), "{took:?}");
+    guard.release().await.unwrap();
 }

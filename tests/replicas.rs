@@ -125,3 +125,117 @@ async fn min_replicas_with_a_live_and_a_stopped_replica() {
         .expect("acknowledged again once the replica is back");
     guard.release().await.unwrap();
 }
+
+/// `WAIT` blocks the connection it is sent on: acquisitions with `min_replicas` must not
+/// queue behind each other's `WAIT`. With the replica stopped, four concurrent
+/// acquisitions on distinct keys each wait the whole `WAIT` timeout (1 s) and all end at
+/// about 1 s, not at 1, 2, 3 and 4 s; meanwhile plain locks are not held up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_replicas_acquisitions_do_not_queue() {
+    let primary = RedisServer::start();
+    let mut replica = RedisServer::builder().replica_of(primary.port()).start();
+    assert!(
+        wait_until(Duration::from_secs(10), Duration::from_millis(20), || {
+            linked(&primary, &replica)
+        }),
+        "replica attached"
+    );
+    let locks = LockManager::connect(&primary.url()).await.unwrap();
+    // ttl 10 s: the WAIT timeout is min(ttl/10, 1 s) = 1 s.
+    let wait_timeout = Duration::from_secs(1);
+    let opts = || {
+        LockOptions::new()
+            .ttl(Duration::from_secs(10))
+            .min_replicas(1)
+    };
+    // Warm: the WAIT connection is open.
+    locks
+        .lock_with("queue_{warm}", opts())
+        .await
+        .expect("the replica acknowledges")
+        .release()
+        .await
+        .unwrap();
+    replica.pause();
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..4)
+        .map(|i| {
+            let locks = locks.clone();
+            tokio::spawn(async move {
+                let outcome = locks.lock_with(&format!("queue_{{{i}}}"), opts()).await;
+                (start.elapsed(), outcome.map(drop))
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let quick = Instant::now();
+    locks
+        .lock("queue_{plain}")
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let quick = quick.elapsed();
+    let mut ended = Vec::new();
+    for t in tasks {
+        let (took, outcome) = t.await.unwrap();
+        let err = outcome.unwrap_err();
+        assert!(
+            matches!(err, LockError::ReplicasUnavailable { acked: 0, .. }),
+            "{err}"
+        );
+        ended.push(took);
+    }
+    replica.resume();
+    ended.sort();
+    println!("min_replicas with a stopped replica, 4 at once, ended at {ended:?}");
+    assert!(
+        ended
+            .iter()
+            .all(|&t| t >= wait_timeout - Duration::from_millis(50)),
+        "WAIT cut short: {ended:?}"
+    );
+    assert!(
+        ended.iter().all(|&t| t < wait_timeout * 2),
+        "acquisitions queued behind each other's WAIT: {ended:?}"
+    );
+    assert!(
+        quick < Duration::from_millis(300),
+        "a plain lock waited behind WAIT: {quick:?}"
+    );
+    for i in 0..4 {
+        assert!(
+            !exists(&primary, &format!("lock:queue_{{{i}}}")),
+            "no key left behind"
+        );
+    }
+}
+
+/// The connections kept for `WAIT` break when the server restarts: the next acquisition
+/// with `min_replicas` retries on a fresh one instead of failing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_replicas_after_a_server_restart() {
+    let mut server = RedisServer::start();
+    let locks = LockManager::connect(&server.url()).await.unwrap();
+    // No replica: WAIT (ttl/10 = 10 ms) gets no acknowledgement, on a pooled connection.
+    let opts = || {
+        LockOptions::new()
+            .ttl(Duration::from_millis(100))
+            .min_replicas(1)
+            .wait(Duration::ZERO)
+    };
+    for _ in 0..2 {
+        let err = locks.lock_with("restart_{1}", opts()).await.unwrap_err();
+        assert!(
+            matches!(err, LockError::ReplicasUnavailable { .. }),
+            "{err}"
+        );
+    }
+    server.restart();
+    let err = locks.lock_with("restart_{1}", opts()).await.unwrap_err();
+    assert!(
+        matches!(err, LockError::ReplicasUnavailable { .. }),
+        "the first acquisition after the restart: {err}"
+    );
+}

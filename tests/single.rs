@@ -4,7 +4,7 @@ mod conformance;
 
 use std::time::{Duration, Instant};
 
-use conformance::backends::Single;
+use conformance::backends::{self, Single};
 use conformance::{manager, unique, Harness};
 use redis::AsyncCommands;
 use redlock::{LockError, LockManager, LockOptions};
@@ -487,4 +487,101 @@ async fn acquire_retry_with_own_token_resets_the_expiry() {
     assert_eq!(retry, first, "granted again, same token");
     let pttl: i64 = raw.pttl(key).await.unwrap();
     assert!(pttl > 50_000, "the retry's grant expires in {pttl} ms");
+}
+
+/// `wait` bounds the whole of `lock()`: with the server frozen (SIGSTOP), a call returns
+/// within its wait plus about one request timeout (its `WAIT` included), whether it fails
+/// on its first attempt, in its subscription, in a later attempt, or while opening the
+/// connection `min_replicas` needs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_bounds_lock_against_a_frozen_server() {
+    let mut h = Single::new();
+    let response = Duration::from_millis(500);
+    let build = || h.builder().response_timeout(response).build();
+    let (locks, cold) = (build().await.unwrap(), build().await.unwrap());
+    let replica_wait = Duration::from_millis(200);
+    let opts = |wait, replicas| {
+        let o = LockOptions::new().ttl(replica_wait * 10).wait(wait);
+        if replicas {
+            o.min_replicas(1)
+        } else {
+            o
+        }
+    };
+    // Warm: scripts cached, connections open (the `WAIT` one too: no replica, so it
+    // fails after the WAIT timeout); one key is held by another manager.
+    let held_key = unique("frozen");
+    let _held = manager(&h).await.lock(&held_key).await.unwrap();
+    let err = locks
+        .lock_with(&unique("warm"), opts(Duration::ZERO, true))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, LockError::ReplicasUnavailable { .. }),
+        "{err}"
+    );
+    h.server.pause();
+    let mut report = Vec::new();
+    for wait in [
+        Duration::ZERO,
+        Duration::from_millis(100),
+        Duration::from_millis(700),
+    ] {
+        for (case, replicas) in [
+            ("held key", false),
+            ("free key", false),
+            ("min_replicas", true),
+            ("min_replicas, no connection yet", true),
+        ] {
+            let key = if case == "held key" {
+                held_key.clone()
+            } else {
+                unique("frozen")
+            };
+            let manager = if case.ends_with("yet") { &cold } else { &locks };
+            let start = Instant::now();
+            let outcome = manager
+                .lock_with(&key, opts(wait, replicas))
+                .await
+                .map(drop);
+            let took = start.elapsed();
+            let bound = wait
+                + response * 2
+                + if replicas {
+                    replica_wait
+                } else {
+                    Duration::ZERO
+                };
+            let ok = outcome.is_err() && took < bound;
+            report.push((
+                ok,
+                format!("wait {wait:?}, {case}: {took:?} (bound {bound:?}) {outcome:?}"),
+            ));
+        }
+    }
+    h.server.resume();
+    let lines: Vec<String> = report
+        .iter()
+        .map(|(ok, line)| format!("{} {line}", if *ok { "ok  " } else { "SLOW" }))
+        .collect();
+    println!("{}", lines.join("\n"));
+    assert!(report.iter().all(|(ok, _)| *ok), "{}", lines.join("\n"));
+}
+
+/// A release between the subscriber's disconnection and its resubscription still wakes
+/// its waiter (see the conformance module).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscriber_reconnect_loses_no_wake_up() {
+    let h = Single::new();
+    conformance::subscriber_reconnect_loses_no_wake_up(
+        &h,
+        |channels| {
+            backends::numsub(&h.server, channels)
+                .iter()
+                .filter(|&&n| n == 1)
+                .count()
+        },
+        || backends::kill_pubsub(&h.server),
+    )
+    .await;
 }

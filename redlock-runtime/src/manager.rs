@@ -10,8 +10,8 @@ use tokio::sync::mpsc;
 use tracing::{field, Instrument};
 
 use crate::backend::{
-    Attempt, Backend, ClusterBackend, MemoryBackend, RedlockBackend, ReplicaWait, SingleBackend,
-    Timeouts, DEFAULT_NODE_TIMEOUT,
+    jitter, Attempt, Backend, ClusterBackend, MemoryBackend, RedlockBackend, ReplicaWait,
+    SingleBackend, Timeouts, DEFAULT_NODE_TIMEOUT,
 };
 use crate::key::{check_prefix, LockKey};
 use crate::lease::{self, Lease};
@@ -339,6 +339,24 @@ async fn check_eviction(backend: &Backend, require: bool) -> Result<(), LockErro
 
 static GLOBAL: AtomicPtr<LockManager> = AtomicPtr::new(std::ptr::null_mut());
 
+/// How often a head polls while it cannot hear releases.
+const POLL_UNSUBSCRIBED: Duration = Duration::from_millis(100);
+/// How long a head lets a key's channel go unheard before subscribing again.
+const RESUBSCRIBE_AFTER: Duration = Duration::from_secs(1);
+/// The longest pause between attempts that failed.
+const MAX_RETRY_BACKOFF: Duration = Duration::from_millis(500);
+
+/// Whether `lock` tries again after this error while it has wait budget left: a failed
+/// request, or too few Redlock nodes answering in time (with a short ttl their timeout
+/// is a few milliseconds, which one slow moment can miss). Anything else is the
+/// answer.
+fn retried_while_waiting(e: &LockError) -> bool {
+    matches!(
+        e,
+        LockError::Backend { .. } | LockError::QuorumUnavailable { .. }
+    )
+}
+
 /// How an attempt ended when it did not fail.
 enum Outcome {
     Acquired(LockGuard),
@@ -408,11 +426,19 @@ impl LockManager {
 
     /// Acquires `key` (prefixed), waiting up to the default wait.
     ///
+    /// The wait bounds the whole call: it returns within the wait plus at most one
+    /// request timeout (the response timeout, or Redlock's per-node timeout, plus the
+    /// `WAIT` of `min_replicas`), even when Redis hangs. A failed attempt
+    /// ([`LockError::Backend`], [`LockError::QuorumUnavailable`]) is retried, after a
+    /// short jittered pause, while wait budget is left.
+    ///
     /// # Errors
-    /// [`LockError::Timeout`] when the wait ran out, [`LockError::QueueFull`] when this
-    /// process already has `max_waiters_per_key` tasks waiting for the key,
-    /// [`LockError::InvalidKey`] for an empty or too long key, [`LockError::Backend`]
-    /// when Redis failed.
+    /// [`LockError::Timeout`] when the wait ran out with the key still held,
+    /// [`LockError::QueueFull`] when this process already has `max_waiters_per_key`
+    /// tasks waiting for the key, [`LockError::InvalidKey`] for an empty or too long
+    /// key; [`LockError::Backend`] when Redis failed, or
+    /// [`LockError::QuorumUnavailable`] when too few Redlock nodes answered, on the last
+    /// attempt before the wait ran out (with a zero wait: on the one attempt).
     ///
     /// # Cancel safety
     /// Cancel safe: dropping the future at any point leaves no lock behind. A lock the
@@ -499,8 +525,9 @@ impl LockManager {
                 replicas: opts.min_replicas,
                 timeout: opts.replica_wait(),
             });
+            let mut first_error = None;
             if opts.wait.is_zero() || !self.0.shared.waiters.is_queued(key.full()) {
-                match self.attempt(&key, &opts, replicas).await {
+                match self.bounded_attempt(&key, &opts, replicas).await {
                     Ok(Outcome::Acquired(guard)) => return Ok(guard),
                     Ok(Outcome::Held(_)) if opts.wait.is_zero() => {
                         return Err(LockError::Timeout {
@@ -509,12 +536,16 @@ impl LockManager {
                     }
                     // With time to wait, the wait loop tries again.
                     Ok(Outcome::Held(_)) => {}
-                    Err(LockError::Backend { .. }) if !opts.wait.is_zero() => {}
+                    Err(e) if retried_while_waiting(&e) && !opts.wait.is_zero() => {
+                        first_error = Some(e);
+                    }
                     Err(e) => return Err(e),
                 }
             }
             let wait = tracing::debug_span!("redlock.wait", key = key.full());
-            self.wait_for(&key, &opts, replicas).instrument(wait).await
+            self.wait_for(&key, &opts, replicas, first_error)
+                .instrument(wait)
+                .await
         }
         .instrument(span.clone())
         .await;
@@ -583,12 +614,35 @@ impl LockManager {
         Ok(Outcome::Acquired(LockGuard::new(lease, self.clone())))
     }
 
-    /// Queues locally, then contends as the head until acquired or out of time.
+    /// [`attempt`](Self::attempt), cut short once both the wait's deadline and one
+    /// request timeout (its `WAIT` included) from now have passed: whatever hangs (a
+    /// frozen server, a connection being opened or re-established), `lock` returns
+    /// within its wait plus one request timeout. What a cut-short attempt may have
+    /// taken is released in the background, as for any dropped attempt.
+    async fn bounded_attempt(
+        &self,
+        key: &LockKey,
+        opts: &Resolved,
+        replicas: Option<ReplicaWait>,
+    ) -> Result<Outcome, LockError> {
+        let request = self.0.shared.backend.request_timeout(opts.ttl)
+            + replicas.map_or(Duration::ZERO, |r| r.timeout);
+        let now = tokio::time::Instant::now();
+        let bound = (now + request).max(tokio::time::Instant::from_std(opts.deadline));
+        tokio::time::timeout_at(bound, self.attempt(key, opts, replicas))
+            .await
+            .unwrap_or_else(|_| Err(LockError::timed_out("acquire", bound - now)))
+    }
+
+    /// Queues locally, then contends as the head until acquired or out of time. When
+    /// the wait runs out, the last attempt's error is returned if it failed, else
+    /// [`LockError::Timeout`].
     async fn wait_for(
         &self,
         key: &LockKey,
         opts: &Resolved,
         replicas: Option<ReplicaWait>,
+        mut last_error: Option<LockError>,
     ) -> Result<LockGuard, LockError> {
         let shared = &self.0.shared;
         let timeout = || LockError::Timeout {
@@ -601,50 +655,68 @@ impl LockManager {
                 key: key.full().to_owned(),
             })?;
         let deadline = tokio::time::Instant::from_std(opts.deadline);
-        let _turn = match tokio::time::timeout_at(deadline, place.queue.turn.acquire()).await {
-            Ok(Ok(permit)) => permit,
-            _ => return Err(timeout()),
+        let Ok(Ok(_turn)) = tokio::time::timeout_at(deadline, place.queue.turn.acquire()).await
+        else {
+            return Err(last_error.unwrap_or_else(timeout));
         };
-        // Subscribed before the next attempt, so no release after it goes unnoticed. The
-        // queue owns its interest from before the request is sent: if this future is
-        // dropped or cut short mid-way, the channel is still unsubscribed when the queue
-        // empties. The wait bounds the subscription too.
-        let mut notified_by_server = place.queue.subscription() == Subscription::Confirmed;
-        if !notified_by_server {
-            let register = place.queue.subscription() == Subscription::None;
-            place.queue.set_subscription(Subscription::Asked);
-            let subscribed =
-                tokio::time::timeout_at(deadline, shared.backend.subscribe(key.full(), register))
-                    .await
-                    .map_err(|_| timeout())?;
-            match subscribed {
-                Ok(()) => {
-                    place.queue.set_subscription(Subscription::Confirmed);
-                    notified_by_server = true;
-                }
-                Err(e) => tracing::warn!(error = %e, "no release notifications; polling"),
-            }
-        }
         let mut backoff = Duration::from_millis(10);
+        // When this head first saw the key's channel not listened to (or last asked).
+        let mut unheard_since: Option<Instant> = None;
+        let mut asked = false;
         // Each round ends in a wake-up, a timer or the deadline; the deadline ends the loop.
         loop {
-            let mut notified = pin!(place.queue.wake.notified());
-            notified.as_mut().enable();
-            let (pause, last_error) = match self.attempt(key, opts, replicas).await {
-                Ok(Outcome::Acquired(guard)) => return Ok(guard),
-                Ok(Outcome::Held(remaining)) => {
-                    let fallback =
-                        remaining.unwrap_or(Duration::from_secs(1)) + Duration::from_millis(1);
-                    if notified_by_server {
-                        (fallback, None)
-                    } else {
-                        (fallback.min(Duration::from_millis(100)), None)
+            // Subscribed before the next attempt, so no release after it goes unnoticed.
+            // The queue owns its interest from before the request is sent: if this
+            // future is dropped or cut short mid-way, the channel is still unsubscribed
+            // when the queue empties. The wait bounds the subscription too. A channel
+            // unheard for a while (a subscription that failed, or one lost with its
+            // connection and not restored by the connection's own resubscription) is
+            // asked for again; meanwhile the head polls.
+            if shared.backend.listening(key.full()) {
+                unheard_since = None;
+            } else {
+                let now = Instant::now();
+                let since = *unheard_since.get_or_insert(now);
+                if !asked || now.duration_since(since) >= RESUBSCRIBE_AFTER {
+                    let again = std::mem::replace(&mut asked, true);
+                    unheard_since = Some(now);
+                    let register = place.queue.subscription() == Subscription::None;
+                    place.queue.set_subscription(Subscription::Asked);
+                    let subscribe = shared.backend.subscribe(key.full(), register);
+                    match tokio::time::timeout_at(deadline, subscribe).await {
+                        Err(_) => return Err(last_error.unwrap_or_else(timeout)),
+                        Ok(Ok(())) => place.queue.set_subscription(Subscription::Confirmed),
+                        Ok(Err(e)) if again => {
+                            tracing::debug!(error = %e, "subscribing again failed; polling");
+                        }
+                        Ok(Err(e)) => {
+                            tracing::warn!(error = %e, "no release notifications; polling");
+                        }
                     }
                 }
-                Err(e @ LockError::Backend { .. }) => {
+            }
+            let mut notified = pin!(place.queue.wake.notified());
+            notified.as_mut().enable();
+            let pause = match self.bounded_attempt(key, opts, replicas).await {
+                Ok(Outcome::Acquired(guard)) => return Ok(guard),
+                Ok(Outcome::Held(remaining)) => {
+                    last_error = None;
+                    let fallback =
+                        remaining.unwrap_or(Duration::from_secs(1)) + Duration::from_millis(1);
+                    // Not listening (no subscription, or its connection dropped and it
+                    // is not restored yet): a release would go unheard, so poll.
+                    if shared.backend.listening(key.full()) {
+                        fallback
+                    } else {
+                        fallback.min(POLL_UNSUBSCRIBED)
+                    }
+                }
+                Err(e) if retried_while_waiting(&e) => {
                     tracing::debug!(error = %e, "acquire attempt failed; retrying");
-                    backoff = (backoff * 2).min(Duration::from_millis(500));
-                    (backoff, Some(e))
+                    last_error = Some(e);
+                    backoff = (backoff * 2).min(MAX_RETRY_BACKOFF);
+                    // Jittered, so managers that failed together do not retry together.
+                    backoff / 2 + jitter(backoff / 2)
                 }
                 Err(e) => return Err(e),
             };

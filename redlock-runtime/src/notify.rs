@@ -3,16 +3,22 @@
 //! A release publishes on the lock key's own channel. The subscriber is a RESP3
 //! [`ConnectionManager`] that reconnects and resubscribes by itself; it hands each push
 //! to [`push_handler`], which wakes the local head waiting for that key on the spot (no
-//! dispatcher task of our own, so a hand-off waits for one task hop fewer). A
-//! `Disconnection` push means messages may have been lost, so every head is woken to
-//! retry at once. Interest is reference-counted per key and (un)subscribe calls are
-//! issued under one async lock, so the server sees them in the order they were decided.
+//! dispatcher task of our own, so a hand-off waits for one task hop fewer).
+//!
+//! A `Disconnection` push means messages may have been lost and the subscriptions are
+//! gone until the connection manager has restored them: every channel is marked *lost*
+//! (so its head polls instead of sleeping until its fallback timer) and every head is
+//! woken to retry at once. A release between that retry and the server's confirmation
+//! of the resubscription would still go unheard, so the head of each channel that was
+//! not confirmed is woken again when the `subscribe` push confirming it arrives. Interest is
+//! reference-counted per key and (un)subscribe calls are issued under one async lock,
+//! so the server sees them in the order they were decided.
 
 use std::collections::HashMap;
-use std::sync::Weak;
+use std::sync::{Arc, Mutex as StdMutex, MutexGuard, PoisonError, Weak};
 
 use redis::aio::ConnectionManager;
-use redis::{PushInfo, PushKind};
+use redis::{PushInfo, PushKind, Value};
 use tokio::sync::Mutex;
 
 use crate::waiters::Waiters;
@@ -21,10 +27,40 @@ use crate::LockError;
 /// One node's subscriber connection.
 pub(crate) struct Subscriber {
     con: ConnectionManager,
-    interest: Mutex<HashMap<String, Interest>>,
+    channels: Arc<Channels>,
+    /// Serialises (un)subscribe commands so the server sees them in decision order.
+    ops: Mutex<()>,
 }
 
-/// The interests in one channel, and whether the server confirmed the subscription.
+/// The channels a subscriber connection wants, shared with its [`push_handler`].
+#[derive(Debug, Default)]
+pub(crate) struct Channels {
+    state: StdMutex<ChannelState>,
+}
+
+#[derive(Debug, Default)]
+struct ChannelState {
+    /// Counts the connection's disconnections: a `SUBSCRIBE` reply that raced one says
+    /// nothing about the new connection.
+    epoch: u64,
+    interest: HashMap<String, Interest>,
+}
+
+impl Channels {
+    fn state(&self) -> MutexGuard<'_, ChannelState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether the server confirmed `channel` on the current connection.
+    pub(crate) fn listening(&self, channel: &str) -> bool {
+        self.state()
+            .interest
+            .get(channel)
+            .is_some_and(Interest::is_confirmed)
+    }
+}
+
+/// The interests in one channel, and where its subscription stands.
 ///
 /// An interest is counted *before* its `SUBSCRIBE` is sent: a request that is cancelled
 /// or fails after reaching the server still leaves an interest behind, so the channel is
@@ -33,7 +69,19 @@ pub(crate) struct Subscriber {
 #[derive(Debug, Default)]
 pub(crate) struct Interest {
     count: usize,
-    confirmed: bool,
+    state: SubState,
+}
+
+/// Where a channel's subscription stands on the server.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum SubState {
+    /// Asked for (or about to be), not confirmed yet.
+    #[default]
+    Pending,
+    /// Confirmed by the server on the current connection.
+    Confirmed,
+    /// Was confirmed, then the connection dropped: not listening until confirmed again.
+    Lost,
 }
 
 impl Interest {
@@ -43,12 +91,26 @@ impl Interest {
         if register || self.count == 0 {
             self.count += 1;
         }
-        !self.confirmed
+        !self.is_confirmed()
     }
 
-    /// Records the server's confirmation.
-    pub(crate) fn confirm(&mut self) {
-        self.confirmed = true;
+    /// Records the server's confirmation; true when the channel was not confirmed
+    /// (lost with its connection, or asked for on a connection that then dropped):
+    /// messages published meanwhile went unheard, so its head must retry.
+    pub(crate) fn confirm(&mut self) -> bool {
+        std::mem::replace(&mut self.state, SubState::Confirmed) != SubState::Confirmed
+    }
+
+    /// Records that the connection carrying the subscription dropped.
+    pub(crate) fn lose(&mut self) {
+        if self.state == SubState::Confirmed {
+            self.state = SubState::Lost;
+        }
+    }
+
+    /// Whether the server confirmed the subscription and it has not been lost since.
+    pub(crate) fn is_confirmed(&self) -> bool {
+        self.state == SubState::Confirmed
     }
 
     /// Drops one interest; true when none is left (the channel is to be unsubscribed).
@@ -59,43 +121,64 @@ impl Interest {
 }
 
 impl Subscriber {
-    /// Wraps a RESP3 connection whose pushes go to a [`push_handler`].
-    pub(crate) fn new(con: ConnectionManager) -> Self {
+    /// Wraps a RESP3 connection whose pushes go to a [`push_handler`] over `channels`.
+    pub(crate) fn new(con: ConnectionManager, channels: Arc<Channels>) -> Self {
         Self {
             con,
-            interest: Mutex::new(HashMap::new()),
+            channels,
+            ops: Mutex::new(()),
         }
+    }
+
+    /// Whether the server confirmed `key`'s channel on the current connection.
+    pub(crate) fn listening(&self, key: &str) -> bool {
+        self.channels.listening(key)
     }
 
     /// Adds one interest in `key` when `register` (a caller retrying a subscription whose
     /// confirmation it never saw passes `false`), and subscribes unless the server
     /// already confirmed the channel (waiting for the reply).
     pub(crate) async fn subscribe(&self, key: &str, register: bool) -> Result<(), LockError> {
-        let mut interest = self.interest.lock().await;
-        if !interest.entry(key.to_owned()).or_default().add(register) {
-            return Ok(());
-        }
+        let _ops = self.ops.lock().await;
+        let epoch = {
+            let mut state = self.channels.state();
+            if !state
+                .interest
+                .entry(key.to_owned())
+                .or_default()
+                .add(register)
+            {
+                return Ok(());
+            }
+            state.epoch
+        };
         self.con
             .clone()
             .subscribe(key)
             .await
             .map_err(LockError::backend("subscribe"))?;
-        if let Some(entry) = interest.get_mut(key) {
-            entry.confirm();
+        let mut state = self.channels.state();
+        if state.epoch == epoch {
+            if let Some(entry) = state.interest.get_mut(key) {
+                entry.confirm();
+            }
         }
         Ok(())
     }
 
     /// Drops one interest in `key`; the last one unsubscribes (confirmed or not).
     pub(crate) async fn unsubscribe(&self, key: &str) -> Result<(), LockError> {
-        let mut interest = self.interest.lock().await;
-        let Some(entry) = interest.get_mut(key) else {
-            return Ok(());
-        };
-        if !entry.drop_one() {
-            return Ok(());
+        let _ops = self.ops.lock().await;
+        {
+            let mut state = self.channels.state();
+            let Some(entry) = state.interest.get_mut(key) else {
+                return Ok(());
+            };
+            if !entry.drop_one() {
+                return Ok(());
+            }
+            state.interest.remove(key);
         }
-        interest.remove(key);
         self.con
             .clone()
             .unsubscribe(key)
@@ -105,17 +188,23 @@ impl Subscriber {
 }
 
 /// The push sender of a subscriber connection: turns each push into wake-ups for
-/// `waiters` where the connection manager hands it over (it only takes a std mutex and
-/// notifies, so it never blocks the connection). Reports [`ManagerGone`] once the
-/// manager is dropped.
+/// `waiters` where the connection manager hands it over (it only takes std mutexes and
+/// notifies, so it never blocks the connection), and keeps `channels` up to date.
+/// Reports [`ManagerGone`] once the manager is dropped.
 pub(crate) fn push_handler(
     waiters: Weak<Waiters>,
+    channels: Arc<Channels>,
 ) -> impl Fn(PushInfo) -> Result<(), ManagerGone> + Send + Sync + 'static {
     move |push| {
         let waiters = waiters.upgrade().ok_or(ManagerGone)?;
         match push.kind {
             PushKind::Disconnection => {
-                tracing::debug!("subscriber reconnecting: waking every waiter");
+                tracing::debug!("subscriber reconnecting: polling until resubscribed");
+                {
+                    let mut state = channels.state();
+                    state.epoch += 1;
+                    state.interest.values_mut().for_each(Interest::lose);
+                }
                 waiters.wake_all();
             }
             PushKind::Message | PushKind::SMessage => {
@@ -123,9 +212,34 @@ pub(crate) fn push_handler(
                     waiters.wake(msg.get_channel_name());
                 }
             }
+            PushKind::Subscribe => {
+                let Some(channel) = channel_of(&push) else {
+                    return Ok(());
+                };
+                let unheard = channels
+                    .state()
+                    .interest
+                    .get_mut(&channel)
+                    .is_some_and(Interest::confirm);
+                if unheard {
+                    // Resubscribed: a release since the disconnection went unheard. (A
+                    // first subscription's head is not waiting yet: it attempts once
+                    // its `subscribe` returns, which is after this push.)
+                    waiters.wake(&channel);
+                }
+            }
             _ => {}
         }
         Ok(())
+    }
+}
+
+/// The channel a subscription push is about (its first element).
+pub(crate) fn channel_of(push: &PushInfo) -> Option<String> {
+    match push.data.first()? {
+        Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
+        Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
     }
 }
 

@@ -97,3 +97,34 @@ impl Harness for Memory {
         Self::admin().await.is_locked(full_key).await.unwrap()
     }
 }
+
+/// `PUBSUB NUMSUB` of each channel on one server.
+pub fn numsub(server: &RedisServer, channels: &[String]) -> Vec<i64> {
+    let mut args = vec!["PUBSUB", "NUMSUB"];
+    args.extend(channels.iter().map(String::as_str));
+    match server.cmd_sync(&args) {
+        Ok(redis::Value::Array(items)) => items
+            .chunks(2)
+            .map(|pair| match pair.get(1) {
+                Some(redis::Value::Int(n)) => *n,
+                _ => 0,
+            })
+            .collect(),
+        Ok(redis::Value::Map(pairs)) => pairs
+            .iter()
+            .map(|(_, n)| match n {
+                redis::Value::Int(n) => *n,
+                _ => 0,
+            })
+            .collect(),
+        _ => vec![0],
+    }
+}
+
+/// Kills every pub/sub client of one server; how many were killed.
+pub fn kill_pubsub(server: &RedisServer) -> usize {
+    match server.cmd_sync(&["CLIENT", "KILL", "TYPE", "pubsub"]) {
+        Ok(redis::Value::Int(n)) => usize::try_from(n).unwrap_or(0),
+        _ => 0,
+    }
+}

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use redlock::{LockError, LockGuard, LockManager, LockManagerBuilder, LockOptions};
+use redlock::{LockError, LockManager, LockManagerBuilder, LockOptions};
 
 pub mod backends;
 
@@ -40,26 +40,6 @@ pub fn unique(name: &str) -> String {
 
 pub async fn manager<H: Harness>(h: &H) -> LockManager {
     h.builder().build().await.expect("manager builds")
-}
-
-/// `lock_with` for the short ttls of these tests. On Redlock a short ttl means a short
-/// per-node timeout (ttl/10), which a saturated CI machine can miss on every node at
-/// once: `QuorumUnavailable` then says nothing about the behaviour under test, so that
-/// one error is retried (a bounded number of times); any other outcome is returned.
-pub async fn lock_short(
-    locks: &LockManager,
-    key: &str,
-    options: LockOptions,
-) -> Result<LockGuard, LockError> {
-    for _ in 0..50 {
-        match locks.lock_with(key, options.clone()).await {
-            Err(LockError::QuorumUnavailable { .. }) => {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            other => return other,
-        }
-    }
-    locks.lock_with(key, options).await
 }
 
 /// Polls `f` every 10 ms until true or `limit` passes.
@@ -205,7 +185,8 @@ pub async fn crashed_holder_frees_after_ttl<H: Harness>(h: &H) {
 pub async fn watchdog_keeps_the_lock<H: Harness>(h: &H) {
     let (a, b) = (manager(h).await, manager(h).await);
     let key = unique("watchdog");
-    let guard = lock_short(&a, &key, LockOptions::new().ttl(Duration::from_millis(300)))
+    let guard = a
+        .lock_with(&key, LockOptions::new().ttl(Duration::from_millis(300)))
         .await
         .unwrap();
     let end = Instant::now() + Duration::from_millis(1500);
@@ -225,13 +206,10 @@ pub async fn watchdog_keeps_the_lock<H: Harness>(h: &H) {
 pub async fn lost_when_deleted<H: Harness>(h: &H) {
     let locks = manager(h).await;
     let key = unique("deleted");
-    let guard = lock_short(
-        &locks,
-        &key,
-        LockOptions::new().ttl(Duration::from_millis(300)),
-    )
-    .await
-    .unwrap();
+    let guard = locks
+        .lock_with(&key, LockOptions::new().ttl(Duration::from_millis(300)))
+        .await
+        .unwrap();
     h.delete(guard.key()).await;
     tokio::time::timeout(Duration::from_secs(3), guard.lost())
         .await
@@ -245,13 +223,10 @@ pub async fn lost_when_deleted<H: Harness>(h: &H) {
 pub async fn lost_when_stolen<H: Harness>(h: &H) {
     let locks = manager(h).await;
     let key = unique("stolen");
-    let guard = lock_short(
-        &locks,
-        &key,
-        LockOptions::new().ttl(Duration::from_millis(300)),
-    )
-    .await
-    .unwrap();
+    let guard = locks
+        .lock_with(&key, LockOptions::new().ttl(Duration::from_millis(300)))
+        .await
+        .unwrap();
     let full = guard.key().to_owned();
     h.steal(&full).await;
     tokio::time::timeout(Duration::from_secs(3), guard.lost())
@@ -328,16 +303,16 @@ pub async fn fencing_across_expiry<H: Harness>(h: &H) {
     let mut last = 0;
     for i in 0..10 {
         let locks = if i % 2 == 0 { &a } else { &b };
-        let guard = lock_short(
-            locks,
-            &key,
-            LockOptions::new()
-                .ttl(Duration::from_millis(30))
-                .watchdog(false)
-                .wait(Duration::from_secs(2)),
-        )
-        .await
-        .unwrap();
+        let guard = locks
+            .lock_with(
+                &key,
+                LockOptions::new()
+                    .ttl(Duration::from_millis(30))
+                    .watchdog(false)
+                    .wait(Duration::from_secs(2)),
+            )
+            .await
+            .unwrap();
         assert!(
             guard.fencing_token() > last,
             "token {} after {last}",
@@ -459,15 +434,15 @@ pub async fn one_attempt_apis<H: Harness>(h: &H) {
 pub async fn extend_sets_ttl<H: Harness>(h: &H) {
     let (a, b) = (manager(h).await, manager(h).await);
     let key = unique("extend");
-    let guard = lock_short(
-        &a,
-        &key,
-        LockOptions::new()
-            .ttl(Duration::from_millis(200))
-            .watchdog(false),
-    )
-    .await
-    .unwrap();
+    let guard = a
+        .lock_with(
+            &key,
+            LockOptions::new()
+                .ttl(Duration::from_millis(200))
+                .watchdog(false),
+        )
+        .await
+        .unwrap();
     guard.extend(Duration::from_secs(3)).await.unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(guard.is_held());
@@ -487,15 +462,15 @@ pub async fn extend_sets_ttl<H: Harness>(h: &H) {
 pub async fn expiry_without_watchdog<H: Harness>(h: &H) {
     let locks = manager(h).await;
     let key = unique("expiry");
-    let guard = lock_short(
-        &locks,
-        &key,
-        LockOptions::new()
-            .ttl(Duration::from_millis(100))
-            .watchdog(false),
-    )
-    .await
-    .unwrap();
+    let guard = locks
+        .lock_with(
+            &key,
+            LockOptions::new()
+                .ttl(Duration::from_millis(100))
+                .watchdog(false),
+        )
+        .await
+        .unwrap();
     tokio::time::timeout(Duration::from_secs(2), guard.lost())
         .await
         .expect("lost");
@@ -592,6 +567,85 @@ pub fn static_send_sync_checks(locks: &LockManager) {
     is_send(&locks.lock("k"));
     is_send(&locks.try_lock("k"));
     is_send(&locks.lock_with("k", LockOptions::new()));
+}
+
+/// A subscriber reconnect loses no wake-up. Many waiters (distinct keys, held by another
+/// manager with a long ttl and no watchdog, so the ttl fallback is far away) are
+/// subscribed and asleep; `kill_subscribers` drops the subscriber connections
+/// (`CLIENT KILL TYPE pubsub`) and every holder releases right after, while the
+/// subscriptions are being restored. A release the waiters did not hear leaves them
+/// asleep until the fallback; every one must instead acquire within seconds.
+///
+/// `subscribed(channels)` counts the channels the server(s) count a subscriber on.
+pub async fn subscriber_reconnect_loses_no_wake_up<H: Harness>(
+    h: &H,
+    subscribed: impl Fn(&[String]) -> usize,
+    kill_subscribers: impl Fn() -> usize,
+) {
+    const WAITERS: usize = 150;
+    let ttl = Duration::from_secs(60);
+    let wait = Duration::from_secs(20);
+    let (holder, waiter) = (manager(h).await, manager(h).await);
+    let keys: Vec<String> = (0..WAITERS).map(|_| unique("resub")).collect();
+    let mut guards = Vec::new();
+    for key in &keys {
+        let options = LockOptions::new().ttl(ttl).watchdog(false);
+        guards.push(holder.lock_with(key, options).await.expect("holder locks"));
+    }
+    let tasks: Vec<_> = keys
+        .iter()
+        .map(|key| {
+            let (waiter, key) = (waiter.clone(), key.clone());
+            tokio::spawn(async move {
+                let guard = waiter
+                    .lock_with(&key, LockOptions::new().wait(wait))
+                    .await?;
+                let at = Instant::now();
+                drop(guard);
+                Ok::<_, LockError>(at)
+            })
+        })
+        .collect();
+    let channels: Vec<String> = keys.iter().map(|k| format!("lock:{k}")).collect();
+    // A subscription that failed (Redlock bounds it by the short per-node timeout,
+    // which a burst of 150 can miss) is asked for again a little later: all get there.
+    eventually(Duration::from_secs(10), || async {
+        subscribed(&channels) == WAITERS
+    })
+    .await;
+    let listening = subscribed(&channels);
+    assert_eq!(listening, WAITERS, "waiters listening for their release");
+    // Each head's attempt after its subscription is done: all are asleep.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        kill_subscribers() >= 1,
+        "a subscriber connection was killed"
+    );
+    let released = Instant::now();
+    let releases = guards.into_iter().map(|g| async move { g.release().await });
+    for r in futures::future::join_all(releases).await {
+        r.expect("holder releases");
+    }
+    let mut late = Vec::new();
+    let mut slowest = Duration::ZERO;
+    for (key, task) in keys.iter().zip(tasks) {
+        match task.await.expect("waiter task") {
+            Ok(at) => {
+                let took = at.saturating_duration_since(released);
+                slowest = slowest.max(took);
+                if took > Duration::from_secs(5) {
+                    late.push(format!("{key}: {took:?}"));
+                }
+            }
+            Err(e) => late.push(format!("{key}: {e}")),
+        }
+    }
+    println!("subscriber reconnect: {WAITERS} waiters, slowest hand-off {slowest:?}");
+    assert!(
+        late.is_empty(),
+        "{} of {WAITERS} waiters slept through their release: {late:?}",
+        late.len()
+    );
 }
 
 /// One `#[tokio::test]` per behaviour, for the harness `$make` builds.

@@ -15,9 +15,9 @@
 //!   `MOVED` to the slot's new owner).
 //! - **Cross-slot resubscription**: after a reconnect redis-rs re-sends all of a node's
 //!   shard channels in one `SSUBSCRIBE`, which fails with `CROSSSLOT` as soon as they
-//!   span two slots. On every `Disconnection` push the subscriber wakes all waiters and
-//!   re-subscribes each wanted channel on its own, retrying with backoff while the
-//!   cluster is failing over.
+//!   span two slots. On every `Disconnection` push the subscriber marks every channel
+//!   lost (their heads poll until it is back), wakes all waiters and re-subscribes each
+//!   wanted channel on its own, retrying with backoff while the cluster is failing over.
 //! - **Script loading on every node**: `Script::invoke_async` answers `NOSCRIPT` with a
 //!   `SCRIPT LOAD` sent to all nodes, so one unhealthy unrelated node fails an acquire.
 //!   [`LuaScript::invoke`](crate::scripts) falls back to `EVAL` instead, routed by the
@@ -31,7 +31,8 @@
 //!   idempotent per owner token, so a re-sent request cannot corrupt a lock.
 //! - `WAIT` (for `min_replicas`) is never sent bare, which would go to every primary: it
 //!   is pipelined after the acquire script and the pipeline is routed to the key's
-//!   master, on a dedicated connection because `WAIT` blocks the connection it runs on.
+//!   master, on a connection of its own from a small pool ([`WaitPool`]) because `WAIT`
+//!   blocks the connection it runs on.
 //!
 //! The watchdog's renewals are grouped by hash slot: one `renew.lua` call per slot
 //! (scripts cannot span slots), all sent concurrently, so a batch costs about one round
@@ -53,9 +54,11 @@ use redis::{FromRedisValue, IntoConnectionInfo, ProtocolVersion, PushInfo, PushK
 use tokio::sync::{mpsc, Mutex};
 
 use super::single::{decode_acquire, parse_eviction_policy, ttl_ms};
-use super::{chunk_outcomes, Attempt, Renewal, Renewed, ReplicaWait, Timeouts};
+use super::{
+    chunk_outcomes, Attempt, Renewal, Renewed, ReplicaWait, Timeouts, WaitPool, MAX_REPLICA_WAIT,
+};
 use crate::key::LockKey;
-use crate::notify::Interest;
+use crate::notify::{channel_of, Interest};
 use crate::scripts::{ACQUIRE, EXTEND, RELEASE, RENEW};
 use crate::token::Token;
 use crate::waiters::Waiters;
@@ -80,7 +83,7 @@ pub(crate) struct ClusterBackend {
     urls: Vec<String>,
     con: ClusterConnection,
     subscriber: ShardSubscriber,
-    wait_con: Mutex<Option<ClusterConnection>>,
+    wait_pool: WaitPool<ClusterConnection>,
     timeouts: Timeouts,
 }
 
@@ -128,7 +131,7 @@ impl ClusterBackend {
             urls: urls.to_vec(),
             con,
             subscriber: ShardSubscriber::new(sub_con, rx, waiters, timeouts.response * 2),
-            wait_con: Mutex::new(None),
+            wait_pool: WaitPool::new(),
             timeouts,
         })
     }
@@ -153,19 +156,17 @@ impl ClusterBackend {
                 .map_err(LockError::backend("acquire"))?;
             return decode_acquire(reply, None);
         };
-        // WAIT blocks the node connection it runs on: a dedicated cluster connection,
-        // and the pipeline explicitly routed to the key's master (never a bare WAIT).
-        let mut slot = self.wait_con.lock().await;
-        let con = match slot.as_mut() {
+        // WAIT blocks the node connection it runs on: a cluster connection of its own
+        // (it reconnects by itself), and the pipeline explicitly routed to the key's
+        // master (never a bare WAIT).
+        let mut con = match self.wait_pool.take() {
             Some(con) => con,
             None => {
-                let client = wait_client(&self.urls, self.timeouts, rw.timeout)?;
-                let con =
-                    tokio::time::timeout(self.timeouts.connect, client.get_async_connection())
-                        .await
-                        .map_err(|_| LockError::timed_out("connect", self.timeouts.connect))?
-                        .map_err(LockError::backend("connect"))?;
-                slot.insert(con)
+                let client = wait_client(&self.urls, self.timeouts)?;
+                tokio::time::timeout(self.timeouts.connect, client.get_async_connection())
+                    .await
+                    .map_err(|_| LockError::timed_out("connect", self.timeouts.connect))?
+                    .map_err(LockError::backend("connect"))?
             }
         };
         let mut pipe = redis::pipe();
@@ -178,11 +179,17 @@ impl ClusterBackend {
             .route_pipeline(pipe, 0, 3, master_of(key.full()))
             .await
             .map_err(LockError::backend("acquire"))?;
+        self.wait_pool.put(con);
         let (reply, acked): (Value, u32) = match <[Value; 3]>::try_from(replies) {
             Ok([_, reply, acked]) => (decode(reply, "acquire")?, decode(acked, "acquire")?),
             Err(other) => return Err(unexpected("acquire", other.len())),
         };
         decode_acquire(reply, Some(acked))
+    }
+
+    /// One request's bound: the overall response timeout, retries included.
+    pub(crate) fn request_timeout(&self) -> Duration {
+        self.timeouts.response * 2
     }
 
     pub(crate) async fn release(&self, key: &LockKey, token: Token) -> Result<bool, LockError> {
@@ -353,13 +360,9 @@ fn builder(urls: &[String], timeouts: Timeouts) -> Result<ClusterClientBuilder, 
         .max_retry_wait(500))
 }
 
-/// A client whose timeouts leave room for a `WAIT` of up to `wait`.
-fn wait_client(
-    urls: &[String],
-    timeouts: Timeouts,
-    wait: Duration,
-) -> Result<ClusterClient, LockError> {
-    let response = timeouts.response + wait.max(Duration::from_secs(1));
+/// A client whose timeouts leave room for the longest `WAIT`.
+fn wait_client(urls: &[String], timeouts: Timeouts) -> Result<ClusterClient, LockError> {
+    let response = timeouts.response + MAX_REPLICA_WAIT;
     builder(urls, timeouts)?
         .response_timeout(response)
         .overall_response_timeout(Some(response * 2))
@@ -389,10 +392,12 @@ fn unexpected(operation: &'static str, replies: usize) -> LockError {
 ///
 /// Two tasks serve it: the dispatcher turns `smessage` pushes into wake-ups, and on a
 /// `Disconnection` push, or a `sunsubscribe` push for a channel still wanted (redis-rs
-/// loses those subscriptions), wakes the waiters at once and hands the channels to the
-/// resubscriber, which subscribes each one on its own (never several slots in one
-/// command), retrying with backoff while the slot has no reachable owner, and wakes the
-/// channel's waiters again once it is back. Both tasks end with the subscriber.
+/// loses those subscriptions), marks the channels lost (not
+/// [`listening`](Self::listening): their heads poll), wakes the waiters at once and hands
+/// the channels to the resubscriber, which subscribes each one on its own (never several
+/// slots in one command), retrying with backoff while the slot has no reachable owner,
+/// and confirms the channel and wakes its waiters again once it is back. Both tasks end
+/// with the subscriber.
 pub(crate) struct ShardSubscriber {
     inner: Arc<SubInner>,
 }
@@ -447,6 +452,14 @@ impl ShardSubscriber {
         Ok(())
     }
 
+    /// Whether the server confirmed `key`'s channel and it has not been lost since.
+    pub(crate) fn listening(&self, key: &str) -> bool {
+        self.inner
+            .interest()
+            .get(key)
+            .is_some_and(Interest::is_confirmed)
+    }
+
     /// Drops one interest in `key`'s channel; the last one unsubscribes.
     pub(crate) async fn unsubscribe(&self, key: &str) -> Result<(), LockError> {
         let inner = &self.inner;
@@ -478,6 +491,19 @@ impl SubInner {
         self.interest().contains_key(channel)
     }
 
+    /// Marks `channel` unsubscribed on the server if it is wanted; whether it is.
+    fn lose(&self, channel: &str) -> bool {
+        self.interest()
+            .get_mut(channel)
+            .map(Interest::lose)
+            .is_some()
+    }
+
+    /// Marks every channel unsubscribed on the server (the connection dropped).
+    fn lose_all(&self) {
+        self.interest().values_mut().for_each(Interest::lose);
+    }
+
     /// One `SSUBSCRIBE` for one channel, bounded by the timeout.
     async fn ssubscribe(&self, channel: &str) -> Result<(), LockError> {
         let mut con = self.con.clone();
@@ -501,16 +527,11 @@ impl SubInner {
         if !self.wants(channel) {
             return Ok(false);
         }
-        self.ssubscribe(channel).await.map(|()| true)
-    }
-}
-
-/// The channel a subscription push is about (its first element).
-fn channel_of(push: &PushInfo) -> Option<String> {
-    match push.data.first()? {
-        Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
-        Value::SimpleString(s) => Some(s.clone()),
-        _ => None,
+        self.ssubscribe(channel).await?;
+        if let Some(entry) = self.interest().get_mut(channel) {
+            entry.confirm();
+        }
+        Ok(true)
     }
 }
 
@@ -534,13 +555,14 @@ async fn dispatch(
                 tracing::debug!(
                     "cluster subscriber reconnecting: waking every waiter and resubscribing"
                 );
+                inner.lose_all();
                 waiters.wake_all();
                 inner.resubscribe_all();
             }
             PushKind::SUnsubscribe => match channel_of(&push) {
                 // Ours (after the last interest left) or the server's, when the slot moved.
                 Some(channel) => {
-                    if inner.wants(&channel) {
+                    if inner.lose(&channel) {
                         tracing::debug!(
                             channel,
                             "shard channel unsubscribed by the server; resubscribing"
@@ -551,6 +573,7 @@ async fn dispatch(
                 }
                 // Not the documented shape: assume the worst for every channel.
                 None => {
+                    inner.lose_all();
                     waiters.wake_all();
                     inner.resubscribe_all();
                 }

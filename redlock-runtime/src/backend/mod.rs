@@ -11,6 +11,7 @@ mod memory;
 mod redlock;
 mod single;
 
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 pub(crate) use cluster::ClusterBackend;
@@ -51,6 +52,61 @@ pub(crate) struct Timeouts {
     pub(crate) connect: Duration,
     /// One request's reply (default 1 s).
     pub(crate) response: Duration,
+}
+
+/// The longest `WAIT` a lock asks for (min(ttl/10, 1 s)).
+pub(crate) const MAX_REPLICA_WAIT: Duration = Duration::from_secs(1);
+
+/// Idle `WAIT` connections kept for reuse, per backend.
+const IDLE_WAIT_CONNECTIONS: usize = 8;
+
+/// Connections for `WAIT`, which blocks the connection it is sent on.
+///
+/// Each acquisition with `min_replicas` takes a connection of its own for its
+/// `acquire` + `WAIT` pipeline (an idle one, or a new one), so concurrent acquisitions
+/// never queue behind each other's `WAIT`; up to [`IDLE_WAIT_CONNECTIONS`] are kept for
+/// reuse. Only a connection whose pipeline completed is given back: one whose request
+/// was cancelled or failed may still have a reply (or a blocked `WAIT`) in flight, so it
+/// is dropped.
+pub(crate) struct WaitPool<C> {
+    idle: Mutex<Vec<C>>,
+}
+
+impl<C> WaitPool<C> {
+    pub(crate) fn new() -> Self {
+        Self {
+            idle: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn idle(&self) -> std::sync::MutexGuard<'_, Vec<C>> {
+        self.idle.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// An idle connection, if any.
+    pub(crate) fn take(&self) -> Option<C> {
+        self.idle().pop()
+    }
+
+    /// Gives back a connection whose pipeline completed.
+    pub(crate) fn put(&self, con: C) {
+        let mut idle = self.idle();
+        if idle.len() < IDLE_WAIT_CONNECTIONS {
+            idle.push(con);
+        }
+    }
+
+    /// Drops every idle connection (the server went away: they are all broken).
+    pub(crate) fn clear(&self) {
+        self.idle().clear();
+    }
+}
+
+/// A uniformly random duration in `0..=max`.
+pub(crate) fn jitter(max: Duration) -> Duration {
+    let span = u64::try_from(max.as_micros()).unwrap_or(u64::MAX).max(1);
+    let r = getrandom::u64().unwrap_or(0);
+    Duration::from_micros(r % span.saturating_add(1))
 }
 
 /// One lock the watchdog renews.
@@ -125,6 +181,18 @@ impl Backend {
             Self::Single(_) => "single",
             Self::Cluster(_) => "cluster",
             Self::Redlock(_) => "redlock",
+        }
+    }
+
+    /// How long one acquisition attempt may take when nothing hangs: one request with
+    /// its retries (every Redlock round of an attempt), not counting a `WAIT`.
+    pub(crate) fn request_timeout(&self, ttl: Duration) -> Duration {
+        match self {
+            // Never waits on anything; a bound for form's sake.
+            Self::Memory(_) => Duration::from_secs(1),
+            Self::Single(b) => b.request_timeout(),
+            Self::Cluster(b) => b.request_timeout(),
+            Self::Redlock(b) => b.request_timeout(ttl),
         }
     }
 
@@ -224,6 +292,18 @@ impl Backend {
             Self::Single(b) => b.subscriber().subscribe(key, register).await,
             Self::Cluster(b) => b.subscriber().subscribe(key, register).await,
             Self::Redlock(b) => b.subscribe(key, register).await,
+        }
+    }
+
+    /// Whether a release of `key` would be heard now: the server confirmed its channel
+    /// (on some node, for Redlock) and no connection carrying it dropped since. The
+    /// in-memory backend always hears its releases.
+    pub(crate) fn listening(&self, key: &str) -> bool {
+        match self {
+            Self::Memory(_) => true,
+            Self::Single(b) => b.subscriber().listening(key),
+            Self::Cluster(b) => b.subscriber().listening(key),
+            Self::Redlock(b) => b.listening(key),
         }
     }
 

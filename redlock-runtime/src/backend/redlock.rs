@@ -92,7 +92,7 @@ use futures_util::future::join_all;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 
 use super::single::SingleBackend;
-use super::{Attempt, Renewal, Renewed, ReplicaWait, Timeouts};
+use super::{jitter, Attempt, Renewal, Renewed, ReplicaWait, Timeouts};
 use crate::key::LockKey;
 use crate::lease::drift;
 use crate::scripts::{FENCE_FLOOR, RELEASE};
@@ -221,6 +221,11 @@ impl RedlockBackend {
         self.node_timeout
             .min(ttl / 10)
             .max(Duration::from_millis(1))
+    }
+
+    /// One attempt's bound: its acquire round, the fencing round and the undo round.
+    pub(crate) fn request_timeout(&self, ttl: Duration) -> Duration {
+        self.node_timeout(ttl) * 3
     }
 
     /// Runs `f` on every node at once, each bounded by `timeout`, and waits for them all
@@ -707,6 +712,11 @@ impl RedlockBackend {
         outcome.unwrap_or_else(|| Err(LockError::timed_out("subscribe", self.node_timeout)))
     }
 
+    /// Whether any node's subscriber listens on `key`'s channel.
+    pub(crate) fn listening(&self, key: &str) -> bool {
+        self.nodes.iter().any(|n| n.subscriber().listening(key))
+    }
+
     /// Drops one interest in `key` on every node.
     pub(crate) async fn unsubscribe(&self, key: &str) -> Result<(), LockError> {
         let answers = self
@@ -844,13 +854,6 @@ fn first_ok(answers: Vec<Result<(), LockError>>) -> Result<(), LockError> {
         }
     }
     first_error.map_or(Ok(()), Err)
-}
-
-/// A uniformly random duration in `0..=max`.
-fn jitter(max: Duration) -> Duration {
-    let span = u64::try_from(max.as_micros()).unwrap_or(u64::MAX).max(1);
-    let r = getrandom::u64().unwrap_or(0);
-    Duration::from_micros(r % span.saturating_add(1))
 }
 
 #[cfg(test)]

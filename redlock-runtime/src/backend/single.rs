@@ -2,20 +2,21 @@
 //!
 //! Commands go over one multiplexed, auto-reconnecting [`ConnectionManager`] with
 //! `TCP_NODELAY`; wake-ups arrive on a second RESP3 connection (see `notify`). `WAIT`
-//! blocks the connection it runs on, so acquisitions with `min_replicas` use a third,
-//! dedicated connection opened on first use.
+//! blocks the connection it runs on, so each acquisition with `min_replicas` runs on a
+//! connection of its own from a small pool ([`WaitPool`]).
 
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use redis::io::tcp::TcpSettings;
-use redis::{Client, IntoConnectionInfo, ProtocolVersion, Value};
-use tokio::sync::Mutex;
+use redis::{AsyncConnectionConfig, Client, IntoConnectionInfo, ProtocolVersion, Value};
 
-use super::{chunk_outcomes, Attempt, Renewal, Renewed, ReplicaWait, Timeouts};
+use super::{
+    chunk_outcomes, Attempt, Renewal, Renewed, ReplicaWait, Timeouts, WaitPool, MAX_REPLICA_WAIT,
+};
 use crate::key::LockKey;
-use crate::notify::{push_handler, Subscriber};
+use crate::notify::{push_handler, Channels, Subscriber};
 use crate::scripts::{ACQUIRE, EXTEND, RELEASE, RENEW};
 use crate::token::Token;
 use crate::waiters::Waiters;
@@ -30,7 +31,7 @@ pub(crate) struct SingleBackend {
     client: Client,
     con: ConnectionManager,
     subscriber: Subscriber,
-    wait_con: Mutex<Option<ConnectionManager>>,
+    wait_pool: WaitPool<MultiplexedConnection>,
     timeouts: Timeouts,
 }
 
@@ -53,6 +54,8 @@ impl SingleBackend {
         let sub_client =
             Client::open(info.set_redis_settings(resp3)).map_err(LockError::backend("connect"))?;
 
+        let channels = Arc::new(Channels::default());
+        let handler = push_handler(waiters, channels.clone());
         let connect = async {
             let con = client
                 .get_connection_manager_with_config(timeouts.manager_config())
@@ -61,7 +64,7 @@ impl SingleBackend {
                 .get_connection_manager_with_config(
                     timeouts
                         .manager_config()
-                        .set_push_sender(push_handler(waiters))
+                        .set_push_sender(handler)
                         .set_automatic_resubscription(),
                 )
                 .await?;
@@ -75,8 +78,8 @@ impl SingleBackend {
         Ok(Self {
             client,
             con,
-            subscriber: Subscriber::new(sub_con),
-            wait_con: Mutex::new(None),
+            subscriber: Subscriber::new(sub_con, channels),
+            wait_pool: WaitPool::new(),
             timeouts,
         })
     }
@@ -105,21 +108,10 @@ impl SingleBackend {
                 .map_err(LockError::backend("acquire"))?;
             return decode_acquire(reply, None);
         };
-        // WAIT counts the writes of its own connection and blocks it meanwhile.
-        let mut slot = self.wait_con.lock().await;
-        let con = match slot.as_mut() {
-            Some(con) => con,
-            None => slot.insert(
-                self.client
-                    .get_connection_manager_with_config(
-                        self.timeouts.manager_config().set_response_timeout(Some(
-                            self.timeouts.response + Duration::from_secs(1),
-                        )),
-                    )
-                    .await
-                    .map_err(LockError::backend("connect"))?,
-            ),
-        };
+        // WAIT counts the writes of its own connection and blocks it meanwhile: a
+        // connection of its own. A pooled one found broken (the server restarted) is
+        // dropped with the other idle ones, broken too, and the request retried once on
+        // a fresh connection (the script is idempotent per token).
         let mut pipe = redis::pipe();
         pipe.add_command(ACQUIRE.load())
             .ignore()
@@ -127,11 +119,37 @@ impl SingleBackend {
             .cmd("WAIT")
             .arg(rw.replicas)
             .arg(ttl_ms(rw.timeout));
-        let (reply, acked): (Value, u32) = pipe
-            .query_async(con)
-            .await
-            .map_err(LockError::backend("acquire"))?;
+        let pooled = self.wait_pool.take();
+        let was_pooled = pooled.is_some();
+        let mut con = match pooled {
+            Some(con) => con,
+            None => self.wait_connection().await?,
+        };
+        let mut reply = pipe.query_async::<(Value, u32)>(&mut con).await;
+        if was_pooled && reply.as_ref().is_err_and(is_dropped) {
+            self.wait_pool.clear();
+            con = self.wait_connection().await?;
+            reply = pipe.query_async(&mut con).await;
+        }
+        let (reply, acked) = reply.map_err(LockError::backend("acquire"))?;
+        self.wait_pool.put(con);
         decode_acquire(reply, Some(acked))
+    }
+
+    /// A new connection for `WAIT`, its response timeout leaving room for the longest.
+    async fn wait_connection(&self) -> Result<MultiplexedConnection, LockError> {
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.timeouts.connect))
+            .set_response_timeout(Some(self.timeouts.response + MAX_REPLICA_WAIT));
+        self.client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .map_err(LockError::backend("connect"))
+    }
+
+    /// One request's bound (the connection manager's response timeout).
+    pub(crate) fn request_timeout(&self) -> Duration {
+        self.timeouts.response
     }
 
     /// True when our lock is gone because of this call.
