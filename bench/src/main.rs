@@ -10,7 +10,7 @@
 //! in the same run, and the ratio. The last line sums the ratios up:
 //!
 //! ```text
-//! ratios: uncontended=<x> distinct64=<x> handoff_vs_poll=<x> handoff_vs_rslock=<x> handoff_vs_rtt=<x> fifo=<x> redlock5_vs_single=<x> macro_vs_guard=<x>
+//! ratios: uncontended=<x> distinct64=<x> handoff_vs_poll=<x> handoff_vs_rslock=<x> handoff_vs_rtt=<x> fifo=<x> redlock5_vs_single=<x> macro_vs_guard=<x> held_100k=<x>
 //! ```
 //!
 //! Throughput ratios are redlock ÷ baseline; `handoff_vs_*` is the baseline's hand-off p50
@@ -18,12 +18,14 @@
 //! `fifo` is the fraction of contended acquisitions that changed holder;
 //! `redlock5_vs_single` and `macro_vs_guard` are time-per-operation ratios (cost ÷ cost);
 //! for `macro_vs_guard` the macro's extra work is measured on the in-memory backend (where
-//! it is well above the noise) and set against a Redis lock+release of the same run.
+//! it is well above the noise) and set against a Redis lock+release of the same run;
+//! `held_100k` is the time of a lock + drop with 100 000 other locks held ÷ with none.
 //! Figures are printed, never asserted: timings do not fail the run (a scenario that
 //! cannot run at all, e.g. no redis-server, exits non-zero).
 
 mod cpu;
 mod handoff;
+mod held;
 mod lockers;
 mod macro_guard;
 mod raw;
@@ -94,11 +96,12 @@ impl Config {
     }
 }
 
-const SCENARIOS: [&str; 6] = [
+const SCENARIOS: [&str; 7] = [
     "uncontended",
     "distinct64",
     "handoff",
     "watchdog",
+    "held",
     "redlock5",
     "macro",
 ];
@@ -106,7 +109,8 @@ const SCENARIOS: [&str; 6] = [
 const USAGE: &str = "usage: redlock-bench [--quick] [--scenario NAME]...
   --quick            short runs (under 90 s on 2 cores), as CI runs it
   --scenario NAME    only this scenario (repeatable, or comma-separated):
-                     uncontended, distinct64, handoff, watchdog, redlock5, macro";
+                     uncontended, distinct64, handoff, watchdog, held, redlock5,
+                     macro";
 
 fn parse_args() -> Result<(bool, Vec<String>), String> {
     let mut quick = false;
@@ -236,6 +240,12 @@ fn main() -> ExitCode {
                 report("watchdog", e);
             }
         }
+        if wanted("held") {
+            match held::run(&cfg, &url).await {
+                Ok(x) => r.held_100k = Some(x),
+                Err(e) => report("held", e),
+            }
+        }
         if let Some(urls) = &set_urls {
             match redlock5::run(&cfg, urls, &set_pids).await {
                 Ok(x) => r.redlock5_vs_single = Some(x),
@@ -272,6 +282,7 @@ struct Ratios {
     fifo: Option<f64>,
     redlock5_vs_single: Option<f64>,
     macro_vs_guard: Option<f64>,
+    held_100k: Option<f64>,
 }
 
 impl Ratios {
@@ -281,7 +292,7 @@ impl Ratios {
             _ => "n/a".into(),
         };
         format!(
-            "ratios: uncontended={} distinct64={} handoff_vs_poll={} handoff_vs_rslock={} handoff_vs_rtt={} fifo={} redlock5_vs_single={} macro_vs_guard={}",
+            "ratios: uncontended={} distinct64={} handoff_vs_poll={} handoff_vs_rslock={} handoff_vs_rtt={} fifo={} redlock5_vs_single={} macro_vs_guard={} held_100k={}",
             f(self.uncontended, 2),
             f(self.distinct64, 2),
             f(self.handoff_vs_poll, 1),
@@ -290,6 +301,7 @@ impl Ratios {
             f(self.fifo, 3),
             f(self.redlock5_vs_single, 2),
             f(self.macro_vs_guard, 3),
+            f(self.held_100k, 2),
         )
     }
 }
