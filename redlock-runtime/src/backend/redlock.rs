@@ -15,8 +15,9 @@
 //! - **Release and extend** go to every node; they succeed when a quorum confirms, report
 //!   the lock lost when so many nodes deny it that no quorum can, and fail with
 //!   `QuorumUnavailable` when too few answered to tell.
-//! - **Renewal** (the watchdog) extends each lock on every node in one round trip per
-//!   node; a lock is lost once a majority no longer confirms it.
+//! - **Renewal** (the watchdog) extends each lock on every node, one pipelined request
+//!   per node and ttl group, each bounded by its group's shortest ttl and its size (see
+//!   [`RedlockBackend::renew`]); a lock is lost once a majority no longer confirms it.
 //! - **Wake-ups**: waiters subscribe on every node, and any node's message wakes them
 //!   (a release publishes on every node it reaches).
 //!
