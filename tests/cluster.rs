@@ -158,6 +158,9 @@ async fn cluster_behaviour() {
     renewals_over_many_slots(&h).await;
     step("renewals over many slots", t);
     let t = Instant::now();
+    cluster_renewals_one_pipeline_per_master(&h).await;
+    step("renewals: one pipeline per master", t);
+    let t = Instant::now();
     min_replicas_waits_on_the_keys_master(&h).await;
     step("min_replicas", t);
     let t = Instant::now();
@@ -198,10 +201,13 @@ async fn cluster_behaviour() {
     );
     conformance::static_send_sync_checks(&h.builder().build().await.unwrap());
 
-    // Last: it moves a slot to another master.
+    // Last: they move slots to other masters.
     let t = Instant::now();
     stray_sunsubscribe_after_slot_migration(&h).await;
     step("stray sunsubscribe after a slot migration", t);
+    let t = Instant::now();
+    renewals_follow_a_moved_slot(&h).await;
+    step("renewals follow a moved slot", t);
 }
 
 /// The lock key and its slot's fencing counter share the slot and live on the master
@@ -296,6 +302,117 @@ async fn renewals_over_many_slots(h: &Cluster) {
             .unwrap()
             .is_none());
     }
+    for g in guards {
+        g.release().await.unwrap();
+    }
+}
+
+/// Calls of `command` (as `INFO commandstats` names it) on node `i` since its last
+/// `CONFIG RESETSTAT`.
+fn calls(h: &Cluster, i: usize, command: &str) -> u64 {
+    let stats = text(&h.on(i, &["INFO", "commandstats"]));
+    let prefix = format!("cmdstat_{command}:calls=");
+    stats
+        .lines()
+        .find_map(|l| l.trim().strip_prefix(prefix.as_str()))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Issue 12, item 6: renewals were one script call per slot, 64 at a time, so a tick
+/// over locks in many slots cost many round trips per master. Now each master gets one
+/// pipeline per tick (led by a `SCRIPT LOAD`) carrying the calls of all its slots.
+async fn cluster_renewals_one_pipeline_per_master(h: &Cluster) {
+    let locks = h.builder().build().await.unwrap();
+    let ttl = Duration::from_millis(900);
+    let keys = h.keys_on_every_master("pipe", 60);
+    let mut guards = Vec::new();
+    for key in &keys {
+        guards.push(
+            locks
+                .lock_with(key, LockOptions::new().ttl(ttl))
+                .await
+                .unwrap(),
+        );
+    }
+    let masters = h.cluster.master_indices();
+    for &m in &masters {
+        h.on(m, &["CONFIG", "RESETSTAT"]);
+    }
+    tokio::time::sleep(ttl * 3).await;
+    let counts: Vec<(u64, u64)> = masters
+        .iter()
+        .map(|&m| (calls(h, m, "script|load"), calls(h, m, "evalsha")))
+        .collect();
+    println!("renewals per master over 3 ttls (pipelines, scripts): {counts:?}");
+    for g in &guards {
+        assert!(g.is_held(), "{} lost", g.key());
+    }
+    // 60 locks in ~60 slots per master, renewed every 150-300 ms: each pipeline
+    // carries ~60 calls; sent one by one, the calls come without a SCRIPT LOAD.
+    for &(pipelines, scripts) in &counts {
+        assert!(
+            pipelines >= 3 && scripts >= 20 * pipelines,
+            "(renewal pipelines, renewal scripts) per master: {counts:?}"
+        );
+    }
+    for g in guards {
+        g.release().await.unwrap();
+    }
+}
+
+/// A slot moved since the slot map was fetched fails its master's renewal pipeline
+/// (redirected as a whole): its calls are sent slot by slot instead and the map is
+/// fetched again, so every lock, the moved slot's included, stays held.
+async fn renewals_follow_a_moved_slot(h: &Cluster) {
+    let locks = h.builder().build().await.unwrap();
+    let ttl = Duration::from_millis(1500);
+    let keys = h.keys_on_every_master("moved", 20);
+    let mut guards = Vec::new();
+    for key in &keys {
+        guards.push(
+            locks
+                .lock_with(key, LockOptions::new().ttl(ttl))
+                .await
+                .unwrap(),
+        );
+    }
+    // Let a renewal fetch the slot map, then move the first key's slot.
+    tokio::time::sleep(ttl / 2).await;
+    let full = guards[0].key().to_owned();
+    let slot = key_slot(full.as_bytes()).to_string();
+    let from = h.master_of(&full);
+    let masters = h.cluster.master_indices();
+    let to = masters.iter().copied().find(|&m| m != from).unwrap();
+    let id = |i: usize| text(&h.on(i, &["CLUSTER", "MYID"]));
+    let (from_id, to_id) = (id(from), id(to));
+    let to_port = h.cluster.node(to).port().to_string();
+    h.on(to, &["CLUSTER", "SETSLOT", &slot, "IMPORTING", &from_id]);
+    h.on(from, &["CLUSTER", "SETSLOT", &slot, "MIGRATING", &to_id]);
+    let in_slot = match h.on(from, &["CLUSTER", "GETKEYSINSLOT", &slot, "1000"]) {
+        Value::Array(keys) => keys.iter().map(text).collect::<Vec<_>>(),
+        other => panic!("GETKEYSINSLOT: {other:?}"),
+    };
+    let mut migrate = vec!["MIGRATE", "127.0.0.1", &to_port, "", "0", "5000", "KEYS"];
+    migrate.extend(in_slot.iter().map(String::as_str));
+    h.on(from, &migrate);
+    for &m in [to, from]
+        .iter()
+        .chain(masters.iter().filter(|&&m| m != from && m != to))
+    {
+        h.on(m, &["CLUSTER", "SETSLOT", &slot, "NODE", &to_id]);
+    }
+    assert_eq!(h.master_of(&full), to, "the slot moved");
+    tokio::time::sleep(ttl * 3).await;
+    for g in &guards {
+        assert!(g.is_held(), "{} lost after its slot moved", g.key());
+    }
+    let pttl = int(&h.on(to, &["PTTL", &full]));
+    assert!(
+        pttl > 0,
+        "the moved lock is renewed on its new master ({pttl})"
+    );
     for g in guards {
         g.release().await.unwrap();
     }

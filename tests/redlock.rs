@@ -755,4 +755,97 @@ async fn quorum_unavailable_is_retried_within_the_wait() {
     assert!(took >= Duration::from_millis(600), "{took:?}");
     assert!(took < Duration::from_secs(3), "{took:?}");
     guard.release().await.unwrap();
+
+/// Issue 12, item 6: each node's renewal batch was bounded by min(200 ms, the shortest
+/// ttl in it / 10), so one 100 ms-ttl lock renewed alongside thousands of 10 s locks
+/// cut every node's request to 10 ms: none of them was renewed, on any node, while
+/// short locks came and went. Renewals are now grouped by ttl, each group bounded by
+/// its own ttl and its size.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_renewals_survive_many_locks_and_one_short_ttl() {
+    const LOCKS: usize = 20_000;
+    const TTL: Duration = Duration::from_secs(10);
+    let set = RedisSet::start(3);
+    let locks = LockManager::builder()
+        .redlock(set.urls())
+        .default_ttl(TTL)
+        .build()
+        .await
+        .unwrap();
+    let tag = unique("many_short");
+    let start = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for a in 0..64 {
+        let (locks, tag) = (locks.clone(), tag.clone());
+        tasks.spawn(async move {
+            let mut held = Vec::new();
+            for i in (a..LOCKS).step_by(64) {
+                let key = format!("{tag}_{i}");
+                // A node's reply can miss the 200 ms bound on a saturated machine: that
+                // says nothing about renewals, so the attempt is retried (bounded).
+                let mut tries = 0;
+                let guard = loop {
+                    match locks.lock(&key).await {
+                        Err(LockError::QuorumUnavailable { .. }) if tries < 10 => tries += 1,
+                        other => break other.unwrap(),
+                    }
+                };
+                held.push(guard);
+            }
+            held
+        });
+    }
+    let mut guards = Vec::with_capacity(LOCKS);
+    while let Some(held) = tasks.join_next().await {
+        guards.extend(held.unwrap());
+    }
+    let taken = start.elapsed();
+    // The first round renews the locks taken within its slack (ttl/6) together, at about
+    // ttl/3 after the first was taken; later rounds renew them together again. Short
+    // locks join from then on, always one held: a new one every 40 ms, the previous
+    // one dropped.
+    tokio::time::sleep_until((start + TTL * 2 / 5).into()).await;
+    let churn = {
+        let (locks, tag) = (locks.clone(), tag.clone());
+        tokio::spawn(async move {
+            let short = LockOptions::new().ttl(Duration::from_millis(100));
+            let mut previous = None;
+            for i in 0..1000 {
+                let key = format!("{tag}_short_{i}");
+                // A 100 ms ttl means a 10 ms bound per node: a saturated machine can miss
+                // it, which only skips one short lock.
+                if let Ok(guard) = locks.lock_with(&key, short.clone()).await {
+                    previous = Some(guard);
+                }
+                tokio::time::sleep(Duration::from_millis(40)).await;
+            }
+            drop(previous);
+        })
+    };
+    // Renewals are ttl/6 to ttl/3 (1.7-3.3 s) apart: at least two rounds.
+    tokio::time::sleep(Duration::from_millis(7500)).await;
+    churn.abort();
+    let held = guards.iter().filter(|g| g.is_held()).count();
+    // Unrenewed since the first round, keys would have at most 10 − 7.5 s left.
+    let since = start.elapsed();
+    let mut stale = Vec::new();
+    for node in set.nodes() {
+        let mut con = raw(node).await;
+        let mut not_fresh = 0;
+        for chunk in guards.chunks(1000) {
+            let mut pipe = redis::pipe();
+            for g in chunk {
+                pipe.pttl(g.key());
+            }
+            let pttls: Vec<i64> = pipe.query_async(&mut con).await.unwrap();
+            not_fresh += pttls.iter().filter(|&&ms| ms < 5000).count();
+        }
+        stale.push(not_fresh);
+    }
+    assert_eq!(
+        (held, stale),
+        (LOCKS, vec![0, 0, 0]),
+        "(locks held, keys per node not renewed in the last 5 s), {since:?} after the first \
+         was taken (all taken in {taken:?})"
+    );
 }

@@ -10,7 +10,7 @@
 //! in the same run, and the ratio. The last line sums the ratios up:
 //!
 //! ```text
-//! ratios: uncontended=<x> distinct64=<x> handoff_vs_poll=<x> handoff_vs_rslock=<x> handoff_vs_rtt=<x> fifo=<x> redlock5_vs_single=<x> redlock5_vs_floor=<x> frozen_node=<x> macro_vs_guard=<x>
+//! ratios: uncontended=<x> distinct64=<x> handoff_vs_poll=<x> handoff_vs_rslock=<x> handoff_vs_rtt=<x> fifo=<x> redlock5_vs_single=<x> redlock5_vs_floor=<x> frozen_node=<x> macro_vs_guard=<x> held_100k=<x>
 //! ```
 //!
 //! Throughput ratios are redlock ÷ baseline; `handoff_vs_*` is the baseline's hand-off p50
@@ -21,13 +21,15 @@
 //! ratios (cost ÷ cost); `frozen_node` is Redlock's lock+release p50 with one master
 //! SIGSTOPped ÷ the same managers' healthy p50 (the larger over 3 and 5 masters);
 //! for `macro_vs_guard` the macro's extra work is measured on the in-memory backend (where
-//! it is well above the noise) and set against a Redis lock+release of the same run.
+//! it is well above the noise) and set against a Redis lock+release of the same run;
+//! `held_100k` is the time of a lock + drop with 100 000 other locks held ÷ with none.
 //! Figures are printed, never asserted: timings do not fail the run (a scenario that
 //! cannot run at all, e.g. no redis-server, exits non-zero).
 
 mod cpu;
 mod frozen;
 mod handoff;
+mod held;
 mod lockers;
 mod macro_guard;
 mod raw;
@@ -98,11 +100,12 @@ impl Config {
     }
 }
 
-const SCENARIOS: [&str; 7] = [
+const SCENARIOS: [&str; 8] = [
     "uncontended",
     "distinct64",
     "handoff",
     "watchdog",
+    "held",
     "redlock5",
     "frozen",
     "macro",
@@ -111,7 +114,8 @@ const SCENARIOS: [&str; 7] = [
 const USAGE: &str = "usage: redlock-bench [--quick] [--scenario NAME]...
   --quick            short runs (under 90 s on 2 cores), as CI runs it
   --scenario NAME    only this scenario (repeatable, or comma-separated):
-                     uncontended, distinct64, handoff, watchdog, redlock5, frozen, macro";
+                     uncontended, distinct64, handoff, watchdog, held, redlock5,
+                     frozen, macro";
 
 fn parse_args() -> Result<(bool, Vec<String>), String> {
     let mut quick = false;
@@ -241,6 +245,12 @@ fn main() -> ExitCode {
                 report("watchdog", e);
             }
         }
+        if wanted("held") {
+            match held::run(&cfg, &url).await {
+                Ok(x) => r.held_100k = Some(x),
+                Err(e) => report("held", e),
+            }
+        }
         if let (Some(urls), true) = (&set_urls, wanted("redlock5")) {
             match redlock5::run(&cfg, urls, &set_pids).await {
                 Ok(x) => {
@@ -289,6 +299,7 @@ struct Ratios {
     redlock5_vs_floor: Option<f64>,
     frozen_node: Option<f64>,
     macro_vs_guard: Option<f64>,
+    held_100k: Option<f64>,
 }
 
 impl Ratios {
@@ -298,7 +309,7 @@ impl Ratios {
             _ => "n/a".into(),
         };
         format!(
-            "ratios: uncontended={} distinct64={} handoff_vs_poll={} handoff_vs_rslock={} handoff_vs_rtt={} fifo={} redlock5_vs_single={} redlock5_vs_floor={} frozen_node={} macro_vs_guard={}",
+            "ratios: uncontended={} distinct64={} handoff_vs_poll={} handoff_vs_rslock={} handoff_vs_rtt={} fifo={} redlock5_vs_single={} redlock5_vs_floor={} frozen_node={} macro_vs_guard={} held_100k={}",
             f(self.uncontended, 2),
             f(self.distinct64, 2),
             f(self.handoff_vs_poll, 1),
@@ -309,6 +320,7 @@ impl Ratios {
             f(self.redlock5_vs_floor, 2),
             f(self.frozen_node, 2),
             f(self.macro_vs_guard, 3),
+            f(self.held_100k, 2),
         )
     }
 }

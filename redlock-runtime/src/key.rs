@@ -19,7 +19,7 @@ use crate::LockError;
 pub const MAX_KEY_LEN: usize = 64 * 1024;
 
 /// Number of hash slots in a Redis Cluster.
-const SLOTS: usize = 16384;
+pub(crate) const SLOTS: usize = 16384;
 
 /// What follows the prefix in a fencing counter's name, before its `{tag}`.
 const FENCE_INFIX: &str = "fence:";

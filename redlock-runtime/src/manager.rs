@@ -812,6 +812,9 @@ impl LockManager {
             let (lease, shared) = (task_lease, &manager.0.shared);
             let sent = lease::now();
             lease.extending(sent, ttl);
+            // The watchdog declares the lock lost at the lowered deadline if no reply
+            // raised it by then.
+            shared.reschedule(&lease);
             let outcome = match shared.backend.extend(&lease.key, lease.token, ttl).await {
                 Ok(true) => {
                     lease.confirmed(sent, ttl);
@@ -825,7 +828,7 @@ impl LockManager {
             };
             drop(op);
             // The renewal schedule moved (and renewals were skipped while this ran).
-            shared.reschedule(lease.next_renewal());
+            shared.reschedule(&lease);
             outcome
         });
         match request.await {

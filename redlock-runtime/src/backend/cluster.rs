@@ -40,14 +40,14 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex as StdMutex, MutexGuard, PoisonError, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use futures_util::future::join_all;
 use futures_util::stream::{self, StreamExt};
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{
-    MultipleNodeRoutingInfo, ResponsePolicy, Route, RoutingInfo, SingleNodeRoutingInfo, Slot,
-    SlotAddr,
+    MultipleNodeRoutingInfo, ResponsePolicy, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
 };
 use redis::io::tcp::TcpSettings;
 use redis::{FromRedisValue, IntoConnectionInfo, ProtocolVersion, PushInfo, PushKind, Value};
@@ -57,7 +57,7 @@ use super::single::{decode_acquire, parse_eviction_policy, ttl_ms};
 use super::{
     chunk_outcomes, Attempt, Renewal, Renewed, ReplicaWait, Timeouts, WaitPool, MAX_REPLICA_WAIT,
 };
-use crate::key::LockKey;
+use crate::key::{key_slot, LockKey, SLOTS};
 use crate::notify::{channel_of, Interest};
 use crate::scripts::{ACQUIRE, EXTEND, RELEASE, RENEW};
 use crate::token::Token;
@@ -75,8 +75,83 @@ const CLIENT_RETRIES: u32 = 3;
 const RESUBSCRIBE_BACKOFF: (Duration, Duration) =
     (Duration::from_millis(50), Duration::from_secs(1));
 
+/// How long a fetched slot map groups renewals before it is fetched again.
+const SLOT_MAP_AGE: Duration = Duration::from_secs(10);
+
 /// The locks (batch indices) of one `renew.lua` call, and its reply.
 type SlotRenewal = (Vec<usize>, Result<Vec<i64>, redis::RedisError>);
+/// One `renew.lua` call to make: its slot and its locks (batch indices).
+type SlotCall = (u16, Vec<usize>);
+
+/// Which master serves each slot, as `CLUSTER SLOTS` said when it was fetched. Used
+/// only to group renewals by master: a stale map costs a retry, never a wrong outcome.
+struct SlotMap {
+    fetched: Instant,
+    /// The index of each slot's master (in order of first appearance), or `u16::MAX`.
+    masters: Vec<u16>,
+}
+
+impl SlotMap {
+    /// From a `CLUSTER SLOTS` reply: `[[start, end, [host, port, ..], replicas..], ..]`.
+    /// `None` when it has another shape.
+    fn parse(reply: Value) -> Option<Self> {
+        let Value::Array(ranges) = reply else {
+            return None;
+        };
+        let mut masters = vec![u16::MAX; SLOTS];
+        let mut known: Vec<(String, i64)> = Vec::new();
+        for range in ranges {
+            let Value::Array(fields) = range else {
+                return None;
+            };
+            let mut fields = fields.into_iter();
+            let (Some(Value::Int(start)), Some(Value::Int(end)), Some(Value::Array(node))) =
+                (fields.next(), fields.next(), fields.next())
+            else {
+                return None;
+            };
+            let mut node = node.into_iter();
+            let host: String = redis::from_redis_value(node.next()?).ok()?;
+            let port: i64 = redis::from_redis_value(node.next()?).ok()?;
+            let address = (host, port);
+            let index = match known.iter().position(|a| *a == address) {
+                Some(i) => i,
+                None => {
+                    known.push(address);
+                    known.len() - 1
+                }
+            };
+            let index = u16::try_from(index).ok().filter(|&i| i != u16::MAX)?;
+            let start = usize::try_from(start).ok()?;
+            let end = usize::try_from(end).ok()?;
+            for master in masters.get_mut(start..=end)? {
+                *master = index;
+            }
+        }
+        Some(Self {
+            fetched: Instant::now(),
+            masters,
+        })
+    }
+
+    /// The master serving `slot`, if known.
+    fn master(&self, slot: u16) -> Option<u16> {
+        self.masters
+            .get(usize::from(slot))
+            .copied()
+            .filter(|&m| m != u16::MAX)
+    }
+}
+
+/// The arguments of a `renew.lua` call: token and ttl of each lock.
+fn renew_args(batch: &[Renewal<'_>], indices: &[usize]) -> Vec<Vec<u8>> {
+    let mut args = Vec::with_capacity(indices.len() * 2);
+    for r in indices.iter().filter_map(|&i| batch.get(i)) {
+        args.push(r.token.as_bytes().to_vec());
+        args.push(ttl_ms(r.ttl).to_string().into_bytes());
+    }
+    args
+}
 
 /// A Redis Cluster.
 pub(crate) struct ClusterBackend {
@@ -85,6 +160,7 @@ pub(crate) struct ClusterBackend {
     subscriber: ShardSubscriber,
     wait_pool: WaitPool<ClusterConnection>,
     timeouts: Timeouts,
+    slot_map: StdMutex<Option<Arc<SlotMap>>>,
 }
 
 impl ClusterBackend {
@@ -133,6 +209,7 @@ impl ClusterBackend {
             subscriber: ShardSubscriber::new(sub_con, rx, waiters, timeouts.response * 2),
             wait_pool: WaitPool::new(),
             timeouts,
+            slot_map: StdMutex::new(None),
         })
     }
 
@@ -212,42 +289,64 @@ impl ClusterBackend {
             .map_err(LockError::backend("extend"))
     }
 
-    /// One `renew.lua` call per hash slot (up to [`RENEW_CHUNK`] locks each), sent
-    /// concurrently; a slot whose call failed leaves its locks [`Renewed::Unknown`].
-    /// Fails as a whole only when every call failed.
+    /// Renews a batch with one pipeline per master: the batch's locks grouped by slot
+    /// (scripts cannot span slots) into `renew.lua` calls of up to [`RENEW_CHUNK`] locks,
+    /// the calls grouped by the master serving their slot (from `CLUSTER SLOTS`, fetched
+    /// at most every [`SLOT_MAP_AGE`]) and each master's calls sent as one pipeline,
+    /// routed by its first slot, all masters at once: one round trip per master.
+    ///
+    /// The slot map only groups: a call whose master is unknown, or whose pipeline
+    /// failed (a slot moved since the map was fetched: the whole pipeline is redirected
+    /// and fails), is sent on its own, routed by its key ([`RENEW_CONCURRENCY`] at a
+    /// time), and the map is fetched again next time. Renewals are idempotent per token,
+    /// so a call applied twice is harmless. A call that failed leaves its locks
+    /// [`Renewed::Unknown`]; the batch fails as a whole only when every call failed.
     pub(crate) async fn renew(&self, batch: &[Renewal<'_>]) -> Result<Vec<Renewed>, LockError> {
-        let mut groups: HashMap<Slot, Vec<usize>> = HashMap::new();
+        let mut groups: HashMap<u16, Vec<usize>> = HashMap::new();
         for (i, r) in batch.iter().enumerate() {
-            groups
-                .entry(Slot::for_key(r.key.full()))
-                .or_default()
-                .push(i);
+            groups.entry(key_slot(r.key.full())).or_default().push(i);
         }
-        let calls: Vec<Vec<usize>> = groups
-            .into_values()
-            .flat_map(|indices| {
-                indices
-                    .chunks(RENEW_CHUNK)
-                    .map(<[usize]>::to_vec)
-                    .collect::<Vec<_>>()
-            })
-            .collect();
-        let total = calls.len();
-        let renew_slot = |indices: Vec<usize>| async move {
-            let keys: Vec<&str> = indices.iter().map(|&i| batch[i].key.full()).collect();
-            let mut args: Vec<Vec<u8>> = Vec::with_capacity(indices.len() * 2);
-            for &i in &indices {
-                args.push(batch[i].token.as_bytes().to_vec());
-                args.push(ttl_ms(batch[i].ttl).to_string().into_bytes());
+        let map = self.slot_map().await;
+        let mut by_master: HashMap<u16, Vec<SlotCall>> = HashMap::new();
+        let mut alone: Vec<SlotCall> = Vec::new();
+        for (slot, indices) in groups {
+            let master = map.as_ref().and_then(|m| m.master(slot));
+            for chunk in indices.chunks(RENEW_CHUNK) {
+                let call = (slot, chunk.to_vec());
+                match master {
+                    Some(m) => by_master.entry(m).or_default().push(call),
+                    None => alone.push(call),
+                }
             }
-            let reply: Result<Vec<i64>, _> = RENEW.invoke(&self.con, &keys, args.as_slice()).await;
+        }
+        let total = by_master.values().map(Vec::len).sum::<usize>() + alone.len();
+        let pipelines = by_master
+            .into_values()
+            .map(|calls| self.renew_on_master(batch, calls));
+        let mut results: Vec<SlotRenewal> = Vec::with_capacity(total);
+        for outcome in join_all(pipelines).await {
+            match outcome {
+                Ok(done) => results.extend(done),
+                Err(calls) => {
+                    self.forget_slot_map();
+                    alone.extend(calls);
+                }
+            }
+        }
+        let renew_slot = |(_, indices): SlotCall| async move {
+            let keys: Vec<&str> = indices.iter().map(|&i| batch[i].key.full()).collect();
+            let reply: Result<Vec<i64>, _> = RENEW
+                .invoke(&self.con, &keys, renew_args(batch, &indices).as_slice())
+                .await;
             (indices, reply)
         };
-        let results: Vec<SlotRenewal> = stream::iter(calls)
-            .map(renew_slot)
-            .buffer_unordered(RENEW_CONCURRENCY)
-            .collect()
-            .await;
+        results.extend(
+            stream::iter(alone)
+                .map(renew_slot)
+                .buffer_unordered(RENEW_CONCURRENCY)
+                .collect::<Vec<SlotRenewal>>()
+                .await,
+        );
         let mut out = vec![Renewed::Unknown; batch.len()];
         let mut failed = 0;
         let mut last_error = None;
@@ -258,7 +357,9 @@ impl ClusterBackend {
                         .iter()
                         .zip(chunk_outcomes(indices.len(), Some(flags)))
                     {
-                        out[i] = outcome;
+                        if let Some(slot) = out.get_mut(i) {
+                            *slot = outcome;
+                        }
                     }
                 }
                 Err(e) => {
@@ -275,6 +376,84 @@ impl ClusterBackend {
             }
             None => Ok(out),
         }
+    }
+
+    /// One master's renewal calls as one pipeline (led by a `SCRIPT LOAD`, so a flushed
+    /// script cache cannot fail it), routed by the first call's slot. `Err` gives the
+    /// calls back when the pipeline failed as a whole.
+    async fn renew_on_master(
+        &self,
+        batch: &[Renewal<'_>],
+        calls: Vec<SlotCall>,
+    ) -> Result<Vec<SlotRenewal>, Vec<SlotCall>> {
+        let Some(route) = calls.first().map(|&(slot, _)| {
+            SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master))
+        }) else {
+            return Ok(Vec::new());
+        };
+        let mut pipe = redis::pipe();
+        pipe.add_command(RENEW.load());
+        for (_, indices) in &calls {
+            let keys: Vec<&str> = indices.iter().map(|&i| batch[i].key.full()).collect();
+            pipe.add_command(RENEW.evalsha(&keys, renew_args(batch, indices)));
+        }
+        match self
+            .con
+            .clone()
+            .route_pipeline(pipe, 1, calls.len(), route)
+            .await
+        {
+            Ok(replies) if replies.len() == calls.len() => Ok(calls
+                .into_iter()
+                .zip(replies)
+                .map(|((_, indices), reply)| {
+                    (indices, redis::from_redis_value(reply).map_err(Into::into))
+                })
+                .collect()),
+            Ok(_) => Err(calls),
+            Err(e) => {
+                tracing::debug!(error = %e, calls = calls.len(), "renewal pipeline failed; renewing slot by slot");
+                Err(calls)
+            }
+        }
+    }
+
+    /// The slot map, fetched again when older than [`SLOT_MAP_AGE`] or forgotten;
+    /// `None` when it cannot be had (renewals then go slot by slot).
+    async fn slot_map(&self) -> Option<Arc<SlotMap>> {
+        let cached = self.cached_slot_map().clone();
+        if let Some(map) = cached.filter(|m| m.fetched.elapsed() < SLOT_MAP_AGE) {
+            return Some(map);
+        }
+        let reply = self
+            .con
+            .clone()
+            .route_command(
+                redis::cmd("CLUSTER").arg("SLOTS").to_owned(),
+                RoutingInfo::SingleNode(SingleNodeRoutingInfo::RandomPrimary),
+            )
+            .await;
+        let map = match reply.map(SlotMap::parse) {
+            Ok(Some(map)) => Arc::new(map),
+            Ok(None) => {
+                tracing::debug!("unexpected CLUSTER SLOTS reply; renewing slot by slot");
+                return None;
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "CLUSTER SLOTS failed; renewing slot by slot");
+                return None;
+            }
+        };
+        *self.cached_slot_map() = Some(map.clone());
+        Some(map)
+    }
+
+    fn cached_slot_map(&self) -> MutexGuard<'_, Option<Arc<SlotMap>>> {
+        self.slot_map.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn forget_slot_map(&self) {
+        *self.cached_slot_map() = None;
     }
 
     /// Every master's `maxmemory-policy` (from `INFO memory`), by node address.

@@ -29,8 +29,9 @@
 //!   the lock lost when so many nodes deny it that no quorum can, and fail with
 //!   `QuorumUnavailable` when too few answered to tell. A release unconfirmed by a node
 //!   is retried in the background for a few seconds.
-//! - **Renewal** (the watchdog) extends each lock on every node in one round trip per
-//!   node; a lock is lost once a majority no longer confirms it.
+//! - **Renewal** (the watchdog) extends each lock on every node, one pipelined request
+//!   per node and ttl group, each bounded by its group's shortest ttl and its size (see
+//!   [`RedlockBackend::renew`]); a lock is lost once a majority no longer confirms it.
 //! - **Wake-ups**: waiters subscribe on every node, and any node's message wakes them
 //!   (a release publishes on every node it reaches).
 //!
@@ -82,7 +83,7 @@
 //! them (their low counter is raised to the token). Persistence with
 //! `appendfsync always` on every node removes the caveat for both.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
@@ -110,6 +111,8 @@ const UNDO_PAUSES: [Duration; 4] = [
     Duration::from_millis(800),
     Duration::from_secs(2),
 ];
+/// The time a renewal request may take per lock, on top of the per-node timeout.
+const RENEW_PER_LOCK: Duration = Duration::from_micros(10);
 /// The longest random delay added to a retry after a failed attempt.
 const MAX_JITTER: Duration = Duration::from_millis(50);
 /// `release.lua`'s publish argument: a release wakes the waiters, an undo does not.
@@ -609,39 +612,107 @@ impl RedlockBackend {
         .await
     }
 
-    /// One batched renewal per node, all at once; each lock is decided by its own vote.
+    /// Renews a batch on every node; each lock is decided by its own vote.
+    ///
+    /// The batch is split into ttl groups ([`ttl_groups`]), each sent to every node as one
+    /// pipelined request (chunks of scripts, one round trip per node and group), the
+    /// shortest ttls first, all at once. Each request has its own bound
+    /// ([`renew_timeout`](Self::renew_timeout)): the per-node timeout of its shortest ttl
+    /// plus an allowance per lock, so a large group is not cut short by its size, nor
+    /// a group of long-lived locks by a short-lived lock of another group. The call
+    /// returns as soon as a quorum has decided every lock: a frozen node costs nothing
+    /// then (its requests were sent and are applied in order if it wakes).
     pub(crate) async fn renew(&self, batch: &[Renewal<'_>]) -> Result<Vec<Renewed>, LockError> {
-        let shortest = batch
-            .iter()
-            .map(|r| r.ttl)
-            .min()
-            .unwrap_or(self.node_timeout);
-        let answers = self
-            .on_all("renew", self.node_timeout(shortest), |n| n.renew(batch))
-            .await;
-        if answers.iter().all(Result::is_err) {
-            if let Some(Err(e)) = answers.into_iter().next() {
+        let groups: Vec<(Vec<usize>, Vec<Renewal<'_>>)> = ttl_groups(batch, self.node_timeout)
+            .into_iter()
+            .map(|indices| {
+                let renewals = indices
+                    .iter()
+                    .filter_map(|&i| batch.get(i).copied())
+                    .collect();
+                (indices, renewals)
+            })
+            .collect();
+        let mut calls = FuturesUnordered::new();
+        for (g, (_, renewals)) in groups.iter().enumerate() {
+            let shortest = renewals.iter().map(|r| r.ttl).min().unwrap_or_default();
+            let timeout = self.renew_timeout(shortest, renewals.len());
+            for node in &self.nodes {
+                calls.push(async move {
+                    let answer = tokio::time::timeout(timeout, node.renew(renewals))
+                        .await
+                        .unwrap_or_else(|_| Err(LockError::timed_out("renew", timeout)));
+                    (g, answer)
+                });
+            }
+        }
+        let (mut yes, mut no) = (vec![0usize; batch.len()], vec![0usize; batch.len()]);
+        let decided =
+            |yes: usize, no: usize| yes >= self.quorum || no > self.nodes.len() - self.quorum;
+        let mut undecided = batch.len();
+        let mut first_error = None;
+        let mut answered = false;
+        // Bounded: one item per group and node, each bounded by its timeout.
+        while let Some((g, answer)) = calls.next().await {
+            let outcomes = match answer {
+                Ok(outcomes) => outcomes,
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                    continue;
+                }
+            };
+            let Some((indices, _)) = groups.get(g) else {
+                continue;
+            };
+            answered = true;
+            for (&i, outcome) in indices.iter().zip(outcomes) {
+                let (Some(y), Some(n)) = (yes.get(i).copied(), no.get(i).copied()) else {
+                    continue;
+                };
+                if decided(y, n) {
+                    continue;
+                }
+                match outcome {
+                    Renewed::Yes => yes[i] += 1,
+                    Renewed::Lost => no[i] += 1,
+                    Renewed::Unknown => continue,
+                }
+                if decided(yes[i], no[i]) {
+                    undecided -= 1;
+                }
+            }
+            if undecided == 0 {
+                break;
+            }
+        }
+        if !answered {
+            if let Some(e) = first_error {
                 return Err(e);
             }
-            return Ok(vec![Renewed::Unknown; batch.len()]);
         }
-        Ok((0..batch.len())
-            .map(|i| {
-                let votes = answers.iter().map(|a| match a {
-                    Ok(outcomes) => match outcomes.get(i) {
-                        Some(Renewed::Yes) => Some(true),
-                        Some(Renewed::Lost) => Some(false),
-                        Some(Renewed::Unknown) | None => None,
-                    },
-                    Err(_) => None,
-                });
-                match self.vote(votes) {
-                    Vote::Yes => Renewed::Yes,
-                    Vote::No => Renewed::Lost,
-                    Vote::Unknown => Renewed::Unknown,
+        Ok(yes
+            .iter()
+            .zip(&no)
+            .map(|(&y, &n)| {
+                if y >= self.quorum {
+                    Renewed::Yes
+                } else if n > self.nodes.len() - self.quorum {
+                    Renewed::Lost
+                } else {
+                    Renewed::Unknown
                 }
             })
             .collect())
+    }
+
+    /// The bound on one node's answer to a renewal request for `locks` locks, the
+    /// shortest with `ttl`: the per-node timeout for that ttl plus [`RENEW_PER_LOCK`] per
+    /// lock (a node renews a few hundred thousand locks a second), but never more than
+    /// ttl/4, which leaves a failed renewal time for a retry before the lock's deadline.
+    fn renew_timeout(&self, ttl: Duration, locks: usize) -> Duration {
+        let base = self.node_timeout(ttl);
+        let allowance = RENEW_PER_LOCK.saturating_mul(u32::try_from(locks).unwrap_or(u32::MAX));
+        (base + allowance).min((ttl / 4).max(base))
     }
 
     /// Every node's `maxmemory-policy`, by node address.
@@ -840,6 +911,24 @@ async fn release_until_confirmed(
         node = node.addr(),
         "redlock: release not confirmed by a node; its ttl frees it"
     );
+}
+
+/// The batch indices of a renewal batch in groups of similar ttl, shortest first: ttls
+/// with the same power-of-two number of milliseconds form a group, and all ttls of at
+/// least 10 × `node_timeout` (whose per-node timeout is `node_timeout` itself) form one.
+/// Within a group the shortest ttl is more than half the longest, so the group's
+/// timeout, set by its shortest ttl, suits all its locks.
+fn ttl_groups(batch: &[Renewal<'_>], node_timeout: Duration) -> Vec<Vec<usize>> {
+    let mut groups: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
+    for (i, r) in batch.iter().enumerate() {
+        let class = if r.ttl >= node_timeout.saturating_mul(10) {
+            u32::MAX
+        } else {
+            u128::BITS - r.ttl.as_millis().leading_zeros()
+        };
+        groups.entry(class).or_default().push(i);
+    }
+    groups.into_values().collect()
 }
 
 /// `Ok` when any node succeeded, else the first error.
