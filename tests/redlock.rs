@@ -688,6 +688,7 @@ async fn redlock_loser_does_not_wake_itself() {
     );
     // What the waiter won on the free node was undone.
     assert!(gone_within(set.node(2), &full, Duration::from_secs(5)).await);
+}
 
 /// A release between the subscribers' disconnection and their resubscription still
 /// wakes its waiter: the subscriber connections of every node are killed at once.
@@ -755,6 +756,7 @@ async fn quorum_unavailable_is_retried_within_the_wait() {
     assert!(took >= Duration::from_millis(600), "{took:?}");
     assert!(took < Duration::from_secs(3), "{took:?}");
     guard.release().await.unwrap();
+}
 
 /// Issue 12, item 6: each node's renewal batch was bounded by min(200 ms, the shortest
 /// ttl in it / 10), so one 100 ms-ttl lock renewed alongside thousands of 10 s locks

@@ -637,7 +637,7 @@ impl RedlockBackend {
         for (g, (_, renewals)) in groups.iter().enumerate() {
             let shortest = renewals.iter().map(|r| r.ttl).min().unwrap_or_default();
             let timeout = self.renew_timeout(shortest, renewals.len());
-            for node in &self.nodes {
+            for node in self.nodes.iter() {
                 calls.push(async move {
                     let answer = tokio::time::timeout(timeout, node.renew(renewals))
                         .await
