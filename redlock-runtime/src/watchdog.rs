@@ -81,6 +81,9 @@ struct Entry {
     lease: Arc<Lease>,
     wake: u64,
     ready: Option<u64>,
+    /// The instant a failed renewal is retried at, while that is still the lease's next
+    /// renewal: a retry is not started early to join a batch (see [`Schedule::file`]).
+    retry: Option<u64>,
 }
 
 /// When a lease waiting for its next renewal may join a batch.
@@ -97,14 +100,39 @@ impl Schedule {
             lease: lease.clone(),
             wake: u64::MAX,
             ready: None,
+            retry: None,
         });
         self.file(lease);
     }
 
     /// Files a lease as waiting, at its current times (unless it left the schedule).
+    ///
+    /// A lease whose failed renewal is to be retried ([`retry`](Self::retry)) may join
+    /// a batch only from the retry instant itself, not ttl/6 before it: the retry pause
+    /// (at most ttl/10) is shorter than that slack, so the retry would otherwise be
+    /// ready at once and a fast-failing backend renewed back to back.
     fn file(&mut self, lease: &Lease) {
-        let wake = lease.next_renewal().min(lease.deadline());
-        self.set(lease.id, wake, Some(ready_at(lease)));
+        let Some(entry) = self.leases.get_mut(&lease.id) else {
+            return;
+        };
+        let next = lease.next_renewal();
+        let ready = if entry.retry == Some(next) {
+            next
+        } else {
+            // Confirmed, or moved by an extend, since the retry was booked.
+            entry.retry = None;
+            ready_at(lease)
+        };
+        self.set(lease.id, next.min(lease.deadline()), Some(ready));
+    }
+
+    /// Files a lease whose renewal failed, to be retried at `at` (its next renewal).
+    fn retry(&mut self, lease: &Lease, at: u64) {
+        lease.retry_at(at);
+        if let Some(entry) = self.leases.get_mut(&lease.id) {
+            entry.retry = Some(at);
+        }
+        self.file(lease);
     }
 
     /// Files a lease as parked: only its deadline wakes the task.
@@ -421,7 +449,8 @@ fn book(shared: &Shared, due: &[Due], outcomes: Vec<Renewed>, sent: u64, now: u6
                 .mark_lost("the server no longer holds this lock's token"),
             Renewed::Unknown => {
                 let retry = (d.ttl / 10).min(Duration::from_millis(500));
-                d.lease.retry_at(now.saturating_add(lease::nanos(retry)));
+                schedule.retry(&d.lease, now.saturating_add(lease::nanos(retry)));
+                continue;
             }
         }
         schedule.file(&d.lease);
@@ -644,6 +673,49 @@ mod tests {
         let schedule = shared.schedule();
         assert!(schedule.leases.is_empty() && schedule.wake.is_empty());
         assert!(schedule.ready.is_empty());
+    }
+
+    /// Review finding 7: a failed renewal was filed for its retry at
+    /// `retry − ttl/6`, which is already past (the retry pause, min(ttl/10, 500 ms), is
+    /// shorter than ttl/6), so against a backend that fails at once the watchdog renewed
+    /// back to back. Over 1 s of a backend failing every call 1 ms after it is sent, a
+    /// lock with a 30 s ttl is renewed about once per 500 ms pause.
+    #[test]
+    fn watchdog_failed_renewal_waits_for_its_retry_pause() {
+        let shared = shared();
+        let l = lease(1, 30_000, T0);
+        shared.watch(&l);
+        let start = l.next_renewal();
+        let (mut now, mut calls, mut ticks) = (start, 0usize, 0usize);
+        while now < start + 1000 * MS && ticks < 10_000 {
+            ticks += 1;
+            let (due, next) = shared.scan(now, true);
+            if due.is_empty() {
+                assert!(next > now);
+                now = next;
+                continue;
+            }
+            calls += 1;
+            // The call fails 1 ms after it was sent; the task scans again at once.
+            now += MS;
+            book(&shared, &due, vec![Renewed::Unknown; due.len()], now - MS, now);
+        }
+        assert!(l.is_active());
+        assert!(
+            calls <= 3,
+            "{calls} renewals in 1 s of a failing backend (retry pause 500 ms)"
+        );
+        // The retry does happen, at its instant; once it succeeds the lease is back on
+        // the ttl/3 schedule, ready ttl/6 early to join another lease's batch.
+        let at = l.next_renewal();
+        let (due, _) = shared.scan(at, true);
+        assert_eq!(ids(&due), [1]);
+        book(&shared, &due, vec![Renewed::Yes], at, at);
+        drop(due);
+        let m = lease(2, 30_000, at);
+        shared.watch(&m);
+        let (due, _) = shared.scan(at + 5000 * MS, true);
+        assert_eq!(ids(&due), [1, 2]);
     }
 
     /// 100 000 leases with mixed ttls, simulated over 4 s of ticks at the times the
