@@ -55,7 +55,8 @@ use tokio::sync::{mpsc, Mutex};
 
 use super::single::{decode_acquire, parse_eviction_policy, ttl_ms};
 use super::{
-    chunk_outcomes, Attempt, Renewal, Renewed, ReplicaWait, Timeouts, WaitPool, MAX_REPLICA_WAIT,
+    chunk_outcomes, Attempt, Renewal, Renewed, ReplicaWait, Timeouts, WaitAttempt, WaitPool,
+    MAX_REPLICA_WAIT,
 };
 use crate::key::{key_slot, LockKey, SLOTS};
 use crate::notify::{channel_of, Interest};
@@ -236,7 +237,7 @@ impl ClusterBackend {
         // WAIT blocks the node connection it runs on: a cluster connection of its own
         // (it reconnects by itself), and the pipeline explicitly routed to the key's
         // master (never a bare WAIT).
-        let mut con = match self.wait_pool.take() {
+        let con = match self.wait_pool.take() {
             Some(con) => con,
             None => {
                 let client = wait_client(&self.urls, self.timeouts)?;
@@ -252,11 +253,15 @@ impl ClusterBackend {
             .cmd("WAIT")
             .arg(rw.replicas)
             .arg(ttl_ms(rw.timeout));
-        let replies = con
+        // Until its reply is read, the attempt is undone on this same connection (the
+        // same node connection: routed by the key) if it ends: see [`WaitAttempt`].
+        let mut attempt = WaitAttempt::new(con, self.con.clone(), key, token, "SPUBLISH");
+        let replies = attempt
+            .con()
             .route_pipeline(pipe, 0, 3, master_of(key.full()))
             .await
             .map_err(LockError::backend("acquire"))?;
-        self.wait_pool.put(con);
+        self.wait_pool.put(attempt.finish());
         let (reply, acked): (Value, u32) = match <[Value; 3]>::try_from(replies) {
             Ok([_, reply, acked]) => (decode(reply, "acquire")?, decode(acked, "acquire")?),
             Err(other) => return Err(unexpected("acquire", other.len())),

@@ -19,7 +19,10 @@ pub(crate) use memory::MemoryBackend;
 pub(crate) use redlock::{RedlockBackend, DEFAULT_NODE_TIMEOUT};
 pub(crate) use single::SingleBackend;
 
+use redis::aio::ConnectionLike;
+
 use crate::key::LockKey;
+use crate::scripts::RELEASE;
 use crate::token::Token;
 use crate::LockError;
 
@@ -99,6 +102,116 @@ impl<C> WaitPool<C> {
     /// Drops every idle connection (the server went away: they are all broken).
     pub(crate) fn clear(&self) {
         self.idle().clear();
+    }
+}
+
+/// Pauses before the fallback releases of a [`WaitAttempt`] undone after its
+/// connection failed.
+const UNDO_RETRIES: [Duration; 3] = [
+    Duration::from_millis(200),
+    Duration::from_millis(800),
+    Duration::from_secs(2),
+];
+
+/// The `WAIT` connection of an acquire pipeline in flight, which undoes the attempt on
+/// that same connection when it is dropped before the pipeline's reply was read.
+///
+/// The manager releases the token of an attempt that was cut short, cancelled or
+/// failed ([`Job::Abandon`](crate::watchdog::Job::Abandon)), on the command connection. Requests
+/// on two connections are not ordered: after a server freeze (or a retransmission on
+/// one connection) that release may be applied before the acquire, find nothing, and
+/// leave the key to nobody for its whole ttl. So an attempt whose reply was not read
+/// sends its release on the pipeline's own connection, where the server applies it
+/// after the acquire whatever happened to the acquire, and the connection is not given
+/// back to the pool. If that release fails (the connection broke, which settles the
+/// acquire's fate), it is retried on `fallback` after a pause, a few times.
+pub(crate) struct WaitAttempt<C, F>
+where
+    C: ConnectionLike + Clone + Send + 'static,
+    F: ConnectionLike + Clone + Send + 'static,
+{
+    con: Option<C>,
+    fallback: F,
+    key: LockKey,
+    token: Token,
+    publish: &'static str,
+}
+
+impl<C, F> WaitAttempt<C, F>
+where
+    C: ConnectionLike + Clone + Send + 'static,
+    F: ConnectionLike + Clone + Send + 'static,
+{
+    /// Arms the undo of `token`'s acquire about to be sent on `con`; `publish` is the
+    /// release's wake-up command (`PUBLISH` or `SPUBLISH`).
+    pub(crate) fn new(
+        con: C,
+        fallback: F,
+        key: &LockKey,
+        token: Token,
+        publish: &'static str,
+    ) -> Self {
+        Self {
+            con: Some(con),
+            fallback,
+            key: key.clone(),
+            token,
+            publish,
+        }
+    }
+
+    /// The connection to send the pipeline on.
+    pub(crate) fn con(&mut self) -> &mut C {
+        self.con.as_mut().expect("armed until finished")
+    }
+
+    /// Moves the pipeline to another connection (the first one broke: the acquire sent
+    /// on it was settled when it closed).
+    pub(crate) fn replace(&mut self, con: C) {
+        self.con = Some(con);
+    }
+
+    /// The pipeline's reply was read: disarms, and gives the connection back.
+    pub(crate) fn finish(mut self) -> C {
+        self.con.take().expect("armed until finished")
+    }
+}
+
+impl<C, F> Drop for WaitAttempt<C, F>
+where
+    C: ConnectionLike + Clone + Send + 'static,
+    F: ConnectionLike + Clone + Send + 'static,
+{
+    fn drop(&mut self) {
+        let Some(mut con) = self.con.take() else {
+            return;
+        };
+        // No runtime: it is shutting down, and the ttl frees the lock.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (mut fallback, key, token, publish) =
+            (self.fallback.clone(), self.key.clone(), self.token, self.publish);
+        // Self-contained EVAL: no NOSCRIPT, applied whenever it is delivered.
+        let release = RELEASE.eval(&[key.full()], (token.as_bytes(), publish));
+        runtime.spawn(async move {
+            let mut outcome = release.query_async::<i64>(&mut con).await;
+            drop(con);
+            for pause in UNDO_RETRIES {
+                let Err(e) = &outcome else {
+                    return;
+                };
+                tracing::debug!(key = key.full(), error = %e, "undo of a WAIT acquire failed");
+                tokio::time::sleep(pause).await;
+                outcome = release.query_async::<i64>(&mut fallback).await;
+            }
+            if outcome.is_err() {
+                tracing::debug!(
+                    key = key.full(),
+                    "undo of a WAIT acquire failed; the ttl will free the lock"
+                );
+            }
+        });
     }
 }
 

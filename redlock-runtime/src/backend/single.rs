@@ -13,7 +13,8 @@ use redis::io::tcp::TcpSettings;
 use redis::{AsyncConnectionConfig, Client, IntoConnectionInfo, ProtocolVersion, Value};
 
 use super::{
-    chunk_outcomes, Attempt, Renewal, Renewed, ReplicaWait, Timeouts, WaitPool, MAX_REPLICA_WAIT,
+    chunk_outcomes, Attempt, Renewal, Renewed, ReplicaWait, Timeouts, WaitAttempt, WaitPool,
+    MAX_REPLICA_WAIT,
 };
 use crate::key::LockKey;
 use crate::notify::{push_handler, Channels, Subscriber};
@@ -119,20 +120,24 @@ impl SingleBackend {
             .cmd("WAIT")
             .arg(rw.replicas)
             .arg(ttl_ms(rw.timeout));
+        //
+        // Until its reply is read, the attempt is undone on this same connection if it
+        // ends (cut short, cancelled, failed): see [`WaitAttempt`].
         let pooled = self.wait_pool.take();
         let was_pooled = pooled.is_some();
-        let mut con = match pooled {
+        let con = match pooled {
             Some(con) => con,
             None => self.wait_connection().await?,
         };
-        let mut reply = pipe.query_async::<(Value, u32)>(&mut con).await;
+        let mut attempt = WaitAttempt::new(con, self.con.clone(), key, token, "PUBLISH");
+        let mut reply = pipe.query_async::<(Value, u32)>(attempt.con()).await;
         if was_pooled && reply.as_ref().is_err_and(is_dropped) {
             self.wait_pool.clear();
-            con = self.wait_connection().await?;
-            reply = pipe.query_async(&mut con).await;
+            attempt.replace(self.wait_connection().await?);
+            reply = pipe.query_async(attempt.con()).await;
         }
         let (reply, acked) = reply.map_err(LockError::backend("acquire"))?;
-        self.wait_pool.put(con);
+        self.wait_pool.put(attempt.finish());
         decode_acquire(reply, Some(acked))
     }
 
@@ -377,7 +382,83 @@ impl Timeouts {
 
 #[cfg(test)]
 mod tests {
+    use redlock_testkit::{ChaosProxy, Direction, Fault, RedisServer};
+
     use super::*;
+
+    /// Review finding 8: the undo of an acquire + `WAIT` attempt cut short went on the
+    /// command connection, not the pipeline's. When the pipeline is held up on its own
+    /// connection (a frozen server reading the sockets in some order, a retransmission)
+    /// that undo is applied first and finds nothing; the acquire lands after it and the
+    /// key is held by nobody for the whole ttl.
+    ///
+    /// Deterministic: the pooled `WAIT` connection goes through a proxy that holds
+    /// requests, the command connection does not.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn wait_acquire_cut_short_is_undone_after_it_lands() {
+        let server = RedisServer::start();
+        let proxy = ChaosProxy::start(server.addr()).await.unwrap();
+        let timeouts = Timeouts {
+            connect: Duration::from_secs(3),
+            response: Duration::from_secs(1),
+        };
+        let backend = SingleBackend::connect(&server.url(), timeouts, Weak::new())
+            .await
+            .unwrap();
+        let held_up = Client::open(proxy.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        backend.wait_pool.put(held_up);
+        proxy.set_direction(Direction::ToServer, Fault::Blackhole);
+
+        let key = LockKey::prefixed("lock:", "wait_undo_{1}").unwrap();
+        let token = Token::random();
+        let wait = ReplicaWait {
+            replicas: 1,
+            timeout: Duration::from_millis(100),
+        };
+        let ttl = Duration::from_secs(30);
+        let cut = tokio::time::timeout(
+            Duration::from_millis(300),
+            backend.acquire(&key, token, ttl, Some(wait)),
+        )
+        .await;
+        assert!(cut.is_err(), "the held-up attempt was not cut short");
+        // What the manager does for an attempt cut short (`PendingAttempt` →
+        // `Job::Abandon`): release its token on the command connection. It is applied
+        // first and finds nothing.
+        assert!(!backend.release(&key, token).await.unwrap());
+
+        // The held-up acquire lands now, and whatever was sent after it on its
+        // connection.
+        proxy.heal();
+        let exists = |server: &RedisServer| {
+            server.cmd_sync(&["EXISTS", key.full()]).unwrap() == Value::Int(1)
+        };
+        let mut landed = false;
+        for _ in 0..100 {
+            if exists(&server) {
+                landed = true;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(
+            !exists(&server),
+            "the cut-short acquire left the key held by nobody for its ttl (landed: {landed})"
+        );
+        // The acquire was applied (it drew fencing token 1), then undone.
+        assert_eq!(
+            server.cmd_sync(&["GET", key.fence()]).unwrap(),
+            Value::BulkString(b"1".to_vec()),
+            "the held-up acquire never landed"
+        );
+        assert!(
+            backend.wait_pool.take().is_none(),
+            "a connection with a pipeline in flight went back to the pool"
+        );
+    }
 
     fn reply(flags: &[i64]) -> Value {
         Value::Array(flags.iter().map(|&f| Value::Int(f)).collect())
