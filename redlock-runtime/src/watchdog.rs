@@ -698,7 +698,13 @@ mod tests {
             calls += 1;
             // The call fails 1 ms after it was sent; the task scans again at once.
             now += MS;
-            book(&shared, &due, vec![Renewed::Unknown; due.len()], now - MS, now);
+            book(
+                &shared,
+                &due,
+                vec![Renewed::Unknown; due.len()],
+                now - MS,
+                now,
+            );
         }
         assert!(l.is_active());
         assert!(

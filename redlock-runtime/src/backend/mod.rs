@@ -190,8 +190,12 @@ where
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let (mut fallback, key, token, publish) =
-            (self.fallback.clone(), self.key.clone(), self.token, self.publish);
+        let (mut fallback, key, token, publish) = (
+            self.fallback.clone(),
+            self.key.clone(),
+            self.token,
+            self.publish,
+        );
         // Self-contained EVAL: no NOSCRIPT, applied whenever it is delivered.
         let release = RELEASE.eval(&[key.full()], (token.as_bytes(), publish));
         runtime.spawn(async move {
