@@ -63,7 +63,8 @@ const MAX_IDLE: Duration = Duration::from_secs(3600);
 /// A lease *waiting* for its next renewal has two entries: in `wake` at its next renewal
 /// (or its deadline, if earlier), when the task must wake for it, and in `ready` at its
 /// next renewal − ttl/6, from when it may join a batch that another lease's renewal
-/// starts (so renewals due close together share one round trip). A lease *parked* —
+/// starts (so renewals due close together share one round trip; the retry of a failed
+/// renewal only from its retry instant). A lease *parked* —
 /// in a batch in flight, skipped because an `extend` holds its operation lock, or due
 /// while a batch is in flight — has only a `wake` entry, at its deadline. Whoever
 /// changes a lease's times re-indexes it: the renewal that booked its outcome, or the
