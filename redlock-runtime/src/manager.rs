@@ -507,6 +507,14 @@ impl LockManager {
         self.0.shared.watched()
     }
 
+    /// The number of wake-up channels this manager keeps an interest in (summed over
+    /// Redlock's nodes; 0 for Cluster and the in-memory backend). For tests: it drops
+    /// back to 0 once no task waits.
+    #[doc(hidden)]
+    pub fn subscription_interests(&self) -> usize {
+        self.0.shared.backend.interests()
+    }
+
     /// Acquires an already prefixed and validated key.
     pub(crate) async fn acquire(
         &self,
@@ -665,6 +673,12 @@ impl LockManager {
         let mut asked = false;
         // Each round ends in a wake-up, a timer or the deadline; the deadline ends the loop.
         loop {
+            // No attempt starts once the wait is over: the initial attempt (or the turn)
+            // may have run past the deadline already, and another one would take `lock`
+            // beyond its wait plus one request timeout.
+            if tokio::time::Instant::now() >= deadline {
+                return Err(last_error.unwrap_or_else(timeout));
+            }
             // Subscribed before the next attempt, so no release after it goes unnoticed.
             // The queue owns its interest from before the request is sent: if this
             // future is dropped or cut short mid-way, the channel is still unsubscribed
@@ -672,15 +686,21 @@ impl LockManager {
             // unheard for a while (a subscription that failed, or one lost with its
             // connection and not restored by the connection's own resubscription) is
             // asked for again; meanwhile the head polls.
-            if shared.backend.listening(key.full()) {
+            //
+            // A queue without an interest of its own registers one even when the
+            // channel is listened to: that may be an earlier queue's interest, about to
+            // be dropped (and the channel unsubscribed). On a confirmed channel this
+            // only counts the interest, without a round trip.
+            let unregistered = place.queue.subscription() == Subscription::None;
+            if shared.backend.listening(key.full()) && !unregistered {
                 unheard_since = None;
             } else {
                 let now = Instant::now();
                 let since = *unheard_since.get_or_insert(now);
-                if !asked || now.duration_since(since) >= RESUBSCRIBE_AFTER {
+                if unregistered || !asked || now.duration_since(since) >= RESUBSCRIBE_AFTER {
                     let again = std::mem::replace(&mut asked, true);
                     unheard_since = Some(now);
-                    let register = place.queue.subscription() == Subscription::None;
+                    let register = unregistered;
                     place.queue.set_subscription(Subscription::Asked);
                     let subscribe = shared.backend.subscribe(key.full(), register);
                     match tokio::time::timeout_at(deadline, subscribe).await {
