@@ -64,6 +64,9 @@ struct Inner {
     default_ttl: Duration,
     default_wait: Duration,
     next_id: AtomicU64,
+    /// Backend attempts made (for tests of how many a `lock` makes).
+    #[cfg(test)]
+    attempts: std::sync::atomic::AtomicUsize,
 }
 
 /// Which backend a builder connects to.
@@ -304,6 +307,8 @@ impl LockManagerBuilder {
             default_ttl: self.default_ttl,
             default_wait: self.default_wait,
             next_id: AtomicU64::new(1),
+            #[cfg(test)]
+            attempts: std::sync::atomic::AtomicUsize::new(0),
         })))
     }
 }
@@ -579,6 +584,8 @@ impl LockManager {
         opts: &Resolved,
         replicas: Option<ReplicaWait>,
     ) -> Result<Outcome, LockError> {
+        #[cfg(test)]
+        self.0.attempts.fetch_add(1, Ordering::Relaxed);
         let shared = &self.0.shared;
         let token = Token::random();
         let sent = lease::now();
@@ -885,5 +892,30 @@ impl fmt::Debug for LockManager {
             .field("default_ttl", &self.0.default_ttl)
             .field("default_wait", &self.0.default_wait)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Regression (review of `liveness`, finding 5): when the initial attempt ended past
+    /// the wait's deadline and the key's channel was listened to, the wait loop made a
+    /// second full attempt (on a hung server, `lock` returned after its wait plus two
+    /// request timeouts). The in-memory backend always listens; a 1 ns wait has passed
+    /// by the time the initial attempt returns.
+    #[tokio::test]
+    async fn no_attempt_starts_after_the_deadline() {
+        let locks = LockManager::builder().in_memory().build().await.unwrap();
+        let held = locks.lock("k").await.unwrap();
+        let before = locks.0.attempts.load(Ordering::Relaxed);
+        let err = locks
+            .lock_with("k", LockOptions::new().wait(Duration::from_nanos(1)))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, LockError::Timeout { .. }), "{err}");
+        let made = locks.0.attempts.load(Ordering::Relaxed) - before;
+        assert_eq!(made, 1, "{made} attempts for a wait already over");
+        held.release().await.unwrap();
     }
 }
