@@ -698,7 +698,8 @@ impl LockManager {
             // channel is listened to: that may be an earlier queue's interest, about to
             // be dropped (and the channel unsubscribed). On a confirmed channel this
             // only counts the interest, without a round trip.
-            let unregistered = place.queue.subscription() == Subscription::None;
+            let unregistered =
+                place.queue.subscription() == Subscription::None && shared.backend.has_channels();
             if shared.backend.listening(key.full()) && !unregistered {
                 unheard_since = None;
             } else {

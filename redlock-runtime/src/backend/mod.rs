@@ -307,6 +307,12 @@ impl Backend {
         }
     }
 
+    /// Whether waiters count interests in wake-up channels (the in-memory backend wakes
+    /// its waiters directly).
+    pub(crate) fn has_channels(&self) -> bool {
+        !matches!(self, Self::Memory(_))
+    }
+
     /// Drops one interest in `key`'s wake-ups.
     pub(crate) async fn unsubscribe(&self, key: &str) -> Result<(), LockError> {
         match self {
