@@ -170,6 +170,9 @@ async fn cluster_behaviour() {
     frozen_master_bounds_each_attempt(&mut h).await;
     step("frozen master", t);
     let t = Instant::now();
+    a_new_queue_subscribes_while_an_old_interest_is_being_dropped(&mut h).await;
+    step("new queue while an old interest is dropped", t);
+    let t = Instant::now();
     cross_slot_resubscription_after_reconnect(&h).await;
     step("cross-slot resubscription", t);
 
@@ -558,6 +561,88 @@ async fn frozen_master_bounds_each_attempt(h: &mut Cluster) {
         .await
         .expect("works after SIGCONT");
     g.release().await.unwrap();
+}
+
+/// Regression (review of `liveness`, finding 2): a new local queue saw the key's channel
+/// still listened to through an earlier queue's interest, whose unsubscribe was waiting
+/// behind another key's `SSUBSCRIBE` to a frozen master, and registered no interest of
+/// its own. That old interest was then dropped and the channel unsubscribed, so the
+/// holder's release went unheard and the waiter slept until its wait ran out. The pause
+/// stays below the cluster's node timeout.
+async fn a_new_queue_subscribes_while_an_old_interest_is_being_dropped(h: &mut Cluster) {
+    let waiter = h
+        .builder()
+        .response_timeout(Duration::from_millis(100))
+        .build()
+        .await
+        .unwrap();
+    let holder = h.builder().build().await.unwrap();
+    let key = "requeue_{0}";
+    let key_master = h.master_of(&format!("lock:{key}"));
+    let other = (1..1000)
+        .map(|i| format!("requeue_{{{i}}}"))
+        .find(|k| h.master_of(&format!("lock:{k}")) != key_master)
+        .expect("a key on another master");
+    let other_master = h.master_of(&format!("lock:{other}"));
+    for k in [key, other.as_str()] {
+        waiter.lock(k).await.unwrap().release().await.unwrap();
+    }
+    let held = holder.lock(key).await.unwrap();
+    // Task A waits for the key; its queue's interest is confirmed.
+    let a = {
+        let waiter = waiter.clone();
+        tokio::spawn(async move { waiter.lock(key).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // A waiter on a key of a frozen master: its attempt fails after ~200 ms, then its
+    // `SSUBSCRIBE` holds the subscriber's lock for ~200 ms more.
+    h.cluster.node_mut(other_master).pause();
+    let frozen = Instant::now();
+    let w = {
+        let waiter = waiter.clone();
+        let other = other.clone();
+        tokio::spawn(async move {
+            waiter
+                .lock_with(&other, LockOptions::new().wait(Duration::from_millis(300)))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    // A gets the key: its queue empties and its interest is to be dropped.
+    held.release().await.unwrap();
+    a.await
+        .unwrap()
+        .expect("A acquires")
+        .release()
+        .await
+        .unwrap();
+    // At once, the key is taken again and task B waits for it in a new queue.
+    let held = holder.lock(key).await.unwrap();
+    let b = {
+        let waiter = waiter.clone();
+        tokio::spawn(async move {
+            waiter
+                .lock_with(key, LockOptions::new().wait(Duration::from_secs(3)))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(600).saturating_sub(frozen.elapsed())).await;
+    h.cluster.node_mut(other_master).resume();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let guard = b.await.unwrap();
+    let woken = released.elapsed();
+    guard
+        .expect("B acquires once the holder releases")
+        .release()
+        .await
+        .unwrap();
+    assert!(
+        woken < Duration::from_millis(500),
+        "B acquired {woken:?} after the release"
+    );
+    let _ = w.await.unwrap();
 }
 
 /// redis-rs re-sends all of a node's shard channels in one SSUBSCRIBE after a

@@ -851,3 +851,170 @@ async fn redlock_renewals_survive_many_locks_and_one_short_ttl() {
          was taken (all taken in {taken:?})"
     );
 }
+
+/// The channels `server` has subscribers for (`PUBSUB CHANNELS`).
+fn pubsub_channels(server: &RedisServer) -> Vec<String> {
+    match server
+        .cmd_sync(&["PUBSUB", "CHANNELS"])
+        .expect("PUBSUB CHANNELS")
+    {
+        redis::Value::Array(items) | redis::Value::Set(items) => items
+            .into_iter()
+            .map(|v| match v {
+                redis::Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
+                other => format!("{other:?}"),
+            })
+            .collect(),
+        other => panic!("PUBSUB CHANNELS reply {other:?}"),
+    }
+}
+
+/// Regression (review of `liveness`, finding 2): a new local queue saw the key's channel
+/// still listened to through an earlier queue's interest, whose unsubscribe was waiting
+/// behind another key's `SUBSCRIBE` to a slow node, and registered no interest of its
+/// own. That old interest was then dropped and the channel unsubscribed, so the
+/// holder's release went unheard and the waiter slept until its wait ran out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_queue_subscribes_while_an_old_interest_is_being_dropped() {
+    let set = RedisSet::start(3);
+    // Node 2 answers 100 ms late: its subscriber's (un)subscriptions queue behind each
+    // other for a round trip each.
+    let proxy = ChaosProxy::start(set.node(2).addr()).await.unwrap();
+    proxy.set(Fault::Delay(Duration::from_millis(50)));
+    let urls = vec![set.node(0).url(), set.node(1).url(), proxy.url()];
+    let waiter = LockManager::builder().redlock(urls).build().await.unwrap();
+    let holder = LockManager::builder()
+        .redlock(set.urls())
+        .build()
+        .await
+        .unwrap();
+    let (key, other) = (unique("requeue"), unique("requeue_other"));
+    // Scripts cached on every node.
+    waiter.lock(&key).await.unwrap().release().await.unwrap();
+    let other_guard = holder.lock(&other).await.unwrap();
+    let held = holder.lock(&key).await.unwrap();
+    // Task A waits for the key; its queue's interest is confirmed on every node.
+    let a = {
+        let waiter = waiter.clone();
+        let key = key.clone();
+        tokio::spawn(async move { waiter.lock(&key).await })
+    };
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // A waiter on another key keeps node 2's subscriber busy with a `SUBSCRIBE`.
+    let w = {
+        let waiter = waiter.clone();
+        tokio::spawn(async move {
+            waiter
+                .lock_with(&other, LockOptions::new().wait(Duration::from_secs(3)))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    // A gets the key: its queue empties and its interest is to be dropped.
+    held.release().await.unwrap();
+    a.await
+        .unwrap()
+        .expect("A acquires")
+        .release()
+        .await
+        .unwrap();
+    // At once, the key is taken again and task B waits for it in a new queue.
+    let held = holder.lock(&key).await.unwrap();
+    let b = {
+        let waiter = waiter.clone();
+        let key = key.clone();
+        tokio::spawn(async move {
+            let start = Instant::now();
+            let guard = waiter
+                .lock_with(&key, LockOptions::new().wait(Duration::from_secs(5)))
+                .await;
+            (guard, start.elapsed())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let (guard, _) = b.await.unwrap();
+    let woken = released.elapsed();
+    guard
+        .expect("B acquires once the holder releases")
+        .release()
+        .await
+        .unwrap();
+    // A release is heard: B is woken, not left to its fallback or its wait.
+    assert!(
+        woken < Duration::from_millis(500),
+        "B acquired {woken:?} after the release"
+    );
+    other_guard.release().await.unwrap();
+    let _ = w.await.unwrap();
+}
+
+/// Regression (review of `liveness`, finding 3): with one node frozen, the node's
+/// background `SUBSCRIBE` held its subscriber's lock while the queue's unsubscribe
+/// waited for it, and the unsubscribe was dropped at the per-node timeout: the interest
+/// stayed counted forever and the node kept the channel subscribed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_unsubscribes_are_not_lost_behind_a_frozen_node() {
+    let mut set = RedisSet::start(3);
+    let waiter = LockManager::builder()
+        .redlock(set.urls())
+        .build()
+        .await
+        .unwrap();
+    let holder = LockManager::builder()
+        .redlock(set.urls())
+        .build()
+        .await
+        .unwrap();
+    let warm = unique("unsub_warm");
+    waiter.lock(&warm).await.unwrap().release().await.unwrap();
+    set.node_mut(2).pause();
+    let frozen_at = Instant::now();
+    let mut rounds = 0;
+    while rounds < 10 && frozen_at.elapsed() < Duration::from_millis(2500) {
+        let key = unique("unsub");
+        let held = holder.lock(&key).await.expect("a quorum is up");
+        let task = {
+            let waiter = waiter.clone();
+            tokio::spawn(async move {
+                waiter
+                    .lock_with(&key, LockOptions::new().wait(Duration::from_secs(5)))
+                    .await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        held.release().await.unwrap();
+        task.await
+            .unwrap()
+            .expect("the waiter acquires")
+            .release()
+            .await
+            .unwrap();
+        rounds += 1;
+    }
+    assert!(
+        rounds >= 5,
+        "only {rounds} rounds while the node was frozen"
+    );
+    tokio::time::sleep(Duration::from_secs(3).saturating_sub(frozen_at.elapsed())).await;
+    set.node_mut(2).resume();
+    // Everything queued behind the frozen node drains once it answers again.
+    let drained = async {
+        for _ in 0..200 {
+            if waiter.subscription_interests() == 0
+                && set.nodes().iter().all(|n| pubsub_channels(n).is_empty())
+            {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        false
+    };
+    assert!(
+        drained.await,
+        "after {rounds} waits: {} interests left; channels on the nodes: {:?}",
+        waiter.subscription_interests(),
+        set.nodes().iter().map(pubsub_channels).collect::<Vec<_>>()
+    );
+}

@@ -64,6 +64,9 @@ struct Inner {
     default_ttl: Duration,
     default_wait: Duration,
     next_id: AtomicU64,
+    /// Backend attempts made (for tests of how many a `lock` makes).
+    #[cfg(test)]
+    attempts: std::sync::atomic::AtomicUsize,
 }
 
 /// Which backend a builder connects to.
@@ -304,6 +307,8 @@ impl LockManagerBuilder {
             default_ttl: self.default_ttl,
             default_wait: self.default_wait,
             next_id: AtomicU64::new(1),
+            #[cfg(test)]
+            attempts: std::sync::atomic::AtomicUsize::new(0),
         })))
     }
 }
@@ -507,6 +512,14 @@ impl LockManager {
         self.0.shared.watched()
     }
 
+    /// The number of wake-up channels this manager keeps an interest in (summed over
+    /// Redlock's nodes; 0 for Cluster and the in-memory backend). For tests: it drops
+    /// back to 0 once no task waits.
+    #[doc(hidden)]
+    pub fn subscription_interests(&self) -> usize {
+        self.0.shared.backend.interests()
+    }
+
     /// Acquires an already prefixed and validated key.
     pub(crate) async fn acquire(
         &self,
@@ -571,6 +584,8 @@ impl LockManager {
         opts: &Resolved,
         replicas: Option<ReplicaWait>,
     ) -> Result<Outcome, LockError> {
+        #[cfg(test)]
+        self.0.attempts.fetch_add(1, Ordering::Relaxed);
         let shared = &self.0.shared;
         let token = Token::random();
         let sent = lease::now();
@@ -665,6 +680,12 @@ impl LockManager {
         let mut asked = false;
         // Each round ends in a wake-up, a timer or the deadline; the deadline ends the loop.
         loop {
+            // No attempt starts once the wait is over: the initial attempt (or the turn)
+            // may have run past the deadline already, and another one would take `lock`
+            // beyond its wait plus one request timeout.
+            if tokio::time::Instant::now() >= deadline {
+                return Err(last_error.unwrap_or_else(timeout));
+            }
             // Subscribed before the next attempt, so no release after it goes unnoticed.
             // The queue owns its interest from before the request is sent: if this
             // future is dropped or cut short mid-way, the channel is still unsubscribed
@@ -672,15 +693,22 @@ impl LockManager {
             // unheard for a while (a subscription that failed, or one lost with its
             // connection and not restored by the connection's own resubscription) is
             // asked for again; meanwhile the head polls.
-            if shared.backend.listening(key.full()) {
+            //
+            // A queue without an interest of its own registers one even when the
+            // channel is listened to: that may be an earlier queue's interest, about to
+            // be dropped (and the channel unsubscribed). On a confirmed channel this
+            // only counts the interest, without a round trip.
+            let unregistered =
+                place.queue.subscription() == Subscription::None && shared.backend.has_channels();
+            if shared.backend.listening(key.full()) && !unregistered {
                 unheard_since = None;
             } else {
                 let now = Instant::now();
                 let since = *unheard_since.get_or_insert(now);
-                if !asked || now.duration_since(since) >= RESUBSCRIBE_AFTER {
+                if unregistered || !asked || now.duration_since(since) >= RESUBSCRIBE_AFTER {
                     let again = std::mem::replace(&mut asked, true);
                     unheard_since = Some(now);
-                    let register = place.queue.subscription() == Subscription::None;
+                    let register = unregistered;
                     place.queue.set_subscription(Subscription::Asked);
                     let subscribe = shared.backend.subscribe(key.full(), register);
                     match tokio::time::timeout_at(deadline, subscribe).await {
@@ -865,5 +893,30 @@ impl fmt::Debug for LockManager {
             .field("default_ttl", &self.0.default_ttl)
             .field("default_wait", &self.0.default_wait)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Regression (review of `liveness`, finding 5): when the initial attempt ended past
+    /// the wait's deadline and the key's channel was listened to, the wait loop made a
+    /// second full attempt (on a hung server, `lock` returned after its wait plus two
+    /// request timeouts). The in-memory backend always listens; a 1 ns wait has passed
+    /// by the time the initial attempt returns.
+    #[tokio::test]
+    async fn no_attempt_starts_after_the_deadline() {
+        let locks = LockManager::builder().in_memory().build().await.unwrap();
+        let held = locks.lock("k").await.unwrap();
+        let before = locks.0.attempts.load(Ordering::Relaxed);
+        let err = locks
+            .lock_with("k", LockOptions::new().wait(Duration::from_nanos(1)))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, LockError::Timeout { .. }), "{err}");
+        let made = locks.0.attempts.load(Ordering::Relaxed) - before;
+        assert_eq!(made, 1, "{made} attempts for a wait already over");
+        held.release().await.unwrap();
     }
 }

@@ -11,7 +11,8 @@
 //! woken to retry at once. A release between that retry and the server's confirmation
 //! of the resubscription would still go unheard, so the head of each channel that was
 //! not confirmed is woken again when the `subscribe` push confirming it arrives. Interest is
-//! reference-counted per key and (un)subscribe calls are issued under one async lock,
+//! reference-counted per key, counted and dropped synchronously (never lost to a timeout
+//! or a cancelled request), and (un)subscribe commands are issued under one async lock,
 //! so the server sees them in the order they were decided.
 
 use std::collections::HashMap;
@@ -28,8 +29,9 @@ use crate::LockError;
 pub(crate) struct Subscriber {
     con: ConnectionManager,
     channels: Arc<Channels>,
-    /// Serialises (un)subscribe commands so the server sees them in decision order.
-    ops: Mutex<()>,
+    /// Serialises (un)subscribe commands so the server sees them in decision order
+    /// (shared with the tasks that send the `UNSUBSCRIBE`s).
+    ops: Arc<Mutex<()>>,
 }
 
 /// The channels a subscriber connection wants, shared with its [`push_handler`].
@@ -126,7 +128,7 @@ impl Subscriber {
         Self {
             con,
             channels,
-            ops: Mutex::new(()),
+            ops: Arc::new(Mutex::new(())),
         }
     }
 
@@ -135,22 +137,45 @@ impl Subscriber {
         self.channels.listening(key)
     }
 
+    /// The number of channels with an interest (for tests of what is left behind).
+    pub(crate) fn interests(&self) -> usize {
+        self.channels.state().interest.len()
+    }
+
     /// Adds one interest in `key` when `register` (a caller retrying a subscription whose
     /// confirmation it never saw passes `false`), and subscribes unless the server
     /// already confirmed the channel (waiting for the reply).
     pub(crate) async fn subscribe(&self, key: &str, register: bool) -> Result<(), LockError> {
+        if !self.register(key, register) {
+            return Ok(());
+        }
+        self.send_subscribe(key).await
+    }
+
+    /// The synchronous half of [`subscribe`](Self::subscribe): counts the interest at
+    /// once, so an [`unsubscribe`](Self::unsubscribe) decided from now on sees it,
+    /// whatever the `SUBSCRIBE` then waits for. Returns whether the channel still needs
+    /// a [`send_subscribe`](Self::send_subscribe) (it is not confirmed).
+    pub(crate) fn register(&self, key: &str, register: bool) -> bool {
+        self.channels
+            .state()
+            .interest
+            .entry(key.to_owned())
+            .or_default()
+            .add(register)
+    }
+
+    /// Sends `SUBSCRIBE` for an interest [`register`](Self::register)ed in `key`, unless
+    /// the channel was confirmed meanwhile or nobody wants it any more (its last interest
+    /// was dropped while this waited for its turn), and waits for the reply.
+    pub(crate) async fn send_subscribe(&self, key: &str) -> Result<(), LockError> {
         let _ops = self.ops.lock().await;
         let epoch = {
-            let mut state = self.channels.state();
-            if !state
-                .interest
-                .entry(key.to_owned())
-                .or_default()
-                .add(register)
-            {
-                return Ok(());
+            let state = self.channels.state();
+            match state.interest.get(key) {
+                Some(entry) if !entry.is_confirmed() => state.epoch,
+                _ => return Ok(()),
             }
-            state.epoch
         };
         self.con
             .clone()
@@ -166,24 +191,36 @@ impl Subscriber {
         Ok(())
     }
 
-    /// Drops one interest in `key`; the last one unsubscribes (confirmed or not).
-    pub(crate) async fn unsubscribe(&self, key: &str) -> Result<(), LockError> {
-        let _ops = self.ops.lock().await;
+    /// Drops one interest in `key`, at once (no timeout or cancellation can lose the
+    /// decrement). The last one unsubscribes, confirmed or not, in a task of its own that
+    /// takes its turn after the (un)subscriptions already decided; it skips the
+    /// `UNSUBSCRIBE` if an interest was registered again meanwhile (whose `SUBSCRIBE`
+    /// then owns the channel).
+    pub(crate) fn unsubscribe(&self, key: &str) {
         {
             let mut state = self.channels.state();
             let Some(entry) = state.interest.get_mut(key) else {
-                return Ok(());
+                return;
             };
             if !entry.drop_one() {
-                return Ok(());
+                return;
             }
             state.interest.remove(key);
         }
-        self.con
-            .clone()
-            .unsubscribe(key)
-            .await
-            .map_err(LockError::backend("unsubscribe"))
+        let ops = self.ops.clone();
+        let channels = self.channels.clone();
+        let mut con = self.con.clone();
+        let key = key.to_owned();
+        // Bounded by the connection's response timeout (and its retries).
+        tokio::spawn(async move {
+            let _ops = ops.lock().await;
+            if channels.state().interest.contains_key(&key) {
+                return;
+            }
+            if let Err(e) = con.unsubscribe(&key).await {
+                tracing::debug!(key, error = %e, "unsubscribe failed");
+            }
+        });
     }
 }
 

@@ -424,13 +424,35 @@ impl Backend {
         }
     }
 
+    /// Whether waiters count interests in wake-up channels (the in-memory backend wakes
+    /// its waiters directly).
+    pub(crate) fn has_channels(&self) -> bool {
+        !matches!(self, Self::Memory(_))
+    }
+
     /// Drops one interest in `key`'s wake-ups.
     pub(crate) async fn unsubscribe(&self, key: &str) -> Result<(), LockError> {
         match self {
             Self::Memory(_) => Ok(()),
-            Self::Single(b) => b.subscriber().unsubscribe(key).await,
+            Self::Single(b) => {
+                b.subscriber().unsubscribe(key);
+                Ok(())
+            }
             Self::Cluster(b) => b.subscriber().unsubscribe(key).await,
-            Self::Redlock(b) => b.unsubscribe(key).await,
+            Self::Redlock(b) => {
+                b.unsubscribe(key);
+                Ok(())
+            }
+        }
+    }
+
+    /// The number of wake-up channels with an interest, summed over the subscriber
+    /// connections (not counted for Cluster and the in-memory backend).
+    pub(crate) fn interests(&self) -> usize {
+        match self {
+            Self::Memory(_) | Self::Cluster(_) => 0,
+            Self::Single(b) => b.subscriber().interests(),
+            Self::Redlock(b) => b.interests(),
         }
     }
 }

@@ -757,28 +757,37 @@ impl RedlockBackend {
     }
 
     /// Subscribes on every node; enough when any node confirms (a release publishes on
-    /// every node it reaches, and the fallback timer covers the rest). Returns at the
-    /// first confirmation; the other subscriptions finish in the background.
+    /// every node it reaches, and the fallback timer covers the rest). The interest is
+    /// counted on every node before anything is awaited, so the matching
+    /// [`unsubscribe`](Self::unsubscribe) drops it wherever it was counted. Returns at
+    /// the first confirmation (at once when a node had confirmed the channel already);
+    /// the other subscriptions finish in the background.
     pub(crate) async fn subscribe(&self, key: &str, register: bool) -> Result<(), LockError> {
+        let needed: Vec<usize> = (0..self.nodes.len())
+            .filter(|&i| self.nodes[i].subscriber().register(key, register))
+            .collect();
         let channel: Arc<str> = Arc::from(key);
-        let mut in_flight = self.send_all(|nodes, i| {
+        let already = needed.len() < self.nodes.len();
+        let mut in_flight = self.send_to(needed, |nodes, i| {
             let channel = channel.clone();
             async move {
                 match nodes.get(i) {
-                    Some(node) => node.subscriber().subscribe(&channel, register).await,
+                    Some(node) => node.subscriber().send_subscribe(&channel).await,
                     None => Err(LockError::invalid_option("no such redlock node")),
                 }
             }
         });
-        let mut outcome = None;
-        gather(&mut in_flight, self.node_timeout, |(_, answer)| {
-            let confirmed = answer.is_ok();
-            if outcome.as_ref().is_none_or(Result::is_err) {
-                outcome = Some(answer);
-            }
-            confirmed
-        })
-        .await;
+        let mut outcome = already.then_some(Ok(()));
+        if !already {
+            gather(&mut in_flight, self.node_timeout, |(_, answer)| {
+                let confirmed = answer.is_ok();
+                if outcome.as_ref().is_none_or(Result::is_err) {
+                    outcome = Some(answer);
+                }
+                confirmed
+            })
+            .await;
+        }
         finish(in_flight, |_| async {});
         outcome.unwrap_or_else(|| Err(LockError::timed_out("subscribe", self.node_timeout)))
     }
@@ -788,14 +797,17 @@ impl RedlockBackend {
         self.nodes.iter().any(|n| n.subscriber().listening(key))
     }
 
-    /// Drops one interest in `key` on every node.
-    pub(crate) async fn unsubscribe(&self, key: &str) -> Result<(), LockError> {
-        let answers = self
-            .on_all("unsubscribe", self.node_timeout, |n| {
-                n.subscriber().unsubscribe(key)
-            })
-            .await;
-        first_ok(answers)
+    /// Drops one interest in `key` on every node, at once; the `UNSUBSCRIBE`s go out in
+    /// the background, each when its node's earlier (un)subscriptions are done.
+    pub(crate) fn unsubscribe(&self, key: &str) {
+        for node in self.nodes.iter() {
+            node.subscriber().unsubscribe(key);
+        }
+    }
+
+    /// The number of channels with an interest, summed over the nodes.
+    pub(crate) fn interests(&self) -> usize {
+        self.nodes.iter().map(|n| n.subscriber().interests()).sum()
     }
 }
 
@@ -929,20 +941,6 @@ fn ttl_groups(batch: &[Renewal<'_>], node_timeout: Duration) -> Vec<Vec<usize>> 
         groups.entry(class).or_default().push(i);
     }
     groups.into_values().collect()
-}
-
-/// `Ok` when any node succeeded, else the first error.
-fn first_ok(answers: Vec<Result<(), LockError>>) -> Result<(), LockError> {
-    let mut first_error = None;
-    for answer in answers {
-        match answer {
-            Ok(()) => return Ok(()),
-            Err(e) => {
-                first_error.get_or_insert(e);
-            }
-        }
-    }
-    first_error.map_or(Ok(()), Err)
 }
 
 #[cfg(test)]
