@@ -5,9 +5,10 @@
 use std::time::{Duration, Instant};
 
 use redlock::{LockManager, LockOptions};
-use redlock_testkit::{wait_until, ChaosProxy, Fault, RedisServer, RedisSet};
+use redlock_testkit::{wait_until, ChaosProxy, Direction, Fault, RedisServer, RedisSet};
 
 const EXTEND_LUA: &str = include_str!("../redlock-runtime/src/scripts/extend.lua");
+const RELEASE_LUA: &str = include_str!("../redlock-runtime/src/scripts/release.lua");
 
 fn unique(prefix: &str) -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
@@ -105,6 +106,98 @@ async fn redlock_extend_straggler_is_not_resent_after_a_later_extend() {
     assert!(
         node2 > 30_000,
         "node 2 applied E1 (3 s) after E2 (60 s): PTTL {node2} ms"
+    );
+    p0.heal();
+    p2.heal();
+}
+
+/// Review finding 1, for a kept late acquire grant. Node 2 is behind a proxy: its grant
+/// (A, ttl 3 s) is applied but the reply is lost, and the connection reset; the acquire
+/// was decided by nodes 0 and 1. `reconnecting` sends A again (A') once the connection
+/// is back, as `EVALSHA`; node 2 lost its acquire script meanwhile, so A' becomes an
+/// `EVAL` one round trip later. Node 0 is partitioned and `extend(60s)` (E) is confirmed
+/// by nodes 1 and 2 in between: A's `EVAL` then runs the "own token → PEXPIRE 3 s"
+/// branch after E on node 2, and nodes 0 and 2 expire after ~3 s while the lease believes
+/// 60 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_late_grant_is_not_resent_after_an_extend() {
+    const D: u64 = 300;
+    let set = RedisSet::start(3);
+    let p0 = ChaosProxy::start(set.node(0).addr()).await.unwrap();
+    let p2 = ChaosProxy::start(set.node(2).addr()).await.unwrap();
+    let urls = [p0.url(), set.node(1).url(), p2.url()];
+    let locks = LockManager::builder()
+        .redlock(urls)
+        .redlock_node_timeout(Duration::from_secs(1))
+        .build()
+        .await
+        .unwrap();
+    let other = LockManager::builder()
+        .redlock(set.urls())
+        .build()
+        .await
+        .unwrap();
+    // Scripts cached on every node, as in any running system.
+    locks
+        .lock(&unique("warm"))
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let key = unique("late_grant");
+    p2.set_direction(Direction::ToClient, Fault::Blackhole);
+
+    let t0 = Instant::now();
+    let opts = LockOptions::new()
+        .ttl(Duration::from_secs(3))
+        .watchdog(false);
+    let guard = locks.lock_with(&key, opts).await.expect("nodes 0 and 1");
+    assert!(t0.elapsed() < Duration::from_millis(100));
+    let full = guard.key().to_owned();
+    assert!(
+        wait_until(Duration::from_secs(1), Duration::from_millis(5), || exists(
+            set.node(2),
+            &full
+        )),
+        "node 2 applied A"
+    );
+    // Node 2 loses the acquire script (extend.lua and release.lua stay cached); the
+    // reply to A is lost with the connection; the new one is D ms away each way.
+    set.node(2).cmd_sync(&["SCRIPT", "FLUSH"]).unwrap();
+    set.node(2)
+        .cmd_sync(&["SCRIPT", "LOAD", EXTEND_LUA])
+        .unwrap();
+    set.node(2)
+        .cmd_sync(&["SCRIPT", "LOAD", RELEASE_LUA])
+        .unwrap();
+    sleep_until(t0 + Duration::from_millis(60)).await;
+    p2.reset_all();
+    p2.set(Fault::Delay(Duration::from_millis(D)));
+    sleep_until(t0 + Duration::from_millis(100)).await;
+    p0.set(Fault::Blackhole);
+    // The reconnect takes about one round trip (2D), then A' (EVALSHA) is sent and its
+    // NOSCRIPT comes back 2D later: E is sent in between.
+    sleep_until(t0 + Duration::from_millis(60 + 2 * D + D)).await;
+    guard
+        .extend(Duration::from_secs(60))
+        .await
+        .expect("E confirmed by nodes 1 and 2");
+    sleep_until(t0 + Duration::from_millis(60 + 6 * D + 400)).await;
+    let node2 = pttl(set.node(2), &full);
+    // Past 3 s on node 0 (A at t0) and on node 2 (A' EVAL at ~t0 + 60 ms + 5D, with
+    // the bug): both would be free.
+    sleep_until(t0 + Duration::from_millis(60 + 5 * D + 3000 + 300)).await;
+    assert!(guard.is_held());
+    let stolen = other.try_lock(&key).await;
+    assert!(
+        matches!(stolen, Ok(None)),
+        "another client took the lock while the holder still held it: {stolen:?} \
+         (node 2's PTTL after E was {node2} ms)"
+    );
+    assert!(
+        node2 > 30_000,
+        "node 2 applied A' (3 s) after E (60 s): PTTL {node2} ms"
     );
     p0.heal();
     p2.heal();
