@@ -66,6 +66,8 @@ async fn redlock_extend_straggler_is_not_resent_after_a_later_extend() {
     let full = guard.key().to_owned();
     // extend.lua cached on every node, as in any running system; then node 2 loses it.
     guard.extend(Duration::from_secs(30)).await.unwrap();
+    // (Its request to node 2, if it was not answered yet, is by now.)
+    tokio::time::sleep(Duration::from_millis(100)).await;
     set.node(2).cmd_sync(&["SCRIPT", "FLUSH"]).unwrap();
     p2.set(Fault::Delay(Duration::from_millis(200)));
 
@@ -236,4 +238,80 @@ async fn redlock_release_retries_a_node_that_failed_before_the_vote() {
         }
     }
     assert_eq!(left_behind, 0, "the key stayed on node 0 after release");
+}
+
+/// `calls` of `EVAL` and `EVALSHA` in `INFO commandstats` on one server.
+fn script_calls(server: &RedisServer) -> u64 {
+    let info = match server.cmd_sync(&["INFO", "commandstats"]).expect("INFO") {
+        redis::Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
+        redis::Value::VerbatimString { text, .. } => text,
+        other => panic!("INFO reply {other:?}"),
+    };
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_eval:") || l.starts_with("cmdstat_evalsha:"))
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+/// Review finding 6: H holds nodes 0 and 1; node 2 has a stale key of someone else, and
+/// node 1 answers the waiter later than node 2. The waiter's attempt is decided (lost)
+/// by H(0) and stale(2) alone, which look like a split vote: it must not re-poll every
+/// few tens of milliseconds for as long as H holds the lock (it waits for node 1's
+/// answer, which shows H's quorum, then for H's release or expiry).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_majority_holder_is_seen_behind_a_slow_node() {
+    let set = RedisSet::start(3);
+    let p1 = ChaosProxy::start(set.node(1).addr()).await.unwrap();
+    let holder = LockManager::builder()
+        .redlock(set.urls())
+        .build()
+        .await
+        .unwrap();
+    let waiter = LockManager::builder()
+        .redlock([set.node(0).url(), p1.url(), set.node(2).url()])
+        .build()
+        .await
+        .unwrap();
+    let key = unique("split");
+    let guard = holder
+        .lock_with(&key, LockOptions::new().ttl(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    let full = guard.key().to_owned();
+    // Node 2: someone else's stale key (a crashed client's partial grant).
+    set.node(2)
+        .cmd_sync(&["SET", &full, "stale", "PX", "30000"])
+        .unwrap();
+    p1.set(Fault::Delay(Duration::from_millis(10)));
+    let before = script_calls(set.node(0));
+    let started = Instant::now();
+    let wait = tokio::spawn({
+        let key = key.clone();
+        async move {
+            waiter
+                .lock_with(&key, LockOptions::new().wait(Duration::from_secs(5)))
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let polls = script_calls(set.node(0)) - before;
+    guard.release().await.unwrap();
+    let won = wait
+        .await
+        .unwrap()
+        .expect("the waiter gets the lock once H releases");
+    assert!(started.elapsed() < Duration::from_millis(2500));
+    assert!(
+        polls <= 6,
+        "the waiter re-polled {polls} times in 1.5 s while H held a quorum"
+    );
+    won.release().await.unwrap();
+    p1.heal();
 }

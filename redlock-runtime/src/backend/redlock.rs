@@ -18,7 +18,8 @@
 //!   requests were sent, is still positive once the last counted grant arrived. Grants
 //!   landing after that are kept as part of the lock (renewals and release go to every
 //!   node), unless the lock was released before they landed: then they are undone.
-//!   A lost attempt returns as soon as a quorum is impossible: what it won, and every
+//!   A lost attempt returns as soon as a quorum is impossible (and the answers tell a
+//!   holder of a quorum from a split vote, see `Tally::decided`): what it won, and every
 //!   node that answers later with a grant or not at all, is undone in the background
 //!   (compare-token, without a wake-up: it would wake this caller itself). It is
 //!   reported as [`Attempt::Held`] — retried by the manager after a random jitter when no
@@ -202,12 +203,30 @@ impl Tally {
     }
 
     /// Whether the answers so far decide the attempt: a quorum granted, or it cannot
-    /// and enough answered to tell "held" from "quorum unavailable".
+    /// and enough answered to tell "held" from "quorum unavailable" — and, for a lost
+    /// attempt, from a split vote: while some holder seen so far could still turn out
+    /// to hold a quorum with the nodes yet to answer, and none is known to, the answers
+    /// so far cannot say when to retry (at once after a split vote, or when the holder
+    /// of a quorum lets go), so the attempt waits for the other nodes (still bounded by
+    /// the per-node timeout): otherwise a waiter behind a majority holder whose keys are
+    /// on the slower nodes would re-poll every few milliseconds for as long as it holds.
     fn decided(&self, nodes: usize, quorum: usize) -> bool {
         let pending = nodes - self.answered() - self.failed;
         self.granted.len() >= quorum
             || (self.granted.len() + pending < quorum
-                && (self.answered() >= quorum || self.failed > nodes - quorum))
+                && (self.answered() >= quorum || self.failed > nodes - quorum)
+                && !self.holder_unclear(pending, quorum))
+    }
+
+    /// Whether no holder is known to hold `quorum` nodes, yet one could with the
+    /// `pending` nodes that have not answered.
+    fn holder_unclear(&self, pending: usize, quorum: usize) -> bool {
+        if pending == 0 {
+            return false;
+        }
+        let count = |h: u64| self.held.iter().filter(|(_, o)| *o == Some(h)).count();
+        let holders = || self.held.iter().filter_map(|&(_, h)| h);
+        !holders().any(|h| count(h) >= quorum) && holders().any(|h| count(h) + pending >= quorum)
     }
 }
 
