@@ -1152,6 +1152,50 @@ fn first_ok(answers: Vec<Result<(), LockError>>) -> Result<(), LockError> {
 mod tests {
     use super::*;
 
+    fn held(holder: u64) -> Answer<Attempt> {
+        (
+            0,
+            Ok(Attempt::Held {
+                remaining: Some(Duration::from_secs(30)),
+                holder: Some(holder),
+            }),
+        )
+    }
+
+    /// Review finding 6: a lost attempt is decided early only when its answers tell a
+    /// holder of a quorum from a split vote.
+    #[test]
+    fn a_lost_attempt_waits_until_a_majority_holder_can_be_told_from_a_split_vote() {
+        // N = 3: H on one node, a stale key Z on another, the third (maybe H) pending.
+        let mut t = Tally::default();
+        t.add(held(1));
+        t.add(held(2));
+        assert!(!t.decided(3, 2), "H may hold the pending node too");
+        t.add(held(1));
+        assert!(t.decided(3, 2), "H holds a quorum");
+        // N = 5, three holders seen, two pending: any of them may hold those two.
+        let mut t = Tally::default();
+        t.add(held(1));
+        t.add(held(2));
+        t.add(held(3));
+        assert!(!t.decided(5, 3));
+        t.add(held(2));
+        assert!(!t.decided(5, 3), "holder 2 may hold the last node");
+        t.add(held(3));
+        assert!(t.decided(5, 3), "a split vote, every node answered");
+        let mut t = Tally::default();
+        t.add(held(1));
+        t.add(held(1));
+        t.add(held(1));
+        assert!(t.decided(5, 3), "H holds a quorum of 5");
+        let mut t = Tally::default();
+        t.add(held(1));
+        t.add(held(2));
+        t.add(held(3));
+        t.add(held(4));
+        assert!(t.decided(5, 3), "nobody can reach 3 with one pending node");
+    }
+
     #[test]
     fn jitter_stays_in_range() {
         for _ in 0..100 {
