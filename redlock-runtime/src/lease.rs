@@ -15,7 +15,10 @@
 //!   server applies them in the order they were booked: a renewal built before an
 //!   extend can never land after it unnoticed. (On one connection requests are applied
 //!   in the order they were sent, so a request given up on, whose reply was lost, is
-//!   still applied before any later one.)
+//!   still applied before any later one.) Redlock's extend returns once a quorum
+//!   decided, releasing the lock while other nodes' requests may still be written; the
+//!   backend keeps those in order itself (the next extend waits for them, and renewals,
+//!   carrying the same ttl, are harmless): see `RedlockBackend::settle`.
 //! - **Book what was sent.** A confirmed request moves the deadline to
 //!   `sent + ttl_sent − drift`, computed from the ttl in that request, never from the
 //!   lease's current ttl.

@@ -18,7 +18,8 @@
 //!   requests were sent, is still positive once the last counted grant arrived. Grants
 //!   landing after that are kept as part of the lock (renewals and release go to every
 //!   node), unless the lock was released before they landed: then they are undone.
-//!   A lost attempt returns as soon as a quorum is impossible: what it won, and every
+//!   A lost attempt returns as soon as a quorum is impossible (and the answers tell a
+//!   holder of a quorum from a split vote, see `Tally::decided`): what it won, and every
 //!   node that answers later with a grant or not at all, is undone in the background
 //!   (compare-token, without a wake-up: it would wake this caller itself). It is
 //!   reported as [`Attempt::Held`] — retried by the manager after a random jitter when no
@@ -86,11 +87,13 @@
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 use futures_util::stream::{FuturesUnordered, StreamExt};
+use tokio_util::sync::CancellationToken;
 
 use super::single::SingleBackend;
 use super::{jitter, Attempt, Renewal, Renewed, ReplicaWait, Timeouts};
@@ -128,6 +131,28 @@ pub(crate) struct RedlockBackend {
     /// Won attempts whose requests to some nodes are still in flight, by token: `true`
     /// once the lock was released meanwhile (see [`RedlockBackend::keep_late_grants`]).
     landing: Arc<Mutex<HashMap<Token, bool>>>,
+    /// Requests that set a lock's expiry (a won acquisition's late grants, an extend's
+    /// stragglers) and may still be written, by token: see [`RedlockBackend::settle`].
+    settling: Arc<Mutex<HashMap<Token, Settling>>>,
+    /// Tells the entries of `settling` apart.
+    settle_ids: AtomicU64,
+}
+
+/// The expiry-setting requests of one lock still in flight after their call returned.
+struct Settling {
+    id: u64,
+    /// Cancelled once every one of them was answered or cut (never written after that).
+    done: CancellationToken,
+}
+
+/// What becomes of the requests of a quorum vote still in flight when it is decided.
+enum Stragglers {
+    /// A release: each is retried in the background until confirmed, as is every node
+    /// whose request failed before the vote was decided.
+    Retry(Token),
+    /// An extend of this lock: driven until the per-node deadline, then cut, so that the
+    /// next extend of the lock can wait for them (see [`RedlockBackend::settle`]).
+    Settle(Token),
 }
 
 /// One node's answer: its index and its outcome.
@@ -178,12 +203,30 @@ impl Tally {
     }
 
     /// Whether the answers so far decide the attempt: a quorum granted, or it cannot
-    /// and enough answered to tell "held" from "quorum unavailable".
+    /// and enough answered to tell "held" from "quorum unavailable" — and, for a lost
+    /// attempt, from a split vote: while some holder seen so far could still turn out
+    /// to hold a quorum with the nodes yet to answer, and none is known to, the answers
+    /// so far cannot say when to retry (at once after a split vote, or when the holder
+    /// of a quorum lets go), so the attempt waits for the other nodes (still bounded by
+    /// the per-node timeout): otherwise a waiter behind a majority holder whose keys are
+    /// on the slower nodes would re-poll every few milliseconds for as long as it holds.
     fn decided(&self, nodes: usize, quorum: usize) -> bool {
         let pending = nodes - self.answered() - self.failed;
         self.granted.len() >= quorum
             || (self.granted.len() + pending < quorum
-                && (self.answered() >= quorum || self.failed > nodes - quorum))
+                && (self.answered() >= quorum || self.failed > nodes - quorum)
+                && !self.holder_unclear(pending, quorum))
+    }
+
+    /// Whether no holder is known to hold `quorum` nodes, yet one could with the
+    /// `pending` nodes that have not answered.
+    fn holder_unclear(&self, pending: usize, quorum: usize) -> bool {
+        if pending == 0 {
+            return false;
+        }
+        let count = |h: u64| self.held.iter().filter(|(_, o)| *o == Some(h)).count();
+        let holders = || self.held.iter().filter_map(|&(_, h)| h);
+        !holders().any(|h| count(h) >= quorum) && holders().any(|h| count(h) + pending >= quorum)
     }
 }
 
@@ -216,6 +259,8 @@ impl RedlockBackend {
             nodes: nodes.into(),
             node_timeout,
             landing: Arc::default(),
+            settling: Arc::default(),
+            settle_ids: AtomicU64::new(0),
         })
     }
 
@@ -261,11 +306,19 @@ impl RedlockBackend {
         Fut: Future<Output = Result<T, LockError>> + Send + 'static,
         T: 'static,
     {
-        self.send_to(0..self.nodes.len(), request)
+        self.send_to(0..self.nodes.len(), None, request)
     }
 
-    /// Sends `request(nodes, i)` to each node `i` of `to`.
-    fn send_to<T, F, Fut>(&self, to: impl IntoIterator<Item = usize>, request: F) -> InFlight<T>
+    /// Sends `request(nodes, i)` to each node `i` of `to`. Once `cut` is cancelled, the
+    /// requests still unanswered answer a timeout error at once, their futures dropped:
+    /// whatever they had not written yet (a send after a reconnect, an `EVAL` after
+    /// `NOSCRIPT`) is never written.
+    fn send_to<T, F, Fut>(
+        &self,
+        to: impl IntoIterator<Item = usize>,
+        cut: Option<(&CancellationToken, &'static str, Duration)>,
+        request: F,
+    ) -> InFlight<T>
     where
         F: Fn(Arc<[SingleBackend]>, usize) -> Fut,
         Fut: Future<Output = Result<T, LockError>> + Send + 'static,
@@ -274,10 +327,94 @@ impl RedlockBackend {
         to.into_iter()
             .map(|i| {
                 let request = request(self.nodes.clone(), i);
-                Box::pin(async move { (i, request.await) })
-                    as Pin<Box<dyn Future<Output = Answer<T>> + Send>>
+                let cut = cut.map(|(c, operation, timeout)| (c.clone(), operation, timeout));
+                Box::pin(async move {
+                    let Some((cut, operation, timeout)) = cut else {
+                        return (i, request.await);
+                    };
+                    tokio::select! {
+                        biased;
+                        answer = request => (i, answer),
+                        () = cut.cancelled() => (i, Err(LockError::timed_out(operation, timeout))),
+                    }
+                }) as Pin<Box<dyn Future<Output = Answer<T>> + Send>>
             })
             .collect()
+    }
+
+    /// Waits until the requests that may still set `token`'s expiry on some node (the
+    /// late grants of its acquisition, the stragglers of its last extend) were answered
+    /// or cut, so that none of them can be written after a request sent from now on.
+    /// Bounded by the per-node timeout of the call that left them.
+    async fn settled(&self, token: Token) {
+        let pending = lock(&self.settling).get(&token).map(|s| s.done.clone());
+        if let Some(done) = pending {
+            done.cancelled().await;
+        }
+    }
+
+    /// Drives the expiry-setting requests of `token` still in flight after their call
+    /// returned, in a task of its own, handing each answer to `then`; at `deadline` the
+    /// unanswered ones are cut (`cut`: see [`send_to`](Self::send_to)) and answer a
+    /// timeout. Until all have answered, [`settled`](Self::settled) waits for them.
+    ///
+    /// Why: a request may be written long after its call returned — `reconnecting`
+    /// sends it again after a dropped connection, `LuaScript::invoke` sends `EVAL` after
+    /// `NOSCRIPT`, and a send waits for a reconnect in progress. If that happened after a
+    /// later extend of the same lock had been applied on that node, the node would end up
+    /// with the older (possibly shorter) ttl while the lease books the newer one: the
+    /// lease could outlive a quorum of its keys. The lease's operation lock cannot cover
+    /// them (the call returned and released it), so the next extend of the lock waits
+    /// here before sending: the lock's expiry-setting requests stay one at a time, as
+    /// the `lease` module requires. Renewals need not wait: they carry the lease's
+    /// current ttl, the one of its last extend (or of the acquisition when none), so one
+    /// of these requests landing after a renewal sets an expiry at least as late as the
+    /// one the renewal booked; and a renewal's own requests are dropped, never re-sent,
+    /// when its call returns (under the operation lock).
+    fn settle<T, G>(
+        &self,
+        token: Token,
+        deadline: tokio::time::Instant,
+        cut: CancellationToken,
+        in_flight: InFlight<T>,
+        mut then: G,
+    ) where
+        T: Send + 'static,
+        G: FnMut(Answer<T>) + Send + 'static,
+    {
+        if in_flight.is_empty() {
+            return;
+        }
+        let done = CancellationToken::new();
+        let id = self.settle_ids.fetch_add(1, Ordering::Relaxed);
+        lock(&self.settling).insert(
+            token,
+            Settling {
+                id,
+                done: done.clone(),
+            },
+        );
+        let settling = self.settling.clone();
+        tokio::spawn(async move {
+            let answers = in_flight.for_each(move |answer| {
+                then(answer);
+                std::future::ready(())
+            });
+            tokio::pin!(answers);
+            tokio::select! {
+                biased;
+                () = &mut answers => {}
+                () = tokio::time::sleep_until(deadline) => {
+                    cut.cancel();
+                    answers.await;
+                }
+            }
+            let mut settling = lock(&settling);
+            if settling.get(&token).is_some_and(|s| s.id == id) {
+                settling.remove(&token);
+            }
+            done.cancel();
+        });
     }
 
     /// Counts confirmations and denials.
@@ -318,19 +455,32 @@ impl RedlockBackend {
 
     /// A compare-token request to every node, decided by a quorum vote: returns as soon
     /// as a quorum confirmed or denied (or the per-node timeout passed); the requests
-    /// still in flight finish in the background (`retry`: released again if they fail).
+    /// still in flight finish in the background, as `stragglers` says.
     async fn decide<F, Fut>(
         &self,
         key: &LockKey,
         timeout: Duration,
-        retry: Option<Token>,
+        stragglers: Stragglers,
         request: F,
     ) -> Result<bool, LockError>
     where
         F: Fn(Arc<[SingleBackend]>, usize) -> Fut,
         Fut: Future<Output = Result<bool, LockError>> + Send + 'static,
     {
-        let mut in_flight = self.send_all(request);
+        let operation = match stragglers {
+            Stragglers::Retry(_) => "release",
+            Stragglers::Settle(_) => "extend",
+        };
+        let deadline = tokio::time::Instant::now() + timeout;
+        let cut = CancellationToken::new();
+        let mut in_flight = match stragglers {
+            Stragglers::Retry(_) => self.send_all(request),
+            Stragglers::Settle(_) => self.send_to(
+                0..self.nodes.len(),
+                Some((&cut, operation, timeout)),
+                request,
+            ),
+        };
         let mut answers = Vec::with_capacity(self.nodes.len());
         gather(&mut in_flight, timeout, |answer| {
             answers.push(answer);
@@ -338,16 +488,38 @@ impl RedlockBackend {
         })
         .await;
         let vote = self.vote_of(&answers);
-        let shared_key = Arc::new(key.clone());
-        let nodes = self.nodes.clone();
-        finish(in_flight, move |(i, answer)| {
-            let (nodes, key) = (nodes.clone(), shared_key.clone());
-            async move {
-                if let (Err(_), Some(token), Some(node)) = (answer, retry, nodes.get(i)) {
-                    release_until_confirmed(node, &key, token, PUBLISH, &UNDO_PAUSES[1..]).await;
+        match stragglers {
+            Stragglers::Retry(token) => {
+                let shared_key = Arc::new(key.clone());
+                let nodes = self.nodes.clone();
+                // A node whose release failed before the vote was decided (a dropped
+                // connection fails at once) is retried like one that answered late.
+                let failed: Vec<usize> = answers
+                    .iter()
+                    .filter(|(_, a)| a.is_err())
+                    .map(|&(i, _)| i)
+                    .collect();
+                if !failed.is_empty() {
+                    let (nodes, key) = (nodes.clone(), shared_key.clone());
+                    tokio::spawn(async move {
+                        join_all(failed.into_iter().filter_map(|i| nodes.get(i)).map(|node| {
+                            release_until_confirmed(node, &key, token, PUBLISH, &UNDO_PAUSES[1..])
+                        }))
+                        .await;
+                    });
                 }
+                finish(in_flight, move |(i, answer)| {
+                    let (nodes, key) = (nodes.clone(), shared_key.clone());
+                    async move {
+                        if let (Err(_), Some(node)) = (answer, nodes.get(i)) {
+                            release_until_confirmed(node, &key, token, PUBLISH, &UNDO_PAUSES[1..])
+                                .await;
+                        }
+                    }
+                });
             }
-        });
+            Stragglers::Settle(token) => self.settle(token, deadline, cut, in_flight, |_| {}),
+        }
         match vote {
             Vote::Yes => Ok(true),
             Vote::No => Ok(false),
@@ -373,16 +545,25 @@ impl RedlockBackend {
         }
         let started = Instant::now();
         let timeout = self.node_timeout(ttl);
+        let deadline = tokio::time::Instant::now() + timeout;
+        // Cut at `deadline` only when the attempt is won (its late grants must not be
+        // written after a later extend: see `settle`); a lost attempt's stragglers are
+        // followed by their undo.
+        let cut = CancellationToken::new();
         let shared_key = Arc::new(key.clone());
-        let mut in_flight = self.send_all(|nodes, i| {
-            let key = shared_key.clone();
-            async move {
-                match nodes.get(i) {
-                    Some(node) => node.acquire(&key, token, ttl, None).await,
-                    None => Err(LockError::invalid_option("no such redlock node")),
+        let mut in_flight = self.send_to(
+            0..self.nodes.len(),
+            Some((&cut, "acquire", timeout)),
+            |nodes, i| {
+                let key = shared_key.clone();
+                async move {
+                    match nodes.get(i) {
+                        Some(node) => node.acquire(&key, token, ttl, None).await,
+                        None => Err(LockError::invalid_option("no such redlock node")),
+                    }
                 }
-            }
-        });
+            },
+        );
         let (nodes, quorum) = (self.nodes.len(), self.quorum);
         let mut tally = Tally::default();
         gather(&mut in_flight, timeout, |answer| {
@@ -397,7 +578,7 @@ impl RedlockBackend {
                     .saturating_sub(started.elapsed())
                     .saturating_sub(drift(ttl));
                 if !validity.is_zero() {
-                    self.keep_late_grants(&shared_key, token, fence, in_flight);
+                    self.keep_late_grants(&shared_key, token, fence, (deadline, cut), in_flight);
                     return Ok(Attempt::Acquired {
                         fence,
                         replicas: None,
@@ -429,11 +610,18 @@ impl RedlockBackend {
     /// grant or unanswered request seen after that is undone. A kept grant whose counter
     /// is behind the token is raised to it, so that it vouches for the token too (see
     /// "Fencing tokens").
+    ///
+    /// The late grants are expiry-setting requests: they are cut at the acquisition's
+    /// per-node deadline (`cut`), and an extend of the lock waits for them first (see
+    /// [`settle`](Self::settle)), so that a grant re-sent late (its `PEXPIRE ttl` branch)
+    /// cannot land after an extend the node already applied. A request cut unanswered is
+    /// undone if the lock was released meanwhile, like one that failed.
     fn keep_late_grants(
         &self,
         key: &Arc<LockKey>,
         token: Token,
         fence: u64,
+        (deadline, cut): (tokio::time::Instant, CancellationToken),
         in_flight: InFlight<Attempt>,
     ) {
         if in_flight.is_empty() {
@@ -441,24 +629,27 @@ impl RedlockBackend {
         }
         lock(&self.landing).insert(token, false);
         let (nodes, key, landing) = (self.nodes.clone(), key.clone(), self.landing.clone());
-        let marks = landing.clone();
-        let stragglers = in_flight.for_each_concurrent(None, move |(i, answer)| {
+        let mut unanswered = in_flight.len();
+        self.settle(token, deadline, cut, in_flight, move |(i, answer)| {
             let released = !matches!(answer, Ok(Attempt::Held { .. }))
-                && lock(&marks).get(&token).copied().unwrap_or(true);
+                && lock(&landing).get(&token).copied().unwrap_or(true);
             let behind = matches!(answer, Ok(Attempt::Acquired { fence: f, .. }) if f < fence);
-            let (nodes, key) = (nodes.clone(), key.clone());
-            async move {
-                if released {
-                    undo(nodes, key, token, i).await;
-                } else if let (true, Some(node)) = (behind, nodes.get(i)) {
-                    // Compare-token: a no-op if the lock is gone meanwhile.
-                    let _ = raise_fence(node, &key, token, fence).await;
-                }
+            unanswered -= 1;
+            if unanswered == 0 {
+                lock(&landing).remove(&token);
             }
-        });
-        tokio::spawn(async move {
-            stragglers.await;
-            lock(&landing).remove(&token);
+            let (nodes, key) = (nodes.clone(), key.clone());
+            // Its own task: the next answers (and the end of `settle`) do not wait for it.
+            if released {
+                tokio::spawn(undo(nodes, key, token, i));
+            } else if behind {
+                tokio::spawn(async move {
+                    if let Some(node) = nodes.get(i) {
+                        // Compare-token: a no-op if the lock is gone meanwhile.
+                        let _ = raise_fence(node, &key, token, fence).await;
+                    }
+                });
+            }
         });
     }
 
@@ -514,7 +705,7 @@ impl RedlockBackend {
         }
         let needed = self.quorum.saturating_sub(granted.len() - behind.len());
         let shared_key = Arc::new(key.clone());
-        let mut raises = self.send_to(behind, |nodes, i| {
+        let mut raises = self.send_to(behind, None, |nodes, i| {
             let key = shared_key.clone();
             async move {
                 match nodes.get(i) {
@@ -578,37 +769,49 @@ impl RedlockBackend {
             *released = true;
         }
         let shared_key = Arc::new(key.clone());
-        self.decide(key, self.node_timeout, Some(token), |nodes, i| {
-            let key = shared_key.clone();
-            async move {
-                match nodes.get(i) {
-                    Some(node) => release_on(node, &key, token, PUBLISH).await,
-                    None => Err(LockError::invalid_option("no such redlock node")),
+        self.decide(
+            key,
+            self.node_timeout,
+            Stragglers::Retry(token),
+            |nodes, i| {
+                let key = shared_key.clone();
+                async move {
+                    match nodes.get(i) {
+                        Some(node) => release_on(node, &key, token, PUBLISH).await,
+                        None => Err(LockError::invalid_option("no such redlock node")),
+                    }
                 }
-            }
-        })
+            },
+        )
         .await
     }
 
     /// Extends on every node; true when a quorum still had our token. Returns once a
-    /// quorum decided; the other nodes' requests finish in the background (applied late,
-    /// they only keep that node's copy longer than the lease believes).
+    /// quorum decided; the other nodes' requests finish in the background until the
+    /// per-node timeout, and the next extend of the lock waits for them (and for the late
+    /// grants of its acquisition) before sending: see [`settle`](Self::settle).
     pub(crate) async fn extend(
         &self,
         key: &LockKey,
         token: Token,
         ttl: Duration,
     ) -> Result<bool, LockError> {
+        self.settled(token).await;
         let shared_key = Arc::new(key.clone());
-        self.decide(key, self.node_timeout(ttl), None, |nodes, i| {
-            let key = shared_key.clone();
-            async move {
-                match nodes.get(i) {
-                    Some(node) => node.extend(&key, token, ttl).await,
-                    None => Err(LockError::invalid_option("no such redlock node")),
+        self.decide(
+            key,
+            self.node_timeout(ttl),
+            Stragglers::Settle(token),
+            |nodes, i| {
+                let key = shared_key.clone();
+                async move {
+                    match nodes.get(i) {
+                        Some(node) => node.extend(&key, token, ttl).await,
+                        None => Err(LockError::invalid_option("no such redlock node")),
+                    }
                 }
-            }
-        })
+            },
+        )
         .await
     }
 
@@ -946,6 +1149,50 @@ fn ttl_groups(batch: &[Renewal<'_>], node_timeout: Duration) -> Vec<Vec<usize>> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn held(holder: u64) -> Answer<Attempt> {
+        (
+            0,
+            Ok(Attempt::Held {
+                remaining: Some(Duration::from_secs(30)),
+                holder: Some(holder),
+            }),
+        )
+    }
+
+    /// Review finding 6: a lost attempt is decided early only when its answers tell a
+    /// holder of a quorum from a split vote.
+    #[test]
+    fn a_lost_attempt_waits_until_a_majority_holder_can_be_told_from_a_split_vote() {
+        // N = 3: H on one node, a stale key Z on another, the third (maybe H) pending.
+        let mut t = Tally::default();
+        t.add(held(1));
+        t.add(held(2));
+        assert!(!t.decided(3, 2), "H may hold the pending node too");
+        t.add(held(1));
+        assert!(t.decided(3, 2), "H holds a quorum");
+        // N = 5, three holders seen, two pending: any of them may hold those two.
+        let mut t = Tally::default();
+        t.add(held(1));
+        t.add(held(2));
+        t.add(held(3));
+        assert!(!t.decided(5, 3));
+        t.add(held(2));
+        assert!(!t.decided(5, 3), "holder 2 may hold the last node");
+        t.add(held(3));
+        assert!(t.decided(5, 3), "a split vote, every node answered");
+        let mut t = Tally::default();
+        t.add(held(1));
+        t.add(held(1));
+        t.add(held(1));
+        assert!(t.decided(5, 3), "H holds a quorum of 5");
+        let mut t = Tally::default();
+        t.add(held(1));
+        t.add(held(2));
+        t.add(held(3));
+        t.add(held(4));
+        assert!(t.decided(5, 3), "nobody can reach 3 with one pending node");
+    }
 
     #[test]
     fn jitter_stays_in_range() {
