@@ -971,7 +971,7 @@ impl RedlockBackend {
             .collect();
         let channel: Arc<str> = Arc::from(key);
         let already = needed.len() < self.nodes.len();
-        let mut in_flight = self.send_to(needed, |nodes, i| {
+        let mut in_flight = self.send_to(needed, None, |nodes, i| {
             let channel = channel.clone();
             async move {
                 match nodes.get(i) {
