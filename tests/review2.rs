@@ -1,0 +1,228 @@
+//! Second review of the liveness merge (issue 12): adversarial tests on real servers.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redlock::{LockGuard, LockManager, LockOptions};
+use redlock_testkit::{ChaosProxy, Direction, Fault, RedisSet};
+
+fn unique(prefix: &str) -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{prefix}_{}_{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A small xorshift generator (no rand dependency in the tests).
+struct Rng(u64);
+
+impl Rng {
+    fn seeded(salt: u64) -> Self {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64;
+        Rng((t ^ salt.wrapping_mul(0x9E37_79B9_7F4A_7C15)) | 1)
+    }
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    fn ms(&mut self, lo: u64, hi: u64) -> Duration {
+        Duration::from_millis(lo + self.below(hi - lo + 1))
+    }
+}
+
+/// Who holds the lock, as the guards see it.
+#[derive(Default)]
+struct Ledger {
+    holders: HashMap<u64, Arc<LockGuard>>,
+    last_fence: u64,
+    violations: Vec<String>,
+    acquisitions: u64,
+}
+
+impl Ledger {
+    fn check_exclusive(&mut self, when: &str) {
+        let held: Vec<(u64, u64)> = self
+            .holders
+            .iter()
+            .filter(|(_, g)| g.is_held())
+            .map(|(&id, g)| (id, g.fencing_token()))
+            .collect();
+        if held.len() > 1 {
+            self.violations
+                .push(format!("{when}: {} guards held at once: {held:?}", held.len()));
+        }
+    }
+}
+
+/// Redlock under random chaos on every client–node path (delays, partitions that heal,
+/// replies lost with a connection reset, resets, script cache flushes): at no instant
+/// may two guards both report `is_held()`, and a guard still held when it is handed
+/// out must carry a larger fencing token than every guard handed out before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_chaos_keeps_mutual_exclusion_and_fencing_order() {
+    let set = RedisSet::start(3);
+    let mut proxies = Vec::new();
+    let mut managers = Vec::new();
+    for _ in 0..2 {
+        let mut urls = Vec::new();
+        for n in 0..3 {
+            let p = ChaosProxy::start(set.node(n).addr()).await.unwrap();
+            urls.push(p.url());
+            proxies.push(Arc::new(p));
+        }
+        managers.push(
+            LockManager::builder()
+                .redlock(urls)
+                .response_timeout(Duration::from_millis(400))
+                .build()
+                .await
+                .unwrap(),
+        );
+    }
+    let key = unique("chaos");
+    let ledger = Arc::new(Mutex::new(Ledger::default()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let ids = Arc::new(AtomicU64::new(0));
+    let run_for = Duration::from_secs(
+        std::env::var("REVIEW2_CHAOS_SECS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(20),
+    );
+
+    // The chaos: one fault at a time on a random path, healed shortly after.
+    let chaos = {
+        let proxies = proxies.clone();
+        let stop = stop.clone();
+        let urls = set.urls();
+        tokio::spawn(async move {
+            let mut rng = Rng::seeded(7);
+            while !stop.load(Ordering::Relaxed) {
+                let p = &proxies[rng.below(proxies.len() as u64) as usize];
+                match rng.below(6) {
+                    0 => p.set(Fault::Delay(rng.ms(5, 80))),
+                    1 => p.set(Fault::Blackhole),
+                    2 => p.set_direction(Direction::ToClient, Fault::Blackhole),
+                    3 => {
+                        p.set_direction(Direction::ToClient, Fault::Blackhole);
+                        tokio::time::sleep(rng.ms(5, 60)).await;
+                        p.reset_all();
+                    }
+                    4 => p.reset_all(),
+                    _ => {
+                        let url = &urls[rng.below(urls.len() as u64) as usize];
+                        if let Ok(client) = redis::Client::open(url.as_str()) {
+                            if let Ok(mut c) = client.get_multiplexed_async_connection().await {
+                                let _: Result<(), _> =
+                                    redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut c).await;
+                            }
+                        }
+                    }
+                }
+                tokio::time::sleep(rng.ms(20, 250)).await;
+                p.heal();
+                tokio::time::sleep(rng.ms(0, 80)).await;
+            }
+            for p in &proxies {
+                p.heal();
+            }
+        })
+    };
+
+    // A monitor: at no instant two held guards.
+    let monitor = {
+        let (ledger, stop) = (ledger.clone(), stop.clone());
+        tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                ledger.lock().unwrap().check_exclusive("monitor");
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+    };
+
+    let mut workers = Vec::new();
+    for (m, manager) in managers.iter().enumerate() {
+        for w in 0..3 {
+            let (manager, key, ledger, stop, ids) = (
+                manager.clone(),
+                key.clone(),
+                ledger.clone(),
+                stop.clone(),
+                ids.clone(),
+            );
+            workers.push(tokio::spawn(async move {
+                let mut rng = Rng::seeded((m * 10 + w) as u64 + 1);
+                while !stop.load(Ordering::Relaxed) {
+                    let opts = LockOptions::new()
+                        .ttl(rng.ms(300, 1500))
+                        .wait(Duration::from_millis(800));
+                    let Ok(guard) = manager.lock_with(&key, opts).await else {
+                        continue;
+                    };
+                    let guard = Arc::new(guard);
+                    let id = ids.fetch_add(1, Ordering::Relaxed);
+                    {
+                        let mut l = ledger.lock().unwrap();
+                        l.acquisitions += 1;
+                        if guard.is_held() {
+                            let fence = guard.fencing_token();
+                            if fence <= l.last_fence {
+                                let msg = format!(
+                                    "fence {fence} handed out after {} (manager {m})",
+                                    l.last_fence
+                                );
+                                l.violations.push(msg);
+                            }
+                            l.last_fence = l.last_fence.max(fence);
+                        }
+                        l.holders.insert(id, guard.clone());
+                        l.check_exclusive("hand-out");
+                    }
+                    for _ in 0..rng.below(3) {
+                        if rng.below(2) == 0 {
+                            let _ = guard.extend(rng.ms(200, 2000)).await;
+                        }
+                        tokio::time::sleep(rng.ms(0, 60)).await;
+                        ledger.lock().unwrap().check_exclusive("holding");
+                    }
+                    let guard = ledger.lock().unwrap().holders.remove(&id).unwrap();
+                    if let Ok(guard) = Arc::try_unwrap(guard) {
+                        if rng.below(4) == 0 {
+                            drop(guard);
+                        } else {
+                            let _ = guard.release().await;
+                        }
+                    }
+                }
+            }));
+        }
+    }
+    tokio::time::sleep(run_for).await;
+    stop.store(true, Ordering::Relaxed);
+    for w in workers {
+        tokio::time::timeout(Duration::from_secs(30), w)
+            .await
+            .expect("a worker hung")
+            .unwrap();
+    }
+    chaos.await.unwrap();
+    monitor.await.unwrap();
+    let l = ledger.lock().unwrap();
+    eprintln!("acquisitions: {}", l.acquisitions);
+    assert!(l.acquisitions > 10, "too few acquisitions: {}", l.acquisitions);
+    assert!(l.violations.is_empty(), "{:#?}", l.violations);
+}
