@@ -109,11 +109,17 @@ async fn redlock_chaos_keeps_mutual_exclusion_and_fencing_order() {
         let proxies = proxies.clone();
         let stop = stop.clone();
         let urls = set.urls();
+        let pids: Vec<u32> = (0..3).map(|n| set.node(n).pid()).collect();
         tokio::spawn(async move {
             let mut rng = Rng::seeded(7);
+            let signal = |pid: u32, sig: &str| {
+                let _ = std::process::Command::new("kill")
+                    .args([sig, &pid.to_string()])
+                    .status();
+            };
             while !stop.load(Ordering::Relaxed) {
                 let p = &proxies[rng.below(proxies.len() as u64) as usize];
-                match rng.below(6) {
+                match rng.below(7) {
                     0 => p.set(Fault::Delay(rng.ms(5, 80))),
                     1 => p.set(Fault::Blackhole),
                     2 => p.set_direction(Direction::ToClient, Fault::Blackhole),
@@ -123,6 +129,13 @@ async fn redlock_chaos_keeps_mutual_exclusion_and_fencing_order() {
                         p.reset_all();
                     }
                     4 => p.reset_all(),
+                    5 => {
+                        // A frozen node (GC pause, VM steal): SIGSTOP, then SIGCONT.
+                        let pid = pids[rng.below(pids.len() as u64) as usize];
+                        signal(pid, "-STOP");
+                        tokio::time::sleep(rng.ms(100, 1500)).await;
+                        signal(pid, "-CONT");
+                    }
                     _ => {
                         let url = &urls[rng.below(urls.len() as u64) as usize];
                         if let Ok(client) = redis::Client::open(url.as_str()) {
@@ -139,6 +152,9 @@ async fn redlock_chaos_keeps_mutual_exclusion_and_fencing_order() {
             }
             for p in &proxies {
                 p.heal();
+            }
+            for &pid in &pids {
+                signal(pid, "-CONT");
             }
         })
     };
