@@ -358,3 +358,92 @@ async fn redlock_burst_of_waiters_on_distinct_keys_is_woken_within_a_few_round_t
          the slowest of the others got its lock {worst:?} after the release (RTT ~10 ms)"
     );
 }
+
+
+/// Subscribers on `channel` per node (`PUBSUB NUMSUB`).
+fn numsub(set: &RedisSet, channel: &str) -> Vec<i64> {
+    (0..set.len())
+        .map(|n| match set.node(n).cmd_sync(&["PUBSUB", "NUMSUB", channel]) {
+            Ok(redis::Value::Array(v)) => match v.get(1) {
+                Some(redis::Value::Int(k)) => *k,
+                _ => -1,
+            },
+            _ => -1,
+        })
+        .collect()
+}
+
+/// Redlock: a waiter counts as listening as soon as *one* node confirmed its channel
+/// (`RedlockBackend::listening`), and then never asks again on the nodes whose
+/// `SUBSCRIBE` failed (the 1 s resubscription only runs while no node listens; the
+/// connection manager's own resubscription only replays channels the server had
+/// confirmed). A release published on a quorum of nodes that misses that one node is
+/// then never heard, and the waiter sleeps for the holder's whole remaining ttl.
+///
+/// Two minority faults, at different times: W's paths to nodes 1 and 2 are down while
+/// it subscribes (then heal), later its path to node 0 goes down. A quorum (1, 2) is up
+/// for everyone throughout the release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_waiter_listening_on_one_node_still_hears_a_quorum_release() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let set = RedisSet::start(3);
+    let mut p = Vec::new();
+    for n in 0..3 {
+        p.push(ChaosProxy::start(set.node(n).addr()).await.unwrap());
+    }
+    let holder = LockManager::builder()
+        .redlock(set.urls())
+        .build()
+        .await
+        .unwrap();
+    let waiter = LockManager::builder()
+        .redlock(p.iter().map(|p| p.url()))
+        .build()
+        .await
+        .unwrap();
+    let key = unique("one_node");
+    let guard = holder
+        .lock_with(&key, LockOptions::new().ttl(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    let channel = guard.key().to_owned();
+
+    // W's paths to nodes 1 and 2 are down while it starts waiting (and subscribing).
+    p[1].set(Fault::Refuse);
+    p[2].set(Fault::Refuse);
+    let started = std::time::Instant::now();
+    let wait = tokio::spawn({
+        let (waiter, key) = (waiter.clone(), key.clone());
+        async move {
+            let r = waiter
+                .lock_with(&key, LockOptions::new().wait(Duration::from_secs(10)))
+                .await;
+            (std::time::Instant::now(), r)
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    p[1].heal();
+    p[2].heal();
+    // W's attempts now see H's quorum; it waits for H's release notification.
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    let subscribed = numsub(&set, &channel);
+    // Later, W's path to node 0 goes down; H releases on every node (a quorum, 1 and 2,
+    // reaches W too).
+    p[0].set(Fault::Blackhole);
+    let released = std::time::Instant::now();
+    guard.release().await.unwrap();
+    let (at, got) = wait.await.unwrap();
+    p[0].heal();
+    let after = at.saturating_duration_since(released);
+    eprintln!("subscribed before the release: {subscribed:?}; got the lock {after:?} after it");
+    assert!(
+        got.is_ok() && after < Duration::from_secs(3),
+        "W got {:?} {after:?} after the release ({:?} after it started waiting); \
+         W's subscriptions per node before the release: {subscribed:?}",
+        got.map(drop),
+        at - started
+    );
+}
