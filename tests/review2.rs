@@ -447,3 +447,40 @@ async fn redlock_waiter_listening_on_one_node_still_hears_a_quorum_release() {
         at - started
     );
 }
+
+/// Redlock with one node frozen: the module doc says acquire, release and extend "cost
+/// what the healthy ones cost". An extend first waits for the stragglers of the lock's
+/// previous expiry-setting call (its acquisition's late grants, its last extend) to be
+/// answered or cut at their per-node deadline (`RedlockBackend::settled`); with a frozen
+/// node there always is one, so an extend within one per-node timeout of the previous
+/// call waits out the rest of that timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_extend_with_a_frozen_node_costs_what_the_healthy_nodes_cost() {
+    let mut set = RedisSet::start(3);
+    let locks = LockManager::builder()
+        .redlock(set.urls())
+        .build()
+        .await
+        .unwrap();
+    // Scripts cached everywhere.
+    let g = locks.lock(&unique("warm")).await.unwrap();
+    g.extend(Duration::from_secs(30)).await.unwrap();
+    g.release().await.unwrap();
+    set.node_mut(2).pause();
+    let t = std::time::Instant::now();
+    let guard = locks.lock(&unique("frozen_extend")).await.unwrap();
+    let acquire = t.elapsed();
+    let mut extends = Vec::new();
+    for _ in 0..3 {
+        let t = std::time::Instant::now();
+        guard.extend(Duration::from_secs(30)).await.unwrap();
+        extends.push(t.elapsed());
+    }
+    set.node_mut(2).resume();
+    eprintln!("acquire {acquire:?}, extends {extends:?}");
+    assert!(
+        extends.iter().all(|e| *e < Duration::from_millis(100)),
+        "with node 2 frozen: acquire {acquire:?}, back-to-back extends {extends:?} \
+         (per-node timeout 200 ms)"
+    );
+}
