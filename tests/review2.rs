@@ -484,3 +484,96 @@ async fn redlock_extend_with_a_frozen_node_costs_what_the_healthy_nodes_cost() {
          (per-node timeout 200 ms)"
     );
 }
+
+/// Cluster: the shard subscriber sends every `SSUBSCRIBE` (whatever its shard) under one
+/// lock held until the reply or its timeout (`ShardSubscriber::subscribe`), and a head
+/// awaits its subscription before its next attempt. With one master frozen, the
+/// subscriptions of waiters on that master's keys hold the lock one timeout each, and a
+/// waiter on a healthy master's key, released meanwhile, neither subscribes nor tries
+/// again until they are through. (Kept below the cluster's node timeout, 1 s.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_waiter_on_a_healthy_master_is_not_held_up_by_a_frozen_one() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let mut cluster = tokio::task::spawn_blocking(|| redlock_testkit::RedisCluster::start(3, 0))
+        .await
+        .unwrap();
+    let waiter = LockManager::builder()
+        .cluster(cluster.urls())
+        .response_timeout(Duration::from_millis(100))
+        .build()
+        .await
+        .unwrap();
+    let holder = LockManager::builder()
+        .cluster(cluster.urls())
+        .build()
+        .await
+        .unwrap();
+    let name = unique("frozen_shard");
+    let key_of = |i: usize| format!("{name}_{{{i}}}");
+    let master = |k: &str| cluster.master_for_key(&format!("lock:{k}"));
+    let healthy = key_of(0);
+    let healthy_master = master(&healthy);
+    let frozen: Vec<String> = (1..10_000)
+        .map(key_of)
+        .filter(|k| master(k) != healthy_master)
+        .take(5)
+        .collect();
+    let frozen_master = master(&frozen[0]);
+    let frozen: Vec<String> = frozen
+        .into_iter()
+        .filter(|k| master(k) == frozen_master)
+        .collect();
+    for k in frozen.iter().chain([&healthy]) {
+        waiter.lock(k).await.unwrap().release().await.unwrap();
+    }
+    let held = holder.lock(&healthy).await.unwrap();
+
+    cluster.node_mut(frozen_master).pause();
+    let t0 = std::time::Instant::now();
+    let stuck: Vec<_> = frozen
+        .iter()
+        .map(|k| {
+            let (waiter, k) = (waiter.clone(), k.clone());
+            tokio::spawn(async move {
+                let _ = waiter
+                    .lock_with(&k, LockOptions::new().wait(Duration::from_secs(2)))
+                    .await;
+            })
+        })
+        .collect();
+    // Their attempts failed (~100-200 ms); their `SSUBSCRIBE`s now queue.
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let w = {
+        let (waiter, k) = (waiter.clone(), healthy.clone());
+        tokio::spawn(async move {
+            let r = waiter
+                .lock_with(&k, LockOptions::new().wait(Duration::from_millis(400)))
+                .await;
+            (std::time::Instant::now(), r)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let released = std::time::Instant::now();
+    held.release().await.unwrap();
+    let (at, got) = w.await.unwrap();
+    tokio::time::sleep(Duration::from_millis(850).saturating_sub(t0.elapsed())).await;
+    cluster.node_mut(frozen_master).resume();
+    let stuck_n = stuck.len();
+    for s in stuck {
+        let _ = s.await;
+    }
+    let after = at.saturating_duration_since(released);
+    eprintln!(
+        "{} waiters on the frozen master; the healthy-key waiter got {:?} {after:?} after the release",
+        stuck_n,
+        got.as_ref().map(|_| ())
+    );
+    assert!(
+        got.is_ok(),
+        "the waiter on a healthy master's key got {:?} {after:?} after its release",
+        got.map(drop)
+    );
+}
