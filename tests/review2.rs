@@ -62,8 +62,10 @@ impl Ledger {
             .map(|(&id, g)| (id, g.fencing_token()))
             .collect();
         if held.len() > 1 {
-            self.violations
-                .push(format!("{when}: {} guards held at once: {held:?}", held.len()));
+            self.violations.push(format!(
+                "{when}: {} guards held at once: {held:?}",
+                held.len()
+            ));
         }
     }
 }
@@ -239,7 +241,11 @@ async fn redlock_chaos_keeps_mutual_exclusion_and_fencing_order() {
     monitor.await.unwrap();
     let l = ledger.lock().unwrap();
     eprintln!("acquisitions: {}", l.acquisitions);
-    assert!(l.acquisitions > 10, "too few acquisitions: {}", l.acquisitions);
+    assert!(
+        l.acquisitions > 10,
+        "too few acquisitions: {}",
+        l.acquisitions
+    );
     assert!(l.violations.is_empty(), "{:#?}", l.violations);
 }
 
@@ -293,7 +299,12 @@ async fn burst_of_waiters(
 
 fn summarize(latencies: &[Option<Duration>]) -> (usize, Duration) {
     let timed_out = latencies.iter().filter(|l| l.is_none()).count();
-    let worst = latencies.iter().flatten().max().copied().unwrap_or_default();
+    let worst = latencies
+        .iter()
+        .flatten()
+        .max()
+        .copied()
+        .unwrap_or_default();
     (timed_out, worst)
 }
 
@@ -359,17 +370,18 @@ async fn redlock_burst_of_waiters_on_distinct_keys_is_woken_within_a_few_round_t
     );
 }
 
-
 /// Subscribers on `channel` per node (`PUBSUB NUMSUB`).
 fn numsub(set: &RedisSet, channel: &str) -> Vec<i64> {
     (0..set.len())
-        .map(|n| match set.node(n).cmd_sync(&["PUBSUB", "NUMSUB", channel]) {
-            Ok(redis::Value::Array(v)) => match v.get(1) {
-                Some(redis::Value::Int(k)) => *k,
+        .map(
+            |n| match set.node(n).cmd_sync(&["PUBSUB", "NUMSUB", channel]) {
+                Ok(redis::Value::Array(v)) => match v.get(1) {
+                    Some(redis::Value::Int(k)) => *k,
+                    _ => -1,
+                },
                 _ => -1,
             },
-            _ => -1,
-        })
+        )
         .collect()
 }
 
