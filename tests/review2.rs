@@ -103,7 +103,7 @@ async fn redlock_chaos_keeps_mutual_exclusion_and_fencing_order() {
         std::env::var("REVIEW2_CHAOS_SECS")
             .ok()
             .and_then(|s| s.parse().ok())
-            .unwrap_or(20),
+            .unwrap_or(10),
     );
 
     // The chaos: one fault at a time on a random path, healed shortly after.
