@@ -395,8 +395,21 @@ fn numsub(set: &RedisSet, channel: &str) -> Vec<i64> {
 /// Two minority faults, at different times: W's paths to nodes 1 and 2 are down while
 /// it subscribes (then heal), later its path to node 0 goes down. A quorum (1, 2) is up
 /// for everyone throughout the release.
+/// W's paths to nodes 1 and 2 are down (2.5 s) while it subscribes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redlock_waiter_listening_on_one_node_still_hears_a_quorum_release() {
+    one_node_listening(false).await;
+}
+
+/// W subscribed on every node; then its paths to nodes 1 and 2 are down for 2.5 s (its
+/// subscriber connections there reset; their connection managers give up reconnecting
+/// before the paths are back, and nothing asks them again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_waiter_resubscribes_after_a_blip_on_a_minority_of_nodes() {
+    one_node_listening(true).await;
+}
+
+async fn one_node_listening(blip_after_subscribing: bool) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_test_writer()
@@ -423,9 +436,12 @@ async fn redlock_waiter_listening_on_one_node_still_hears_a_quorum_release() {
         .unwrap();
     let channel = guard.key().to_owned();
 
-    // W's paths to nodes 1 and 2 are down while it starts waiting (and subscribing).
-    p[1].set(Fault::Refuse);
-    p[2].set(Fault::Refuse);
+    // W's paths to nodes 1 and 2 are down while it starts waiting (and subscribing),
+    // or for a while once it has subscribed everywhere.
+    if !blip_after_subscribing {
+        p[1].set(Fault::Refuse);
+        p[2].set(Fault::Refuse);
+    }
     let started = std::time::Instant::now();
     let wait = tokio::spawn({
         let (waiter, key) = (waiter.clone(), key.clone());
@@ -436,6 +452,12 @@ async fn redlock_waiter_listening_on_one_node_still_hears_a_quorum_release() {
             (std::time::Instant::now(), r)
         }
     });
+    if blip_after_subscribing {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(numsub(&set, &channel), [1, 1, 1], "W subscribed everywhere");
+        p[1].set(Fault::Refuse);
+        p[2].set(Fault::Refuse);
+    }
     tokio::time::sleep(Duration::from_millis(2500)).await;
     p[1].heal();
     p[2].heal();
