@@ -10,10 +10,11 @@
 //! in the same run, and the ratio. The last line sums the ratios up:
 //!
 //! ```text
-//! ratios: uncontended=<x> distinct64=<x> handoff_vs_poll=<x> handoff_vs_rslock=<x> handoff_vs_rtt=<x> fifo=<x> redlock5_vs_single=<x> redlock5_vs_floor=<x> frozen_node=<x> macro_vs_guard=<x> held_100k=<x>
+//! ratios: uncontended=<x> uncontended_rslock=<x> distinct64=<x> distinct64_rslock=<x> handoff_vs_poll=<x> handoff_vs_rslock=<x> handoff_vs_rtt=<x> fifo=<x> redlock5_vs_single=<x> redlock5_vs_floor=<x> frozen_node=<x> macro_vs_guard=<x> held_100k=<x>
 //! ```
 //!
-//! Throughput ratios are redlock ÷ baseline; `handoff_vs_*` is the baseline's hand-off p50
+//! Throughput ratios are redlock ÷ baseline (`*_rslock`: rslock's ops/s ÷ the same raw
+//! baseline, beside ours); `handoff_vs_*` is the baseline's hand-off p50
 //! ÷ redlock's; `handoff_vs_rtt` is redlock's hand-off p50 ÷ one raw `SET` round trip;
 //! `fifo` is the fraction of contended acquisitions that changed holder;
 //! `redlock5_vs_single`, `redlock5_vs_floor` (÷ raw lock+release on all five servers at
@@ -219,13 +220,13 @@ fn main() -> ExitCode {
         };
         if wanted("uncontended") {
             match uncontended::run(&cfg, &url, pid, 1).await {
-                Ok(x) => r.uncontended = Some(x),
+                Ok(x) => (r.uncontended, r.uncontended_rslock) = (Some(x.redlock), Some(x.rslock)),
                 Err(e) => report("uncontended", e),
             }
         }
         if wanted("distinct64") {
             match uncontended::run(&cfg, &url, pid, 64).await {
-                Ok(x) => r.distinct64 = Some(x),
+                Ok(x) => (r.distinct64, r.distinct64_rslock) = (Some(x.redlock), Some(x.rslock)),
                 Err(e) => report("distinct64", e),
             }
         }
@@ -290,7 +291,9 @@ fn main() -> ExitCode {
 #[derive(Default)]
 struct Ratios {
     uncontended: Option<f64>,
+    uncontended_rslock: Option<f64>,
     distinct64: Option<f64>,
+    distinct64_rslock: Option<f64>,
     handoff_vs_poll: Option<f64>,
     handoff_vs_rslock: Option<f64>,
     handoff_vs_rtt: Option<f64>,
@@ -309,9 +312,11 @@ impl Ratios {
             _ => "n/a".into(),
         };
         format!(
-            "ratios: uncontended={} distinct64={} handoff_vs_poll={} handoff_vs_rslock={} handoff_vs_rtt={} fifo={} redlock5_vs_single={} redlock5_vs_floor={} frozen_node={} macro_vs_guard={} held_100k={}",
+            "ratios: uncontended={} uncontended_rslock={} distinct64={} distinct64_rslock={} handoff_vs_poll={} handoff_vs_rslock={} handoff_vs_rtt={} fifo={} redlock5_vs_single={} redlock5_vs_floor={} frozen_node={} macro_vs_guard={} held_100k={}",
             f(self.uncontended, 2),
+            f(self.uncontended_rslock, 2),
             f(self.distinct64, 2),
+            f(self.distinct64_rslock, 2),
             f(self.handoff_vs_poll, 1),
             f(self.handoff_vs_rslock, 1),
             f(self.handoff_vs_rtt, 2),

@@ -115,8 +115,14 @@ pub async fn measure(
     out
 }
 
-/// Prints the table; returns redlock's ops/s ÷ raw's.
-pub async fn run(cfg: &Config, url: &str, pid: u32, tasks: usize) -> Res<f64> {
+/// The medians of ops/s ÷ raw's: redlock's and rslock's (NaN when one did not run).
+pub struct VsRaw {
+    pub redlock: f64,
+    pub rslock: f64,
+}
+
+/// Prints the table; returns redlock's and rslock's ops/s ÷ raw's.
+pub async fn run(cfg: &Config, url: &str, pid: u32, tasks: usize) -> Res<VsRaw> {
     let impls = contenders(url).await?;
     let tag = if tasks == 1 { "u" } else { "d" };
     let results = measure(cfg, &impls, tag, tasks, &[pid]).await;
@@ -143,13 +149,18 @@ pub async fn run(cfg: &Config, url: &str, pid: u32, tasks: usize) -> Res<f64> {
             "÷ raw",
         ],
     );
-    let mut ratio = f64::NAN;
+    let mut ratio = VsRaw {
+        redlock: f64::NAN,
+        rslock: f64::NAN,
+    };
     for ((name, _), r) in impls.iter().zip(&results) {
         match r {
             Ok(m) => {
                 let x = paired(&m.ops, &raw);
                 if name == "redlock" {
-                    ratio = x.median();
+                    ratio.redlock = x.median();
+                } else if name == RSLOCK {
+                    ratio.rslock = x.median();
                 }
                 t.row(vec![
                     name.clone(),

@@ -61,8 +61,14 @@ impl LuaScript {
         keys: &[K],
         args: A,
     ) -> Cmd {
-        let mut cmd = redis::cmd(verb);
-        cmd.arg(script).arg(keys.len()).arg(keys).arg(args);
+        // Sized for the common case (a verb, the script, a count, two keys, two
+        // arguments) so building the request does not grow its buffers.
+        let mut cmd = Cmd::with_capacity(8, 256 + script.len());
+        cmd.arg(verb)
+            .arg(script)
+            .arg(keys.len())
+            .arg(keys)
+            .arg(args);
         cmd
     }
 

@@ -141,6 +141,8 @@ pub(crate) struct RedlockBackend {
 /// The expiry-setting requests of one lock still in flight after their call returned.
 struct Settling {
     id: u64,
+    /// Cuts the unanswered ones (see [`RedlockBackend::send_to`]).
+    cut: CancellationToken,
     /// Cancelled once every one of them was answered or cut (never written after that).
     done: CancellationToken,
 }
@@ -342,13 +344,18 @@ impl RedlockBackend {
             .collect()
     }
 
-    /// Waits until the requests that may still set `token`'s expiry on some node (the
-    /// late grants of its acquisition, the stragglers of its last extend) were answered
-    /// or cut, so that none of them can be written after a request sent from now on.
-    /// Bounded by the per-node timeout of the call that left them.
+    /// Cuts the requests that may still set `token`'s expiry on some node (the late
+    /// grants of its acquisition, the stragglers of its last extend) and waits until
+    /// the cut took effect, so that none of them can be written after a request sent
+    /// from now on. One that was already written was written before anything sent from
+    /// now on over the same connection, so the node applies it first; one not written
+    /// yet never will be. So an extend does not wait for a frozen node's straggler.
     async fn settled(&self, token: Token) {
-        let pending = lock(&self.settling).get(&token).map(|s| s.done.clone());
-        if let Some(done) = pending {
+        let pending = lock(&self.settling)
+            .get(&token)
+            .map(|s| (s.cut.clone(), s.done.clone()));
+        if let Some((cut, done)) = pending {
+            cut.cancel();
             done.cancelled().await;
         }
     }
@@ -356,7 +363,8 @@ impl RedlockBackend {
     /// Drives the expiry-setting requests of `token` still in flight after their call
     /// returned, in a task of its own, handing each answer to `then`; at `deadline` the
     /// unanswered ones are cut (`cut`: see [`send_to`](Self::send_to)) and answer a
-    /// timeout. Until all have answered, [`settled`](Self::settled) waits for them.
+    /// timeout; the next extend of the lock cuts them at once and waits for that
+    /// ([`settled`](Self::settled)).
     ///
     /// Why: a request may be written long after its call returned — `reconnecting`
     /// sends it again after a dropped connection, `LuaScript::invoke` sends `EVAL` after
@@ -364,8 +372,8 @@ impl RedlockBackend {
     /// later extend of the same lock had been applied on that node, the node would end up
     /// with the older (possibly shorter) ttl while the lease books the newer one: the
     /// lease could outlive a quorum of its keys. The lease's operation lock cannot cover
-    /// them (the call returned and released it), so the next extend of the lock waits
-    /// here before sending: the lock's expiry-setting requests stay one at a time, as
+    /// them (the call returned and released it), so the next extend of the lock cuts
+    /// them before sending: the lock's expiry-setting requests stay one at a time, as
     /// the `lease` module requires. Renewals need not wait: they carry the lease's
     /// current ttl, the one of its last extend (or of the acquisition when none), so one
     /// of these requests landing after a renewal sets an expiry at least as late as the
@@ -391,6 +399,7 @@ impl RedlockBackend {
             token,
             Settling {
                 id,
+                cut: cut.clone(),
                 done: done.clone(),
             },
         );
@@ -612,7 +621,7 @@ impl RedlockBackend {
     /// "Fencing tokens").
     ///
     /// The late grants are expiry-setting requests: they are cut at the acquisition's
-    /// per-node deadline (`cut`), and an extend of the lock waits for them first (see
+    /// per-node deadline (`cut`), and the next extend of the lock cuts them first (see
     /// [`settle`](Self::settle)), so that a grant re-sent late (its `PEXPIRE ttl` branch)
     /// cannot land after an extend the node already applied. A request cut unanswered is
     /// undone if the lock was released meanwhile, like one that failed.
@@ -788,8 +797,8 @@ impl RedlockBackend {
 
     /// Extends on every node; true when a quorum still had our token. Returns once a
     /// quorum decided; the other nodes' requests finish in the background until the
-    /// per-node timeout, and the next extend of the lock waits for them (and for the late
-    /// grants of its acquisition) before sending: see [`settle`](Self::settle).
+    /// per-node timeout, and the next extend of the lock cuts them (and the late grants
+    /// of its acquisition) before sending: see [`settle`](Self::settle).
     pub(crate) async fn extend(
         &self,
         key: &LockKey,

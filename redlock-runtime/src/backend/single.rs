@@ -302,45 +302,47 @@ pub(crate) fn parse_eviction_policy(info: &str) -> Result<String, LockError> {
         })
 }
 
-/// `{1, fence}` (the fence a decimal string) or `{0, pttl, holder}` from `acquire.lua`.
+/// The fence of a grant, or `{pttl, holder}` when held, from `acquire.lua`.
 ///
 /// A grant whose fence is not a positive integer that fits a `u64` is an error, never
 /// token 0: the caller gives the lock back (the manager's pending-attempt release). A
 /// holder that is not 16 hex digits is simply not named.
 pub(crate) fn decode_acquire(reply: Value, replicas: Option<u32>) -> Result<Attempt, LockError> {
-    let items: Vec<Value> =
-        redis::from_redis_value(reply).map_err(|e| LockError::backend("acquire")(e.into()))?;
-    let mut items = items.into_iter();
-    let (Some(status), Some(n)) = (items.next(), items.next()) else {
-        return Err(bad_reply("fewer than two elements".to_owned()));
-    };
-    let status: i64 =
-        redis::from_redis_value(status).map_err(|e| LockError::backend("acquire")(e.into()))?;
-    match status {
-        1 => Ok(Attempt::Acquired {
-            fence: parse_fence(&n)?,
-            replicas,
-        }),
-        0 => {
-            let pttl: i64 =
-                redis::from_redis_value(n).map_err(|e| LockError::backend("acquire")(e.into()))?;
-            let holder = items
-                .next()
-                .and_then(|h| redis::from_redis_value::<String>(h).ok())
-                .filter(|h| h.len() == 16)
-                .and_then(|h| u64::from_str_radix(&h, 16).ok());
-            Ok(Attempt::Held {
-                remaining: u64::try_from(pttl).ok().map(Duration::from_millis),
-                holder,
+    let items = match reply {
+        Value::Array(items) => items,
+        fence => {
+            return Ok(Attempt::Acquired {
+                fence: parse_fence(&fence)?,
+                replicas,
             })
         }
-        other => Err(bad_reply(format!("status {other}"))),
-    }
+    };
+    let mut items = items.into_iter();
+    let Some(pttl) = items.next() else {
+        return Err(bad_reply("an empty array".to_owned()));
+    };
+    let pttl: i64 =
+        redis::from_redis_value(pttl).map_err(|e| LockError::backend("acquire")(e.into()))?;
+    let holder = items
+        .next()
+        .and_then(|h| redis::from_redis_value::<String>(h).ok())
+        .filter(|h| h.len() == 16)
+        .and_then(|h| u64::from_str_radix(&h, 16).ok());
+    Ok(Attempt::Held {
+        remaining: u64::try_from(pttl).ok().map(Duration::from_millis),
+        holder,
+    })
 }
 
-/// The fencing token in a grant: the counter's decimal digits, exactly.
+/// The fencing token in a grant: an integer, or the counter's decimal digits, exactly.
 fn parse_fence(value: &Value) -> Result<u64, LockError> {
     let digits = match value {
+        Value::Int(n) => {
+            return u64::try_from(*n)
+                .ok()
+                .filter(|&fence| fence >= 1)
+                .ok_or_else(|| bad_reply(format!("fencing token {n} is not positive")))
+        }
         Value::BulkString(bytes) => bytes.as_slice(),
         Value::SimpleString(s) => s.as_bytes(),
         other => return Err(bad_reply(format!("fencing token {other:?}"))),
@@ -458,6 +460,39 @@ mod tests {
             backend.wait_pool.take().is_none(),
             "a connection with a pipeline in flight went back to the pool"
         );
+    }
+
+    #[test]
+    fn acquire_replies_decode_to_exact_fences_or_the_holder() {
+        let fence = |reply| match decode_acquire(reply, None) {
+            Ok(Attempt::Acquired { fence, .. }) => Ok(fence),
+            Ok(other) => panic!("not a grant: {other:?}"),
+            Err(e) => Err(e.to_string()),
+        };
+        // Below 2^53 the script sends an integer; above, the counter's digits.
+        assert_eq!(fence(Value::Int(7)), Ok(7));
+        let max = Value::BulkString(u64::MAX.to_string().into_bytes());
+        assert_eq!(fence(max), Ok(u64::MAX));
+        for bad in [
+            Value::Int(0),
+            Value::Int(-3),
+            Value::BulkString(b"18446744073709551616".to_vec()),
+            Value::BulkString(b"12a".to_vec()),
+            Value::Nil,
+        ] {
+            assert!(fence(bad.clone()).is_err(), "{bad:?} was taken for a fence");
+        }
+        let held = Value::Array(vec![
+            Value::Int(1500),
+            Value::BulkString(b"00000000000000ff".to_vec()),
+        ]);
+        match decode_acquire(held, None).unwrap() {
+            Attempt::Held { remaining, holder } => {
+                assert_eq!(remaining, Some(Duration::from_millis(1500)));
+                assert_eq!(holder, Some(255));
+            }
+            other => panic!("not held: {other:?}"),
+        }
     }
 
     fn reply(flags: &[i64]) -> Value {

@@ -2,19 +2,22 @@
 -- KEYS[1] lock key, KEYS[2] fencing counter of the key's hash slot (shared by every key
 -- of the slot, never expires)
 -- ARGV[1] owner token, ARGV[2] ttl in milliseconds
--- Returns {1, fence} when acquired, the fence being the counter as a decimal string:
--- never a Lua number, whose double is inexact above 2^53. A retried call that finds its
--- own token is granted too, its expiry reset to the ttl as a fresh grant would be.
--- Returns {0, pttl, holder} when someone else holds the lock (pttl -1: held without
+-- Returns the fencing token when acquired: an integer while a Lua number holds the
+-- counter exactly (below 2^53), else the counter read back as its decimal digits (a
+-- Lua number's double is inexact above 2^53). A retried call that finds its own token
+-- is granted too, its expiry reset to the ttl as a fresh grant would be.
+-- Returns {pttl, holder} when someone else holds the lock (pttl -1: held without
 -- expiry); holder is 16 hex digits of the SHA1 of the holder's value, the same on every
 -- node one holder holds (Redlock tells a majority holder from a split vote by it), and
 -- nothing anyone could use to release or extend that lock.
 -- Fails, the lock given back, when the counter does not yield a positive integer
 -- (not an integer, zero or negative, or INCR overflowing at 2^63 - 1).
-local function issued()
+
+-- The counter's decimal digits, or the lock given back and an error.
+local function read_back()
   local fence = redis.pcall('GET', KEYS[2])
   if type(fence) == 'string' and string.match(fence, '^[1-9][0-9]*$') then
-    return {1, fence}
+    return fence
   end
   redis.call('DEL', KEYS[1])
   if type(fence) == 'table' and fence.err then
@@ -23,20 +26,23 @@ local function issued()
   return redis.error_reply('ERR fencing counter ' .. KEYS[2] .. ' holds no positive integer')
 end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  local incr = redis.pcall('INCR', KEYS[2])
-  if type(incr) == 'table' and incr.err then
+  local n = redis.pcall('INCR', KEYS[2])
+  if type(n) == 'table' then
     redis.call('DEL', KEYS[1])
-    return redis.error_reply('ERR fencing counter ' .. KEYS[2] .. ': ' .. incr.err)
+    return redis.error_reply('ERR fencing counter ' .. KEYS[2] .. ': ' .. n.err)
   end
-  return issued()
+  if n >= 1 and n < 9007199254740992 then
+    return n
+  end
+  return read_back()
 end
 local held = redis.call('GET', KEYS[1])
 if held == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return issued()
+  return read_back()
 end
 local holder = ''
 if held then
   holder = string.sub(redis.sha1hex(held), 1, 16)
 end
-return {0, redis.call('PTTL', KEYS[1]), holder}
+return {redis.call('PTTL', KEYS[1]), holder}
