@@ -160,8 +160,11 @@ async fn redlock_failed_attempt_leaves_nothing_on_a_node_whose_reply_was_lost() 
     for n in 0..3 {
         p.push(ChaosProxy::start(set.node(n).addr()).await.unwrap());
     }
+    // A per-node timeout long enough that node 1's failure decides the attempt (rather
+    // than leaving node 1 in flight, undone once it answers).
     let locks = LockManager::builder()
         .redlock(p.iter().map(|p| p.url()))
+        .redlock_node_timeout(Duration::from_secs(2))
         .build()
         .await
         .unwrap();
@@ -173,11 +176,14 @@ async fn redlock_failed_attempt_leaves_nothing_on_a_node_whose_reply_was_lost() 
     let reset = async {
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(exists(set.node(1), &full), "node 1 applied the grant");
-        // Held reply discarded; the retry after the reset is refused.
-        p[1].set(Fault::Refuse);
+        // Connections reset, the held reply discarded (replies stay held: not flushed
+        // before the reset), and the retry after the reset refused.
+        p[1].set_direction(Direction::ToServer, Fault::Refuse);
     };
+    let started = Instant::now();
     let (attempt, ()) = tokio::join!(locks.try_lock(&key), reset);
-    let err = attempt.unwrap_err();
+    let decided = started.elapsed();
+    let err = attempt.map(|g| g.is_some()).unwrap_err();
     assert!(
         matches!(err, LockError::QuorumUnavailable { .. }),
         "{err}"
@@ -200,5 +206,8 @@ async fn redlock_failed_attempt_leaves_nothing_on_a_node_whose_reply_was_lost() 
         exists(set.node(0), &full),
         exists(set.node(1), &full)
     );
-    println!("lost-reply grant undone within {:?}", start.elapsed());
+    println!(
+        "attempt failed after {decided:?}; lost-reply grant undone within {:?}",
+        start.elapsed()
+    );
 }

@@ -99,6 +99,7 @@ use super::single::SingleBackend;
 use super::{jitter, Attempt, Renewal, Renewed, ReplicaWait, Timeouts};
 use crate::key::LockKey;
 use crate::lease::drift;
+use crate::notify::Hearing;
 use crate::scripts::{FENCE_FLOOR, RELEASE};
 use crate::token::Token;
 use crate::waiters::Waiters;
@@ -107,12 +108,20 @@ use crate::LockError;
 /// The default bound on each node's reply.
 pub(crate) const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(200);
 /// Pauses before each request of a background undo: the first at once, then retries
-/// while the node does not confirm (a release retries from the second).
-const UNDO_PAUSES: [Duration; 4] = [
+/// while the node does not confirm (a release retries from the second). About 6 s in
+/// all, as long as the manager's background release of a failed attempt used to try.
+const UNDO_PAUSES: [Duration; 5] = [
     Duration::ZERO,
     Duration::from_millis(200),
     Duration::from_millis(800),
     Duration::from_secs(2),
+    Duration::from_secs(3),
+];
+/// Pauses before asking a node again for a channel whose `SUBSCRIBE` failed there.
+const RESUBSCRIBE_PAUSES: [Duration; 3] = [
+    Duration::from_secs(1),
+    Duration::from_secs(2),
+    Duration::from_secs(4),
 ];
 /// The time a renewal request may take per lock, on top of the per-node timeout.
 const RENEW_PER_LOCK: Duration = Duration::from_micros(10);
@@ -182,7 +191,8 @@ struct Tally {
     granted: Vec<(usize, u64)>,
     /// Remaining ttl and holder of every node held by someone else.
     held: Vec<(Option<Duration>, Option<u64>)>,
-    failed: usize,
+    /// Every node whose request failed (it may have been applied, its reply lost).
+    failed: Vec<usize>,
     last_error: Option<LockError>,
 }
 
@@ -192,7 +202,7 @@ impl Tally {
             Ok(Attempt::Acquired { fence, .. }) => self.granted.push((i, fence)),
             Ok(Attempt::Held { remaining, holder }) => self.held.push((remaining, holder)),
             Err(e) => {
-                self.failed += 1;
+                self.failed.push(i);
                 self.last_error = Some(e);
             }
         }
@@ -211,10 +221,11 @@ impl Tally {
     /// the per-node timeout): otherwise a waiter behind a majority holder whose keys are
     /// on the slower nodes would re-poll every few milliseconds for as long as it holds.
     fn decided(&self, nodes: usize, quorum: usize) -> bool {
-        let pending = nodes - self.answered() - self.failed;
+        let failed = self.failed.len();
+        let pending = nodes - self.answered() - failed;
         self.granted.len() >= quorum
             || (self.granted.len() + pending < quorum
-                && (self.answered() >= quorum || self.failed > nodes - quorum)
+                && (self.answered() >= quorum || failed > nodes - quorum)
                 && !self.holder_unclear(pending, quorum))
     }
 
@@ -254,8 +265,13 @@ impl RedlockBackend {
         )
         .await;
         let nodes = connected.into_iter().collect::<Result<Vec<_>, _>>()?;
+        let quorum = nodes.len() / 2 + 1;
+        Hearing::join(
+            nodes.iter().map(SingleBackend::subscriber),
+            hearing(nodes.len(), quorum),
+        );
         Ok(Self {
-            quorum: nodes.len() / 2 + 1,
+            quorum,
             nodes: nodes.into(),
             node_timeout,
             landing: Arc::default(),
@@ -589,8 +605,12 @@ impl RedlockBackend {
         }
         // Lost: undo what was won, in the background, and retry (the manager) without
         // waiting for it: the error or the retry is not delayed by another round trip.
-        let won = tally.granted.iter().map(|&(i, _)| i).collect();
-        self.undo_in_background(&shared_key, token, won, in_flight);
+        // A node whose request failed is undone too (its reply may have been lost after
+        // it was applied): the manager leaves a failed attempt to this undo, silent
+        // (see `Backend::undoes_failed_attempts`).
+        let undone = tally.granted.iter().map(|&(i, _)| i);
+        let undone = undone.chain(tally.failed.iter().copied()).collect();
+        self.undo_in_background(&shared_key, token, undone, in_flight);
         if tally.answered() < quorum {
             return Err(self.unavailable(key, tally.answered(), tally.last_error.as_ref()));
         }
@@ -653,7 +673,8 @@ impl RedlockBackend {
         });
     }
 
-    /// Undoes a lost attempt in a task of its own: at once on the nodes in `won`, and on
+    /// Undoes a lost attempt in a task of its own: at once on the nodes in `won` (those
+    /// that granted, and those whose request failed), and on
     /// every node still in flight once it answers, unless it answered "held" (a grant
     /// landing late, or a request whose reply never came and that may have been applied:
     /// the undo follows it on the same connection, so it is applied after it).
@@ -959,18 +980,23 @@ impl RedlockBackend {
         Ok(answers.iter().any(|a| matches!(a, Ok(true))))
     }
 
-    /// Subscribes on every node; enough when any node confirms (a release publishes on
-    /// every node it reaches, and the fallback timer covers the rest). The interest is
-    /// counted on every node before anything is awaited, so the matching
-    /// [`unsubscribe`](Self::unsubscribe) drops it wherever it was counted. Returns at
-    /// the first confirmation (at once when a node had confirmed the channel already);
-    /// the other subscriptions finish in the background.
+    /// Subscribes on every node whose server has not confirmed the channel; succeeds
+    /// once it is [`listening`](Self::listening) (enough nodes confirmed it to hear every
+    /// successful release), at once if it was already. The interest is counted on every
+    /// node before anything is awaited, so the matching
+    /// [`unsubscribe`](Self::unsubscribe) drops it wherever it was counted.
+    ///
+    /// The other nodes' subscriptions finish in the background. When the call succeeds,
+    /// a node whose `SUBSCRIBE` failed is asked again a few times in the background
+    /// ([`resubscribe`]): the channel is heard without it, but only just (one more node
+    /// lost and a release could go unheard). When the call fails, the waiter polls and
+    /// calls again after a while (the manager's wait loop), which asks every node that
+    /// is still missing.
     pub(crate) async fn subscribe(&self, key: &str, register: bool) -> Result<(), LockError> {
         let needed: Vec<usize> = (0..self.nodes.len())
             .filter(|&i| self.nodes[i].subscriber().register(key, register))
             .collect();
         let channel: Arc<str> = Arc::from(key);
-        let already = needed.len() < self.nodes.len();
         let mut in_flight = self.send_to(needed, None, |nodes, i| {
             let channel = channel.clone();
             async move {
@@ -980,24 +1006,58 @@ impl RedlockBackend {
                 }
             }
         });
-        let mut outcome = already.then_some(Ok(()));
-        if !already {
-            gather(&mut in_flight, self.node_timeout, |(_, answer)| {
-                let confirmed = answer.is_ok();
-                if outcome.as_ref().is_none_or(Result::is_err) {
-                    outcome = Some(answer);
+        let mut failed = Vec::new();
+        let mut last_error = None;
+        if !self.listening(key) {
+            gather(&mut in_flight, self.node_timeout, |(i, answer)| {
+                if let Err(e) = answer {
+                    failed.push(i);
+                    last_error = Some(e);
                 }
-                confirmed
+                self.listening(key)
             })
             .await;
         }
-        finish(in_flight, |_| async {});
-        outcome.unwrap_or_else(|| Err(LockError::timed_out("subscribe", self.node_timeout)))
+        if !self.listening(key) {
+            finish(in_flight, |_| async {});
+            return Err(last_error
+                .unwrap_or_else(|| LockError::timed_out("subscribe", self.node_timeout)));
+        }
+        if !failed.is_empty() || !in_flight.is_empty() {
+            let nodes = self.nodes.clone();
+            let again = failed
+                .into_iter()
+                .map(|i| resubscribe(nodes.clone(), i, channel.clone()))
+                .collect::<Vec<_>>();
+            let stragglers = in_flight.for_each_concurrent(None, move |(i, answer)| {
+                let again = answer
+                    .is_err()
+                    .then(|| resubscribe(nodes.clone(), i, channel.clone()));
+                async move {
+                    if let Some(again) = again {
+                        again.await;
+                    }
+                }
+            });
+            // Bounded: each request by the connection's response timeout, each
+            // `resubscribe` by its pauses.
+            tokio::spawn(futures_util::future::join(join_all(again), stragglers));
+        }
+        Ok(())
     }
 
-    /// Whether any node's subscriber listens on `key`'s channel.
+    /// Whether a release of `key` would be heard now: at least N − quorum + 1 nodes
+    /// confirmed its channel (and kept their connection since). A release publishes on
+    /// every node it reaches, and a successful one reaches a quorum, which meets every
+    /// such set of nodes; with fewer, a release can reach a quorum made only of the
+    /// nodes that do not listen (the waiter polls then).
     pub(crate) fn listening(&self, key: &str) -> bool {
-        self.nodes.iter().any(|n| n.subscriber().listening(key))
+        let listeners = self
+            .nodes
+            .iter()
+            .filter(|n| n.subscriber().listening(key))
+            .count();
+        listeners >= hearing(self.nodes.len(), self.quorum)
     }
 
     /// Drops one interest in `key` on every node, at once; the `UNSUBSCRIBE`s go out in
@@ -1052,6 +1112,36 @@ where
     if !in_flight.is_empty() {
         tokio::spawn(in_flight.for_each_concurrent(None, then));
     }
+}
+
+/// The number of nodes that must listen on a channel for every successful release to be
+/// heard: N − quorum + 1 (2 of 3, 3 of 5), since a successful release publishes on at
+/// least a quorum of nodes.
+fn hearing(nodes: usize, quorum: usize) -> usize {
+    (nodes + 1).saturating_sub(quorum).max(1)
+}
+
+/// Asks node `i` again for `channel`, whose `SUBSCRIBE` failed there, after each pause
+/// of [`RESUBSCRIBE_PAUSES`], until its server confirms it or nobody wants it any more
+/// (`send_subscribe` sends nothing then).
+async fn resubscribe(nodes: Arc<[SingleBackend]>, i: usize, channel: Arc<str>) {
+    let Some(node) = nodes.get(i) else {
+        return;
+    };
+    for pause in RESUBSCRIBE_PAUSES {
+        tokio::time::sleep(pause).await;
+        if node.subscriber().listening(&channel) {
+            return;
+        }
+        if node.subscriber().send_subscribe(&channel).await.is_ok() {
+            return;
+        }
+    }
+    tracing::debug!(
+        channel = &*channel,
+        node = node.addr(),
+        "redlock: a node does not confirm a subscription; heard without it"
+    );
 }
 
 /// Compare-token delete on one node, publishing with `publish` (`""`: no wake-up), as
