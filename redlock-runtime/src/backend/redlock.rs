@@ -191,6 +191,8 @@ struct Tally {
     granted: Vec<(usize, u64)>,
     /// Remaining ttl and holder of every node held by someone else.
     held: Vec<(Option<Duration>, Option<u64>)>,
+    /// Every node that answered "held".
+    held_by: Vec<usize>,
     /// Every node whose request failed (it may have been applied, its reply lost).
     failed: Vec<usize>,
     last_error: Option<LockError>,
@@ -200,12 +202,22 @@ impl Tally {
     fn add(&mut self, (i, answer): Answer<Attempt>) {
         match answer {
             Ok(Attempt::Acquired { fence, .. }) => self.granted.push((i, fence)),
-            Ok(Attempt::Held { remaining, holder }) => self.held.push((remaining, holder)),
+            Ok(Attempt::Held { remaining, holder }) => {
+                self.held.push((remaining, holder));
+                self.held_by.push(i);
+            }
             Err(e) => {
                 self.failed.push(i);
                 self.last_error = Some(e);
             }
         }
+    }
+
+    /// Whether node `i` answered, or its request failed.
+    fn answered_by(&self, i: usize) -> bool {
+        self.granted.iter().any(|&(g, _)| g == i)
+            || self.held_by.contains(&i)
+            || self.failed.contains(&i)
     }
 
     fn answered(&self) -> usize {
@@ -610,7 +622,8 @@ impl RedlockBackend {
         // (see `Backend::undoes_failed_attempts`).
         let undone = tally.granted.iter().map(|&(i, _)| i);
         let undone = undone.chain(tally.failed.iter().copied()).collect();
-        self.undo_in_background(&shared_key, token, undone, in_flight);
+        let pending = (0..nodes).filter(|i| !tally.answered_by(*i)).collect();
+        self.undo_in_background(&shared_key, token, undone, pending, in_flight);
         if tally.answered() < quorum {
             return Err(self.unavailable(key, tally.answered(), tally.last_error.as_ref()));
         }
@@ -678,21 +691,41 @@ impl RedlockBackend {
     /// every node still in flight once it answers, unless it answered "held" (a grant
     /// landing late, or a request whose reply never came and that may have been applied:
     /// the undo follows it on the same connection, so it is applied after it).
+    ///
+    /// A node still in flight also gets one undo at once (`pending`), queued behind the
+    /// attempt's request on the node's connection: the next attempts of this manager
+    /// are queued behind it, so they do not find this attempt's late grants (a quorum of
+    /// them, when a majority was frozen or slow, would look like a holder of the whole
+    /// ttl, and the undo wakes nobody). The undo after the answer still covers a request
+    /// written later than that (re-sent after a reconnect, or `EVAL` after `NOSCRIPT`).
     fn undo_in_background(
         &self,
         key: &Arc<LockKey>,
         token: Token,
         won: Vec<usize>,
+        pending: Vec<usize>,
         in_flight: InFlight<Attempt>,
     ) {
         if won.is_empty() && in_flight.is_empty() {
             return;
         }
         let (nodes, key) = (self.nodes.clone(), key.clone());
+        let ahead = pending.into_iter().filter_map(|i| {
+            let (nodes, key) = (nodes.clone(), key.clone());
+            nodes.get(i)?;
+            Some(async move {
+                if let Some(node) = nodes.get(i) {
+                    release_until_confirmed(node, &key, token, NO_PUBLISH, &[Duration::ZERO])
+                        .await;
+                }
+            })
+        });
+        let ahead = join_all(ahead.collect::<Vec<_>>());
         let at_once = join_all(
             won.into_iter()
                 .map(|i| undo(nodes.clone(), key.clone(), token, i)),
         );
+        let at_once = futures_util::future::join(ahead, at_once);
         let stragglers = in_flight.for_each_concurrent(None, move |(i, answer)| {
             let held = matches!(answer, Ok(Attempt::Held { .. }));
             let undo = (!held).then(|| undo(nodes.clone(), key.clone(), token, i));
