@@ -95,7 +95,10 @@ async fn redlock_late_node_confirmation_costs_the_waiter_no_extra_attempt() {
     guard.release().await.unwrap();
     let got = wait.await.unwrap();
     p[2].heal();
-    assert!(got.is_ok(), "the waiter acquires after the release: {got:?}");
+    assert!(
+        got.is_ok(),
+        "the waiter acquires after the release: {got:?}"
+    );
     got.unwrap().release().await.unwrap();
     println!("late node confirmation: {attempts} attempts while waiting");
     assert_eq!(
@@ -129,10 +132,7 @@ async fn redlock_failed_attempt_is_undone_once_without_a_wake_up() {
     p[2].set(Fault::Refuse);
     set.node(0).cmd_sync(&["CONFIG", "RESETSTAT"]).unwrap();
     let err = locks.try_lock(&key).await.unwrap_err();
-    assert!(
-        matches!(err, LockError::QuorumUnavailable { .. }),
-        "{err}"
-    );
+    assert!(matches!(err, LockError::QuorumUnavailable { .. }), "{err}");
     // Past every retry of a background release (0.2 + 0.8 + 2 s, plus its rounds).
     tokio::time::sleep(Duration::from_millis(4000)).await;
     // The release script goes as `EVAL`, the acquire script as `EVALSHA`.
@@ -184,10 +184,7 @@ async fn redlock_failed_attempt_leaves_nothing_on_a_node_whose_reply_was_lost() 
     let (attempt, ()) = tokio::join!(locks.try_lock(&key), reset);
     let decided = started.elapsed();
     let err = attempt.map(|g| g.is_some()).unwrap_err();
-    assert!(
-        matches!(err, LockError::QuorumUnavailable { .. }),
-        "{err}"
-    );
+    assert!(matches!(err, LockError::QuorumUnavailable { .. }), "{err}");
     tokio::time::sleep(Duration::from_millis(100)).await;
     p[1].heal();
     let start = Instant::now();

@@ -595,10 +595,7 @@ impl LockManager {
             token,
             armed: true,
         };
-        let attempt = shared
-            .backend
-            .acquire(key, token, opts.ttl, replicas)
-            .await;
+        let attempt = shared.backend.acquire(key, token, opts.ttl, replicas).await;
         // A backend that undoes its own failed attempts does so without waking anyone
         // (the waiters include this caller); a release from here would do it again,
         // with a wake-up.

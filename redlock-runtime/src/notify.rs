@@ -5,6 +5,9 @@
 //! to [`push_handler`], which wakes the local head waiting for that key on the spot (no
 //! dispatcher task of our own, so a hand-off waits for one task hop fewer).
 //!
+//! Redlock's nodes' subscribers hear together ([`Hearing`]): a channel is heard while
+//! enough of them listen on it, and a head is woken only when a push changes that.
+//!
 //! A `Disconnection` push means messages may have been lost and the subscriptions are
 //! gone until the connection manager has restored them: every channel is marked *lost*
 //! (so its head polls instead of sleeping until its fallback timer) and every head is

@@ -19,13 +19,17 @@
 //!   landing after that are kept as part of the lock (renewals and release go to every
 //!   node), unless the lock was released before they landed: then they are undone.
 //!   A lost attempt returns as soon as a quorum is impossible (and the answers tell a
-//!   holder of a quorum from a split vote, see `Tally::decided`): what it won, and every
+//!   holder of a quorum from a split vote, see `Tally::decided`): what it won, every
+//!   node whose request failed (it may have been applied, its reply lost), and every
 //!   node that answers later with a grant or not at all, is undone in the background
-//!   (compare-token, without a wake-up: it would wake this caller itself). It is
+//!   (compare-token, without a wake-up: it would wake this caller itself). A node still
+//!   in flight also gets one undo at once, queued behind the request, so this manager's
+//!   next attempt never finds the attempt's late grants. It is
 //!   reported as [`Attempt::Held`] — retried by the manager after a random jitter when no
 //!   single holder has a quorum (a split vote), else after the holder's remaining ttl or
 //!   at once on its release notification — or as [`LockError::QuorumUnavailable`] when
-//!   fewer than a quorum of nodes answered.
+//!   fewer than a quorum of nodes answered. Either way the undo is this one: the manager
+//!   does not release a failed attempt again (it does for one whose future it dropped).
 //! - **Release and extend** go to every node; they succeed when a quorum confirms, report
 //!   the lock lost when so many nodes deny it that no quorum can, and fail with
 //!   `QuorumUnavailable` when too few answered to tell. A release unconfirmed by a node
@@ -33,8 +37,17 @@
 //! - **Renewal** (the watchdog) extends each lock on every node, one pipelined request
 //!   per node and ttl group, each bounded by its group's shortest ttl and its size (see
 //!   [`RedlockBackend::renew`]); a lock is lost once a majority no longer confirms it.
-//! - **Wake-ups**: waiters subscribe on every node, and any node's message wakes them
-//!   (a release publishes on every node it reaches).
+//! - **Wake-ups**: a release publishes on every node it reaches, and any node's message
+//!   wakes the waiter. A successful release reaches a quorum, which meets every set of
+//!   N − quorum + 1 nodes (2 of 3, 3 of 5): a waiter counts as *listening* (it sleeps
+//!   until the holder's ttl, trusting the notification) only while that many nodes
+//!   confirmed its channel; below that it polls and subscribes again every second (the
+//!   manager's wait loop). Waiters subscribe on every node; a node whose `SUBSCRIBE`
+//!   fails while the channel is heard anyway is asked again a few times in the
+//!   background, to keep the margin. A head is woken when its channel becomes heard
+//!   (a release may have gone unheard before) or unheard (it must poll), not when one
+//!   more node confirms a channel already heard, nor when a node drops one that stays
+//!   heard (see `notify::Hearing`).
 //!
 //! # Fencing tokens
 //! Each node keeps its own fencing counters, one per hash slot, shared by every key of
@@ -710,17 +723,14 @@ impl RedlockBackend {
             return;
         }
         let (nodes, key) = (self.nodes.clone(), key.clone());
-        let ahead = pending.into_iter().filter_map(|i| {
+        let ahead = join_all(pending.into_iter().map(|i| {
             let (nodes, key) = (nodes.clone(), key.clone());
-            nodes.get(i)?;
-            Some(async move {
+            async move {
                 if let Some(node) = nodes.get(i) {
-                    release_until_confirmed(node, &key, token, NO_PUBLISH, &[Duration::ZERO])
-                        .await;
+                    release_until_confirmed(node, &key, token, NO_PUBLISH, &[Duration::ZERO]).await;
                 }
-            })
-        });
-        let ahead = join_all(ahead.collect::<Vec<_>>());
+            }
+        }));
         let at_once = join_all(
             won.into_iter()
                 .map(|i| undo(nodes.clone(), key.clone(), token, i)),
@@ -1053,8 +1063,9 @@ impl RedlockBackend {
         }
         if !self.listening(key) {
             finish(in_flight, |_| async {});
-            return Err(last_error
-                .unwrap_or_else(|| LockError::timed_out("subscribe", self.node_timeout)));
+            return Err(
+                last_error.unwrap_or_else(|| LockError::timed_out("subscribe", self.node_timeout))
+            );
         }
         if !failed.is_empty() || !in_flight.is_empty() {
             let nodes = self.nodes.clone();
@@ -1315,6 +1326,19 @@ mod tests {
         t.add(held(3));
         t.add(held(4));
         assert!(t.decided(5, 3), "nobody can reach 3 with one pending node");
+    }
+
+    /// Review 2, finding 1: a waiter hears every successful release only when it
+    /// listens on N − quorum + 1 nodes (a quorum meets every such set).
+    #[test]
+    fn a_release_is_heard_on_n_minus_quorum_plus_one_nodes() {
+        for (nodes, needed) in [(1, 1), (2, 1), (3, 2), (4, 2), (5, 3), (7, 4)] {
+            let quorum = nodes / 2 + 1;
+            assert_eq!(hearing(nodes, quorum), needed, "{nodes} nodes");
+            // Any `needed` listeners and any quorum share a node; one fewer may not.
+            assert!(needed + quorum > nodes);
+            assert!(needed - 1 + quorum <= nodes);
+        }
     }
 
     #[test]
