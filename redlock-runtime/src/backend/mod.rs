@@ -414,8 +414,8 @@ impl Backend {
 
     /// Whether a release of `key` would be heard now: the server confirmed its channel
     /// (on enough nodes to hear every successful release, for Redlock) and no
-    /// connection carrying it dropped since. The
-    /// in-memory backend always hears its releases.
+    /// connection carrying it dropped since. The in-memory backend always hears its
+    /// releases.
     pub(crate) fn listening(&self, key: &str) -> bool {
         match self {
             Self::Memory(_) => true,
@@ -427,9 +427,9 @@ impl Backend {
 
     /// Whether a failed [`acquire`](Self::acquire) (an `Err` returned, not a future
     /// dropped) has already arranged the undo of whatever it may have taken on the
-    /// server: Redlock undoes every node that granted or whose request failed, without
-    /// a wake-up (see `RedlockBackend::acquire`). Otherwise the manager releases the
-    /// attempt's token itself.
+    /// server: Redlock undoes every node that granted, whose request failed or is still
+    /// in flight, without a wake-up (see `RedlockBackend::acquire`). Otherwise the
+    /// manager releases the attempt's token itself.
     pub(crate) fn undoes_failed_attempts(&self) -> bool {
         matches!(self, Self::Redlock(_))
     }
