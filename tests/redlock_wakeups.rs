@@ -174,7 +174,13 @@ async fn redlock_failed_attempt_leaves_nothing_on_a_node_whose_reply_was_lost() 
     p[2].set(Fault::Refuse);
     p[1].set_direction(Direction::ToClient, Fault::Blackhole);
     let reset = async {
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        // Within the 2 s per-node timeout.
+        for _ in 0..100 {
+            if exists(set.node(1), &full) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         assert!(exists(set.node(1), &full), "node 1 applied the grant");
         // Connections reset, the held reply discarded (replies stay held: not flushed
         // before the reset), and the retry after the reset refused.
@@ -206,5 +212,83 @@ async fn redlock_failed_attempt_leaves_nothing_on_a_node_whose_reply_was_lost() 
     println!(
         "attempt failed after {decided:?}; lost-reply grant undone within {:?}",
         start.elapsed()
+    );
+}
+
+/// Subscribers on `channel` per node (`PUBSUB NUMSUB`).
+fn numsub(set: &RedisSet, channel: &str) -> Vec<i64> {
+    (0..set.len())
+        .map(
+            |n| match set.node(n).cmd_sync(&["PUBSUB", "NUMSUB", channel]) {
+                Ok(redis::Value::Array(v)) => match v.get(1) {
+                    Some(redis::Value::Int(k)) => *k,
+                    _ => -1,
+                },
+                _ => -1,
+            },
+        )
+        .collect()
+}
+
+/// Review 2, finding 1 (the margin): a waiter listening on exactly N − quorum + 1 nodes
+/// hears every successful release, but only just: one more node lost and a release can
+/// go unheard. Node 2's `SUBSCRIBE` fails (W's path to it refused while W subscribes);
+/// W listens on nodes 0 and 1, which is enough, and sleeps: nothing in the wait loop
+/// asks node 2 again. It is asked again in the background once its path is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_waiter_at_the_threshold_asks_a_missing_node_again() {
+    let set = RedisSet::start(3);
+    let mut w = Vec::new();
+    for n in 0..3 {
+        w.push(ChaosProxy::start(set.node(n).addr()).await.unwrap());
+    }
+    let holder = LockManager::builder()
+        .redlock(set.urls())
+        .build()
+        .await
+        .unwrap();
+    let waiter = LockManager::builder()
+        .redlock(w.iter().map(|p| p.url()))
+        .build()
+        .await
+        .unwrap();
+    let key = unique("margin");
+    let guard = holder
+        .lock_with(&key, LockOptions::new().ttl(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    let channel = guard.key().to_owned();
+    w[2].set(Fault::Refuse);
+    let wait = tokio::spawn({
+        let (waiter, key) = (waiter.clone(), key.clone());
+        async move {
+            let r = waiter
+                .lock_with(&key, LockOptions::new().wait(Duration::from_secs(15)))
+                .await;
+            (Instant::now(), r)
+        }
+    });
+    // Longer than the connection manager's own reconnection attempts.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let before = numsub(&set, &channel);
+    assert_eq!(before, [1, 1, 0], "W listens on nodes 0 and 1");
+    w[2].heal();
+    let healed = Instant::now();
+    let mut after = before;
+    while healed.elapsed() < Duration::from_secs(8) && after != [1, 1, 1] {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        after = numsub(&set, &channel);
+    }
+    let asked = healed.elapsed();
+    let released = Instant::now();
+    guard.release().await.unwrap();
+    let (at, got) = wait.await.unwrap();
+    let took = at.saturating_duration_since(released);
+    println!("missing node: {after:?} {asked:?} after its path healed");
+    assert_eq!(after, [1, 1, 1], "node 2 asked again in the background");
+    assert!(
+        got.is_ok() && took < Duration::from_secs(1),
+        "W got {:?} {took:?} after the release",
+        got.map(drop)
     );
 }

@@ -130,8 +130,11 @@ const UNDO_PAUSES: [Duration; 5] = [
     Duration::from_secs(2),
     Duration::from_secs(3),
 ];
-/// Pauses before asking a node again for a channel whose `SUBSCRIBE` failed there.
-const RESUBSCRIBE_PAUSES: [Duration; 3] = [
+/// Pauses before asking a node again for a channel whose `SUBSCRIBE` failed there (a
+/// request to a connection that gave up reconnecting fails, and starts a reconnection:
+/// the next one may get through).
+const RESUBSCRIBE_PAUSES: [Duration; 4] = [
+    Duration::from_millis(500),
     Duration::from_secs(1),
     Duration::from_secs(2),
     Duration::from_secs(4),
