@@ -62,8 +62,11 @@ async fn redlock_late_node_confirmation_costs_the_waiter_no_extra_attempt() {
         .build()
         .await
         .unwrap();
+    // A per-node timeout that a loaded machine does not miss on the healthy nodes (a
+    // subscription that timed out would make the waiter poll).
     let waiter = LockManager::builder()
         .redlock(p.iter().map(|p| p.url()))
+        .redlock_node_timeout(Duration::from_secs(1))
         .build()
         .await
         .unwrap();
