@@ -595,11 +595,14 @@ impl LockManager {
             token,
             armed: true,
         };
-        let attempt = shared
-            .backend
-            .acquire(key, token, opts.ttl, replicas)
-            .await?;
-        pending.armed = false;
+        let attempt = shared.backend.acquire(key, token, opts.ttl, replicas).await;
+        // A backend that undoes its own failed attempts does so without waking anyone
+        // (the waiters include this caller); a release from here would do it again,
+        // with a wake-up.
+        if attempt.is_ok() || shared.backend.undoes_failed_attempts() {
+            pending.armed = false;
+        }
+        let attempt = attempt?;
         let fence = match attempt {
             Attempt::Held { remaining, .. } => return Ok(Outcome::Held(remaining)),
             Attempt::Acquired {

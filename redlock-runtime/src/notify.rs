@@ -5,6 +5,9 @@
 //! to [`push_handler`], which wakes the local head waiting for that key on the spot (no
 //! dispatcher task of our own, so a hand-off waits for one task hop fewer).
 //!
+//! Redlock's nodes' subscribers hear together ([`Hearing`]): a channel is heard while
+//! enough of them listen on it, and a head is woken only when a push changes that.
+//!
 //! A `Disconnection` push means messages may have been lost and the subscriptions are
 //! gone until the connection manager has restored them: every channel is marked *lost*
 //! (so its head polls instead of sleeping until its fallback timer) and every head is
@@ -16,7 +19,7 @@
 //! so the server sees them in the order they were decided.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex as StdMutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Mutex as StdMutex, MutexGuard, OnceLock, PoisonError, Weak};
 
 use redis::aio::ConnectionManager;
 use redis::{PushInfo, PushKind, Value};
@@ -38,6 +41,52 @@ pub(crate) struct Subscriber {
 #[derive(Debug, Default)]
 pub(crate) struct Channels {
     state: StdMutex<ChannelState>,
+    /// The subscribers that hear a channel together with this one (Redlock's nodes);
+    /// unset: this connection alone.
+    hearing: OnceLock<Arc<Hearing>>,
+}
+
+/// The subscriber connections of several nodes, of which `needed` must listen on a
+/// channel for its releases to be heard (Redlock: a release publishes on every node it
+/// reaches, and a successful one reaches a quorum, so it reaches one of any N − quorum
+/// + 1 nodes). The push handlers wake a head only when its channel crosses that line.
+#[derive(Debug)]
+pub(crate) struct Hearing {
+    members: Vec<Weak<Channels>>,
+    needed: usize,
+    /// Serialises the push handlers' decisions (each counts every member's listeners).
+    decide: StdMutex<()>,
+}
+
+impl Hearing {
+    /// Makes `subscribers` hear together, `needed` of them listening being enough.
+    pub(crate) fn join<'a>(subscribers: impl IntoIterator<Item = &'a Subscriber>, needed: usize) {
+        let subscribers: Vec<&Subscriber> = subscribers.into_iter().collect();
+        let hearing = Arc::new(Hearing {
+            members: subscribers
+                .iter()
+                .map(|s| Arc::downgrade(&s.channels))
+                .collect(),
+            needed,
+            decide: StdMutex::default(),
+        });
+        for s in subscribers {
+            let _ = s.channels.hearing.set(hearing.clone());
+        }
+    }
+
+    /// The members whose server confirmed `channel` on their current connection.
+    pub(crate) fn listeners(&self, channel: &str) -> usize {
+        self.members
+            .iter()
+            .filter_map(Weak::upgrade)
+            .filter(|c| c.listening(channel))
+            .count()
+    }
+
+    fn decide(&self) -> MutexGuard<'_, ()> {
+        self.decide.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 #[derive(Debug, Default)]
@@ -234,15 +283,31 @@ pub(crate) fn push_handler(
 ) -> impl Fn(PushInfo) -> Result<(), ManagerGone> + Send + Sync + 'static {
     move |push| {
         let waiters = waiters.upgrade().ok_or(ManagerGone)?;
+        let hearing = channels.hearing.get();
         match push.kind {
             PushKind::Disconnection => {
                 tracing::debug!("subscriber reconnecting: polling until resubscribed");
-                {
+                let _decide = hearing.map(|h| h.decide());
+                let lost: Vec<String> = {
                     let mut state = channels.state();
                     state.epoch += 1;
+                    let confirmed = state.interest.iter().filter(|(_, i)| i.is_confirmed());
+                    let lost = match hearing {
+                        Some(_) => confirmed.map(|(c, _)| c.clone()).collect(),
+                        None => Vec::new(),
+                    };
                     state.interest.values_mut().for_each(Interest::lose);
+                    lost
+                };
+                match hearing {
+                    None => waiters.wake_all(),
+                    // Only the heads whose channel this leaves unheard: the others still
+                    // hear every release (on the members that listen).
+                    Some(h) => lost
+                        .iter()
+                        .filter(|c| h.listeners(c) + 1 == h.needed)
+                        .for_each(|c| waiters.wake(c)),
                 }
-                waiters.wake_all();
             }
             PushKind::Message | PushKind::SMessage => {
                 if let Some(msg) = redis::Msg::from_push_info(push) {
@@ -253,12 +318,15 @@ pub(crate) fn push_handler(
                 let Some(channel) = channel_of(&push) else {
                     return Ok(());
                 };
+                let _decide = hearing.map(|h| h.decide());
                 let unheard = channels
                     .state()
                     .interest
                     .get_mut(&channel)
                     .is_some_and(Interest::confirm);
-                if unheard {
+                // With several members, only the confirmation that makes the channel
+                // heard counts: one more listener of a heard channel changes nothing.
+                if unheard && hearing.is_none_or(|h| h.listeners(&channel) == h.needed) {
                     // Resubscribed: a release since the disconnection went unheard. (A
                     // first subscription's head is not waiting yet: it attempts once
                     // its `subscribe` returns, which is after this push.)

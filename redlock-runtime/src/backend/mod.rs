@@ -413,8 +413,9 @@ impl Backend {
     }
 
     /// Whether a release of `key` would be heard now: the server confirmed its channel
-    /// (on some node, for Redlock) and no connection carrying it dropped since. The
-    /// in-memory backend always hears its releases.
+    /// (on enough nodes to hear every successful release, for Redlock) and no
+    /// connection carrying it dropped since. The in-memory backend always hears its
+    /// releases.
     pub(crate) fn listening(&self, key: &str) -> bool {
         match self {
             Self::Memory(_) => true,
@@ -422,6 +423,15 @@ impl Backend {
             Self::Cluster(b) => b.subscriber().listening(key),
             Self::Redlock(b) => b.listening(key),
         }
+    }
+
+    /// Whether a failed [`acquire`](Self::acquire) (an `Err` returned, not a future
+    /// dropped) has already arranged the undo of whatever it may have taken on the
+    /// server: Redlock undoes every node that granted, whose request failed or is still
+    /// in flight, without a wake-up (see `RedlockBackend::acquire`). Otherwise the
+    /// manager releases the attempt's token itself.
+    pub(crate) fn undoes_failed_attempts(&self) -> bool {
+        matches!(self, Self::Redlock(_))
     }
 
     /// Whether waiters count interests in wake-up channels (the in-memory backend wakes

@@ -19,13 +19,17 @@
 //!   landing after that are kept as part of the lock (renewals and release go to every
 //!   node), unless the lock was released before they landed: then they are undone.
 //!   A lost attempt returns as soon as a quorum is impossible (and the answers tell a
-//!   holder of a quorum from a split vote, see `Tally::decided`): what it won, and every
+//!   holder of a quorum from a split vote, see `Tally::decided`): what it won, every
+//!   node whose request failed (it may have been applied, its reply lost), and every
 //!   node that answers later with a grant or not at all, is undone in the background
-//!   (compare-token, without a wake-up: it would wake this caller itself). It is
+//!   (compare-token, without a wake-up: it would wake this caller itself). A node still
+//!   in flight also gets one undo at once, queued behind the request, so this manager's
+//!   next attempt never finds the attempt's late grants. It is
 //!   reported as [`Attempt::Held`] — retried by the manager after a random jitter when no
 //!   single holder has a quorum (a split vote), else after the holder's remaining ttl or
 //!   at once on its release notification — or as [`LockError::QuorumUnavailable`] when
-//!   fewer than a quorum of nodes answered.
+//!   fewer than a quorum of nodes answered. Either way the undo is this one: the manager
+//!   does not release a failed attempt again (it does for one whose future it dropped).
 //! - **Release and extend** go to every node; they succeed when a quorum confirms, report
 //!   the lock lost when so many nodes deny it that no quorum can, and fail with
 //!   `QuorumUnavailable` when too few answered to tell. A release unconfirmed by a node
@@ -33,8 +37,17 @@
 //! - **Renewal** (the watchdog) extends each lock on every node, one pipelined request
 //!   per node and ttl group, each bounded by its group's shortest ttl and its size (see
 //!   [`RedlockBackend::renew`]); a lock is lost once a majority no longer confirms it.
-//! - **Wake-ups**: waiters subscribe on every node, and any node's message wakes them
-//!   (a release publishes on every node it reaches).
+//! - **Wake-ups**: a release publishes on every node it reaches, and any node's message
+//!   wakes the waiter. A successful release reaches a quorum, which meets every set of
+//!   N − quorum + 1 nodes (2 of 3, 3 of 5): a waiter counts as *listening* (it sleeps
+//!   until the holder's ttl, trusting the notification) only while that many nodes
+//!   confirmed its channel; below that it polls and subscribes again every second (the
+//!   manager's wait loop). Waiters subscribe on every node; a node whose `SUBSCRIBE`
+//!   fails while the channel is heard anyway is asked again a few times in the
+//!   background, to keep the margin. A head is woken when its channel becomes heard
+//!   (a release may have gone unheard before) or unheard (it must poll), not when one
+//!   more node confirms a channel already heard, nor when a node drops one that stays
+//!   heard (see `notify::Hearing`).
 //!
 //! # Fencing tokens
 //! Each node keeps its own fencing counters, one per hash slot, shared by every key of
@@ -99,6 +112,7 @@ use super::single::SingleBackend;
 use super::{jitter, Attempt, Renewal, Renewed, ReplicaWait, Timeouts};
 use crate::key::LockKey;
 use crate::lease::drift;
+use crate::notify::Hearing;
 use crate::scripts::{FENCE_FLOOR, RELEASE};
 use crate::token::Token;
 use crate::waiters::Waiters;
@@ -107,12 +121,23 @@ use crate::LockError;
 /// The default bound on each node's reply.
 pub(crate) const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(200);
 /// Pauses before each request of a background undo: the first at once, then retries
-/// while the node does not confirm (a release retries from the second).
-const UNDO_PAUSES: [Duration; 4] = [
+/// while the node does not confirm (a release retries from the second). About 6 s in
+/// all, as long as the manager's background release of a failed attempt used to try.
+const UNDO_PAUSES: [Duration; 5] = [
     Duration::ZERO,
     Duration::from_millis(200),
     Duration::from_millis(800),
     Duration::from_secs(2),
+    Duration::from_secs(3),
+];
+/// Pauses before asking a node again for a channel whose `SUBSCRIBE` failed there (a
+/// request to a connection that gave up reconnecting fails, and starts a reconnection:
+/// the next one may get through).
+const RESUBSCRIBE_PAUSES: [Duration; 4] = [
+    Duration::from_millis(500),
+    Duration::from_secs(1),
+    Duration::from_secs(2),
+    Duration::from_secs(4),
 ];
 /// The time a renewal request may take per lock, on top of the per-node timeout.
 const RENEW_PER_LOCK: Duration = Duration::from_micros(10);
@@ -184,7 +209,10 @@ struct Tally {
     granted: Vec<(usize, u64)>,
     /// Remaining ttl and holder of every node held by someone else.
     held: Vec<(Option<Duration>, Option<u64>)>,
-    failed: usize,
+    /// Every node that answered "held".
+    held_by: Vec<usize>,
+    /// Every node whose request failed (it may have been applied, its reply lost).
+    failed: Vec<usize>,
     last_error: Option<LockError>,
 }
 
@@ -192,12 +220,22 @@ impl Tally {
     fn add(&mut self, (i, answer): Answer<Attempt>) {
         match answer {
             Ok(Attempt::Acquired { fence, .. }) => self.granted.push((i, fence)),
-            Ok(Attempt::Held { remaining, holder }) => self.held.push((remaining, holder)),
+            Ok(Attempt::Held { remaining, holder }) => {
+                self.held.push((remaining, holder));
+                self.held_by.push(i);
+            }
             Err(e) => {
-                self.failed += 1;
+                self.failed.push(i);
                 self.last_error = Some(e);
             }
         }
+    }
+
+    /// Whether node `i` answered, or its request failed.
+    fn answered_by(&self, i: usize) -> bool {
+        self.granted.iter().any(|&(g, _)| g == i)
+            || self.held_by.contains(&i)
+            || self.failed.contains(&i)
     }
 
     fn answered(&self) -> usize {
@@ -213,10 +251,11 @@ impl Tally {
     /// the per-node timeout): otherwise a waiter behind a majority holder whose keys are
     /// on the slower nodes would re-poll every few milliseconds for as long as it holds.
     fn decided(&self, nodes: usize, quorum: usize) -> bool {
-        let pending = nodes - self.answered() - self.failed;
+        let failed = self.failed.len();
+        let pending = nodes - self.answered() - failed;
         self.granted.len() >= quorum
             || (self.granted.len() + pending < quorum
-                && (self.answered() >= quorum || self.failed > nodes - quorum)
+                && (self.answered() >= quorum || failed > nodes - quorum)
                 && !self.holder_unclear(pending, quorum))
     }
 
@@ -256,8 +295,13 @@ impl RedlockBackend {
         )
         .await;
         let nodes = connected.into_iter().collect::<Result<Vec<_>, _>>()?;
+        let quorum = nodes.len() / 2 + 1;
+        Hearing::join(
+            nodes.iter().map(SingleBackend::subscriber),
+            hearing(nodes.len(), quorum),
+        );
         Ok(Self {
-            quorum: nodes.len() / 2 + 1,
+            quorum,
             nodes: nodes.into(),
             node_timeout,
             landing: Arc::default(),
@@ -598,8 +642,13 @@ impl RedlockBackend {
         }
         // Lost: undo what was won, in the background, and retry (the manager) without
         // waiting for it: the error or the retry is not delayed by another round trip.
-        let won = tally.granted.iter().map(|&(i, _)| i).collect();
-        self.undo_in_background(&shared_key, token, won, in_flight);
+        // A node whose request failed is undone too (its reply may have been lost after
+        // it was applied): the manager leaves a failed attempt to this undo, silent
+        // (see `Backend::undoes_failed_attempts`).
+        let undone = tally.granted.iter().map(|&(i, _)| i);
+        let undone = undone.chain(tally.failed.iter().copied()).collect();
+        let pending = (0..nodes).filter(|i| !tally.answered_by(*i)).collect();
+        self.undo_in_background(&shared_key, token, undone, pending, in_flight);
         if tally.answered() < quorum {
             return Err(self.unavailable(key, tally.answered(), tally.last_error.as_ref()));
         }
@@ -662,25 +711,43 @@ impl RedlockBackend {
         });
     }
 
-    /// Undoes a lost attempt in a task of its own: at once on the nodes in `won`, and on
+    /// Undoes a lost attempt in a task of its own: at once on the nodes in `won` (those
+    /// that granted, and those whose request failed), and on
     /// every node still in flight once it answers, unless it answered "held" (a grant
     /// landing late, or a request whose reply never came and that may have been applied:
     /// the undo follows it on the same connection, so it is applied after it).
+    ///
+    /// A node still in flight also gets one undo at once (`pending`), queued behind the
+    /// attempt's request on the node's connection: the next attempts of this manager
+    /// are queued behind it, so they do not find this attempt's late grants (a quorum of
+    /// them, when a majority was frozen or slow, would look like a holder of the whole
+    /// ttl, and the undo wakes nobody). The undo after the answer still covers a request
+    /// written later than that (re-sent after a reconnect, or `EVAL` after `NOSCRIPT`).
     fn undo_in_background(
         &self,
         key: &Arc<LockKey>,
         token: Token,
         won: Vec<usize>,
+        pending: Vec<usize>,
         in_flight: InFlight<Attempt>,
     ) {
         if won.is_empty() && in_flight.is_empty() {
             return;
         }
         let (nodes, key) = (self.nodes.clone(), key.clone());
+        let ahead = join_all(pending.into_iter().map(|i| {
+            let (nodes, key) = (nodes.clone(), key.clone());
+            async move {
+                if let Some(node) = nodes.get(i) {
+                    release_until_confirmed(node, &key, token, NO_PUBLISH, &[Duration::ZERO]).await;
+                }
+            }
+        }));
         let at_once = join_all(
             won.into_iter()
                 .map(|i| undo(nodes.clone(), key.clone(), token, i)),
         );
+        let at_once = futures_util::future::join(ahead, at_once);
         let stragglers = in_flight.for_each_concurrent(None, move |(i, answer)| {
             let held = matches!(answer, Ok(Attempt::Held { .. }));
             let undo = (!held).then(|| undo(nodes.clone(), key.clone(), token, i));
@@ -968,18 +1035,23 @@ impl RedlockBackend {
         Ok(answers.iter().any(|a| matches!(a, Ok(true))))
     }
 
-    /// Subscribes on every node; enough when any node confirms (a release publishes on
-    /// every node it reaches, and the fallback timer covers the rest). The interest is
-    /// counted on every node before anything is awaited, so the matching
-    /// [`unsubscribe`](Self::unsubscribe) drops it wherever it was counted. Returns at
-    /// the first confirmation (at once when a node had confirmed the channel already);
-    /// the other subscriptions finish in the background.
+    /// Subscribes on every node whose server has not confirmed the channel; succeeds
+    /// once it is [`listening`](Self::listening) (enough nodes confirmed it to hear every
+    /// successful release), at once if it was already. The interest is counted on every
+    /// node before anything is awaited, so the matching
+    /// [`unsubscribe`](Self::unsubscribe) drops it wherever it was counted.
+    ///
+    /// The other nodes' subscriptions finish in the background. When the call succeeds,
+    /// a node whose `SUBSCRIBE` failed is asked again a few times in the background
+    /// ([`resubscribe`]): the channel is heard without it, but only just (one more node
+    /// lost and a release could go unheard). When the call fails, the waiter polls and
+    /// calls again after a while (the manager's wait loop), which asks every node that
+    /// is still missing.
     pub(crate) async fn subscribe(&self, key: &str, register: bool) -> Result<(), LockError> {
         let needed: Vec<usize> = (0..self.nodes.len())
             .filter(|&i| self.nodes[i].subscriber().register(key, register))
             .collect();
         let channel: Arc<str> = Arc::from(key);
-        let already = needed.len() < self.nodes.len();
         let mut in_flight = self.send_to(needed, None, |nodes, i| {
             let channel = channel.clone();
             async move {
@@ -989,24 +1061,59 @@ impl RedlockBackend {
                 }
             }
         });
-        let mut outcome = already.then_some(Ok(()));
-        if !already {
-            gather(&mut in_flight, self.node_timeout, |(_, answer)| {
-                let confirmed = answer.is_ok();
-                if outcome.as_ref().is_none_or(Result::is_err) {
-                    outcome = Some(answer);
+        let mut failed = Vec::new();
+        let mut last_error = None;
+        if !self.listening(key) {
+            gather(&mut in_flight, self.node_timeout, |(i, answer)| {
+                if let Err(e) = answer {
+                    failed.push(i);
+                    last_error = Some(e);
                 }
-                confirmed
+                self.listening(key)
             })
             .await;
         }
-        finish(in_flight, |_| async {});
-        outcome.unwrap_or_else(|| Err(LockError::timed_out("subscribe", self.node_timeout)))
+        if !self.listening(key) {
+            finish(in_flight, |_| async {});
+            return Err(
+                last_error.unwrap_or_else(|| LockError::timed_out("subscribe", self.node_timeout))
+            );
+        }
+        if !failed.is_empty() || !in_flight.is_empty() {
+            let nodes = self.nodes.clone();
+            let again = failed
+                .into_iter()
+                .map(|i| resubscribe(nodes.clone(), i, channel.clone()))
+                .collect::<Vec<_>>();
+            let stragglers = in_flight.for_each_concurrent(None, move |(i, answer)| {
+                let again = answer
+                    .is_err()
+                    .then(|| resubscribe(nodes.clone(), i, channel.clone()));
+                async move {
+                    if let Some(again) = again {
+                        again.await;
+                    }
+                }
+            });
+            // Bounded: each request by the connection's response timeout, each
+            // `resubscribe` by its pauses.
+            tokio::spawn(futures_util::future::join(join_all(again), stragglers));
+        }
+        Ok(())
     }
 
-    /// Whether any node's subscriber listens on `key`'s channel.
+    /// Whether a release of `key` would be heard now: at least N − quorum + 1 nodes
+    /// confirmed its channel (and kept their connection since). A release publishes on
+    /// every node it reaches, and a successful one reaches a quorum, which meets every
+    /// such set of nodes; with fewer, a release can reach a quorum made only of the
+    /// nodes that do not listen (the waiter polls then).
     pub(crate) fn listening(&self, key: &str) -> bool {
-        self.nodes.iter().any(|n| n.subscriber().listening(key))
+        let listeners = self
+            .nodes
+            .iter()
+            .filter(|n| n.subscriber().listening(key))
+            .count();
+        listeners >= hearing(self.nodes.len(), self.quorum)
     }
 
     /// Drops one interest in `key` on every node, at once; the `UNSUBSCRIBE`s go out in
@@ -1061,6 +1168,36 @@ where
     if !in_flight.is_empty() {
         tokio::spawn(in_flight.for_each_concurrent(None, then));
     }
+}
+
+/// The number of nodes that must listen on a channel for every successful release to be
+/// heard: N − quorum + 1 (2 of 3, 3 of 5), since a successful release publishes on at
+/// least a quorum of nodes.
+fn hearing(nodes: usize, quorum: usize) -> usize {
+    (nodes + 1).saturating_sub(quorum).max(1)
+}
+
+/// Asks node `i` again for `channel`, whose `SUBSCRIBE` failed there, after each pause
+/// of [`RESUBSCRIBE_PAUSES`], until its server confirms it or nobody wants it any more
+/// (`send_subscribe` sends nothing then).
+async fn resubscribe(nodes: Arc<[SingleBackend]>, i: usize, channel: Arc<str>) {
+    let Some(node) = nodes.get(i) else {
+        return;
+    };
+    for pause in RESUBSCRIBE_PAUSES {
+        tokio::time::sleep(pause).await;
+        if node.subscriber().listening(&channel) {
+            return;
+        }
+        if node.subscriber().send_subscribe(&channel).await.is_ok() {
+            return;
+        }
+    }
+    tracing::debug!(
+        channel = &*channel,
+        node = node.addr(),
+        "redlock: a node does not confirm a subscription; heard without it"
+    );
 }
 
 /// Compare-token delete on one node, publishing with `publish` (`""`: no wake-up), as
@@ -1201,6 +1338,19 @@ mod tests {
         t.add(held(3));
         t.add(held(4));
         assert!(t.decided(5, 3), "nobody can reach 3 with one pending node");
+    }
+
+    /// Review 2, finding 1: a waiter hears every successful release only when it
+    /// listens on N − quorum + 1 nodes (a quorum meets every such set).
+    #[test]
+    fn a_release_is_heard_on_n_minus_quorum_plus_one_nodes() {
+        for (nodes, needed) in [(1, 1), (2, 1), (3, 2), (4, 2), (5, 3), (7, 4)] {
+            let quorum = nodes / 2 + 1;
+            assert_eq!(hearing(nodes, quorum), needed, "{nodes} nodes");
+            // Any `needed` listeners and any quorum share a node; one fewer may not.
+            assert!(needed + quorum > nodes);
+            assert!(needed - 1 + quorum <= nodes);
+        }
     }
 
     #[test]
