@@ -513,7 +513,7 @@ impl LockManager {
     }
 
     /// The number of wake-up channels this manager keeps an interest in (summed over
-    /// Redlock's nodes; 0 for Cluster and the in-memory backend). For tests: it drops
+    /// Redlock's nodes; 0 for the in-memory backend). For tests: it drops
     /// back to 0 once no task waits.
     #[doc(hidden)]
     pub fn subscription_interests(&self) -> usize {

@@ -51,7 +51,7 @@ use redis::cluster_routing::{
 };
 use redis::io::tcp::TcpSettings;
 use redis::{FromRedisValue, IntoConnectionInfo, ProtocolVersion, PushInfo, PushKind, Value};
-use tokio::sync::{mpsc, Mutex};
+use tokio::sync::mpsc;
 
 use super::single::{decode_acquire, parse_eviction_policy, ttl_ms};
 use super::{
@@ -59,7 +59,7 @@ use super::{
     MAX_REPLICA_WAIT,
 };
 use crate::key::{key_slot, LockKey, SLOTS};
-use crate::notify::{channel_of, Interest};
+use crate::notify::{channel_of, ChannelLocks, Interest};
 use crate::scripts::{ACQUIRE, EXTEND, RELEASE, RENEW};
 use crate::token::Token;
 use crate::waiters::Waiters;
@@ -590,8 +590,10 @@ struct SubInner {
     con: ClusterConnection,
     /// Wanted channels and the interests in each.
     interest: StdMutex<HashMap<String, Interest>>,
-    /// Serialises (un)subscribe commands so the server sees them in decision order.
-    ops: Mutex<()>,
+    /// Serialises each channel's (un)subscribe commands so the server sees them in
+    /// decision order; different channels (whatever their shard) do not wait for each
+    /// other, so a frozen master holds up only the subscriptions of its own channels.
+    ops: Arc<ChannelLocks>,
     resubscribe: mpsc::UnboundedSender<String>,
     timeout: Duration,
 }
@@ -607,7 +609,7 @@ impl ShardSubscriber {
         let inner = Arc::new(SubInner {
             con,
             interest: StdMutex::new(HashMap::new()),
-            ops: Mutex::new(()),
+            ops: Arc::new(ChannelLocks::default()),
             resubscribe: tx,
             timeout,
         });
@@ -618,9 +620,14 @@ impl ShardSubscriber {
 
     /// Adds one interest in `key`'s channel when `register`, and subscribes unless the
     /// server already confirmed it (as [`Subscriber::subscribe`](crate::notify)).
+    ///
+    /// The interest is counted at once, before anything is awaited (as for the other
+    /// backends): a caller cut short while this waits for the channel's turn or for the
+    /// reply still owns an interest, which its queue's [`unsubscribe`](Self::unsubscribe)
+    /// drops. The `SSUBSCRIBE` is skipped if the channel was confirmed meanwhile or
+    /// nobody wants it any more.
     pub(crate) async fn subscribe(&self, key: &str, register: bool) -> Result<(), LockError> {
         let inner = &self.inner;
-        let _ops = inner.ops.lock().await;
         if !inner
             .interest()
             .entry(key.to_owned())
@@ -629,11 +636,20 @@ impl ShardSubscriber {
         {
             return Ok(());
         }
+        let _turn = inner.ops.lock(key).await;
+        if !inner.interest().get(key).is_some_and(|e| !e.is_confirmed()) {
+            return Ok(());
+        }
         inner.ssubscribe(key).await?;
         if let Some(entry) = inner.interest().get_mut(key) {
             entry.confirm();
         }
         Ok(())
+    }
+
+    /// The number of channels with an interest (for tests of what is left behind).
+    pub(crate) fn interests(&self) -> usize {
+        self.inner.interest().len()
     }
 
     /// Whether the server confirmed `key`'s channel and it has not been lost since.
@@ -644,10 +660,12 @@ impl ShardSubscriber {
             .is_some_and(Interest::is_confirmed)
     }
 
-    /// Drops one interest in `key`'s channel; the last one unsubscribes.
+    /// Drops one interest in `key`'s channel at once (before anything is awaited); the
+    /// last one unsubscribes when the channel's earlier (un)subscriptions are done,
+    /// unless an interest was registered again meanwhile (whose `SSUBSCRIBE` then owns
+    /// the channel).
     pub(crate) async fn unsubscribe(&self, key: &str) -> Result<(), LockError> {
         let inner = &self.inner;
-        let _ops = inner.ops.lock().await;
         {
             let mut interest = inner.interest();
             let Some(entry) = interest.get_mut(key) else {
@@ -657,6 +675,10 @@ impl ShardSubscriber {
                 return Ok(());
             }
             interest.remove(key);
+        }
+        let _turn = inner.ops.lock(key).await;
+        if inner.wants(key) {
+            return Ok(());
         }
         let mut con = inner.con.clone();
         tokio::time::timeout(inner.timeout, con.sunsubscribe(key))
@@ -707,7 +729,7 @@ impl SubInner {
 
     /// Subscribes `channel` again if it is still wanted; `Ok(false)` when it is not.
     async fn resubscribe(&self, channel: &str) -> Result<bool, LockError> {
-        let _ops = self.ops.lock().await;
+        let _turn = self.ops.lock(channel).await;
         if !self.wants(channel) {
             return Ok(false);
         }
