@@ -850,3 +850,86 @@ async fn resubscriber(
         backoff = (backoff * 2).min(max);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use redlock_testkit::RedisCluster;
+
+    use super::*;
+
+    /// How many connections the master of `channel`'s slot has subscribed to it.
+    async fn shard_numsub(cluster: &RedisCluster, channel: &str) -> i64 {
+        let node = cluster.node(cluster.master_for_key(channel));
+        let mut con = redis::Client::open(node.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let (_, n): (String, i64) = redis::cmd("PUBSUB")
+            .arg("SHARDNUMSUB")
+            .arg(channel)
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        n
+    }
+
+    /// review2, smaller defect 6: the shard subscriber counted a head's interest only
+    /// once the head held the (un)subscription lock. A head cut at its deadline while
+    /// waiting for it left its queue `Asked` with nothing counted, and that queue's
+    /// `Unsubscribe`, reaching the subscriber after a newer queue of the same key had
+    /// asked (the watchdog task picks the job up after the new head's request), dropped
+    /// the newer queue's interest: the channel was unsubscribed under a head that believed
+    /// it listened (it polled, and asked again only a second later).
+    ///
+    /// Deterministic: the test holds the channel's turn itself (as an earlier
+    /// (un)subscription of the channel still in flight would) and issues the requests in
+    /// the order of that interleaving.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn subscription_cut_while_waiting_for_its_turn_still_counts_its_interest() {
+        let cluster = tokio::task::spawn_blocking(|| RedisCluster::start(3, 0))
+            .await
+            .unwrap();
+        let waiters = Arc::new(Waiters::new(16, Box::new(|_| {})));
+        let timeouts = Timeouts {
+            connect: Duration::from_secs(3),
+            response: Duration::from_secs(1),
+        };
+        let backend = ClusterBackend::connect(&cluster.urls(), timeouts, Arc::downgrade(&waiters))
+            .await
+            .unwrap();
+        let sub = backend.subscriber();
+        let key = "lock:cut_while_waiting_{1}";
+
+        let turn = sub.inner.ops.lock(key).await;
+        // The old queue's head gives up (its deadline) while waiting for its turn.
+        let cut = tokio::time::timeout(Duration::from_millis(50), sub.subscribe(key, true)).await;
+        assert!(cut.is_err(), "the subscription did not wait for its turn");
+        assert_eq!(
+            sub.inner.interest().len(),
+            1,
+            "a head cut short while waiting for its turn left its queue asked with no interest counted"
+        );
+        // A newer queue's head asks, then the old queue's `Unsubscribe` arrives; the
+        // earlier (un)subscription finishes.
+        let newer = sub.subscribe(key, true);
+        let old_unsubscribe = sub.unsubscribe(key);
+        let earlier_done = async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            drop(turn);
+        };
+        let (newer, old_unsubscribe, ()) = tokio::join!(newer, old_unsubscribe, earlier_done);
+        newer.unwrap();
+        old_unsubscribe.unwrap();
+        assert!(
+            sub.listening(key),
+            "the old queue's unsubscribe dropped the newer queue's interest"
+        );
+        assert_eq!(shard_numsub(&cluster, key).await, 1);
+        // The newer queue empties: nothing is left behind.
+        sub.unsubscribe(key).await.unwrap();
+        assert_eq!(sub.inner.interest().len(), 0);
+        assert_eq!(shard_numsub(&cluster, key).await, 0);
+        assert_eq!(sub.inner.ops.len(), 0);
+    }
+}
