@@ -637,7 +637,8 @@ impl ShardSubscriber {
             return Ok(());
         }
         let _turn = inner.ops.lock(key).await;
-        if !inner.interest().get(key).is_some_and(|e| !e.is_confirmed()) {
+        // Confirmed meanwhile, or nobody wants it any more.
+        if inner.interest().get(key).is_none_or(Interest::is_confirmed) {
             return Ok(());
         }
         inner.ssubscribe(key).await?;
