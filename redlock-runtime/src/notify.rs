@@ -188,6 +188,11 @@ impl Interest {
         self.state == SubState::Confirmed
     }
 
+    /// Whether the subscription was confirmed, then lost with its connection.
+    pub(crate) fn is_lost(&self) -> bool {
+        self.state == SubState::Lost
+    }
+
     /// Drops one interest; true when none is left (the channel is to be unsubscribed).
     pub(crate) fn drop_one(&mut self) -> bool {
         self.count = self.count.saturating_sub(1);

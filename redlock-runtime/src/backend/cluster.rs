@@ -621,6 +621,14 @@ impl ShardSubscriber {
     /// Adds one interest in `key`'s channel when `register`, and subscribes unless the
     /// server already confirmed it (as [`Subscriber::subscribe`](crate::notify)).
     ///
+    /// A channel lost with its connection (or dropped by the server) is left to the
+    /// resubscriber, which asks for it again until it is back and then wakes its head:
+    /// this returns at once without a request, and the head, not
+    /// [`listening`](Self::listening), polls meanwhile. (A burst of `SSUBSCRIBE`s sent
+    /// while the connection is being re-established hangs until the timeout, and a head
+    /// makes no attempt while its subscription is in flight; the resubscriber sends them
+    /// one at a time.)
+    ///
     /// The interest is counted at once, before anything is awaited (as for the other
     /// backends): a caller cut short while this waits for the channel's turn or for the
     /// reply still owns an interest, which its queue's [`unsubscribe`](Self::unsubscribe)
@@ -636,9 +644,12 @@ impl ShardSubscriber {
         {
             return Ok(());
         }
+        if inner.lost(key) {
+            return Ok(());
+        }
         let _turn = inner.ops.lock(key).await;
-        // Confirmed meanwhile, or nobody wants it any more.
-        if inner.interest().get(key).is_none_or(Interest::is_confirmed) {
+        // Confirmed meanwhile, or nobody wants it any more, or lost meanwhile.
+        if inner.interest().get(key).is_none_or(Interest::is_confirmed) || inner.lost(key) {
             return Ok(());
         }
         inner.ssubscribe(key).await?;
@@ -696,6 +707,11 @@ impl SubInner {
 
     fn wants(&self, channel: &str) -> bool {
         self.interest().contains_key(channel)
+    }
+
+    /// Whether `channel` was confirmed and then lost (the resubscriber owns it).
+    fn lost(&self, channel: &str) -> bool {
+        self.interest().get(channel).is_some_and(Interest::is_lost)
     }
 
     /// Marks `channel` unsubscribed on the server if it is wanted; whether it is.
@@ -932,5 +948,72 @@ mod tests {
         assert_eq!(sub.inner.interest().len(), 0);
         assert_eq!(shard_numsub(&cluster, key).await, 0);
         assert_eq!(sub.inner.ops.len(), 0);
+    }
+
+    /// With (un)subscriptions no longer serialised per connection, every head whose
+    /// channel was lost with the subscriber connection asked for it again at once, all
+    /// concurrently with the resubscriber: that burst of `SSUBSCRIBE`s, sent while the
+    /// connection was being re-established, hung until the 2 s timeout (146 of 150 failed
+    /// after 4 s and only 4 channels were back 3 s later), and a head makes no attempt
+    /// while its subscription is in flight. A lost channel is the resubscriber's.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn heads_asking_again_for_lost_channels_leave_them_to_the_resubscriber() {
+        let cluster = tokio::task::spawn_blocking(|| RedisCluster::start(3, 0))
+            .await
+            .unwrap();
+        let waiters = Arc::new(Waiters::new(16, Box::new(|_| {})));
+        let timeouts = Timeouts {
+            connect: Duration::from_secs(3),
+            response: Duration::from_secs(1),
+        };
+        let backend = ClusterBackend::connect(&cluster.urls(), timeouts, Arc::downgrade(&waiters))
+            .await
+            .unwrap();
+        let sub = backend.subscriber();
+        let keys: Vec<String> = (0..150).map(|i| format!("lock:lost_{{{i}}}")).collect();
+        for r in join_all(keys.iter().map(|k| sub.subscribe(k, true))).await {
+            r.unwrap();
+        }
+        assert!(keys.iter().all(|k| sub.listening(k)));
+        // The window is a few milliseconds wide: several rounds, at several offsets.
+        for round in 0..8u64 {
+            for i in 0..cluster.len() {
+                let mut con = redis::Client::open(cluster.node(i).url())
+                    .unwrap()
+                    .get_multiplexed_async_connection()
+                    .await
+                    .unwrap();
+                let _: redis::Value = redis::cmd("CLIENT")
+                    .arg("KILL")
+                    .arg("TYPE")
+                    .arg("pubsub")
+                    .query_async(&mut con)
+                    .await
+                    .unwrap();
+            }
+            // The heads hear of it (the `Disconnection` pushes) and ask again, all at
+            // once, while the connections are being re-established.
+            tokio::time::sleep(Duration::from_millis(round % 4)).await;
+            let asked = Instant::now();
+            let answers = join_all(keys.iter().map(|k| sub.subscribe(k, false))).await;
+            let took = asked.elapsed();
+            let failed = answers.iter().filter(|r| r.is_err()).count();
+            assert!(
+                failed == 0 && took < Duration::from_millis(500),
+                "round {round}: {failed} of 150 re-asks failed, after {took:?}"
+            );
+            let back = Instant::now();
+            while !keys.iter().all(|k| sub.listening(k)) && back.elapsed() < Duration::from_secs(3)
+            {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            let listening = keys.iter().filter(|k| sub.listening(k)).count();
+            assert_eq!(
+                listening,
+                150,
+                "round {round}: channels back {:?} after the re-asks",
+                back.elapsed()
+            );
+        }
     }
 }
