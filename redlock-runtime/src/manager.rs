@@ -513,7 +513,7 @@ impl LockManager {
     }
 
     /// The number of wake-up channels this manager keeps an interest in (summed over
-    /// Redlock's nodes; 0 for Cluster and the in-memory backend). For tests: it drops
+    /// Redlock's nodes; 0 for the in-memory backend). For tests: it drops
     /// back to 0 once no task waits.
     #[doc(hidden)]
     pub fn subscription_interests(&self) -> usize {
@@ -716,7 +716,13 @@ impl LockManager {
                     let subscribe = shared.backend.subscribe(key.full(), register);
                     match tokio::time::timeout_at(deadline, subscribe).await {
                         Err(_) => return Err(last_error.unwrap_or_else(timeout)),
-                        Ok(Ok(())) => place.queue.set_subscription(Subscription::Confirmed),
+                        Ok(Ok(())) => {
+                            place.queue.set_subscription(Subscription::Confirmed);
+                            // Heard from now on: a later loss (a reconnect) starts its own
+                            // grace period, in which the connection's resubscription can
+                            // restore the channel before this head asks again.
+                            unheard_since = None;
+                        }
                         Ok(Err(e)) if again => {
                             tracing::debug!(error = %e, "subscribing again failed; polling");
                         }

@@ -15,15 +15,18 @@
 //! of the resubscription would still go unheard, so the head of each channel that was
 //! not confirmed is woken again when the `subscribe` push confirming it arrives. Interest is
 //! reference-counted per key, counted and dropped synchronously (never lost to a timeout
-//! or a cancelled request), and (un)subscribe commands are issued under one async lock,
-//! so the server sees them in the order they were decided.
+//! or a cancelled request). The (un)subscribe commands of one channel are issued under
+//! that channel's async lock ([`ChannelLocks`]), so the server sees them in the order they
+//! were decided; those of different channels do not wait for each other (the multiplexed
+//! connection pipelines them), so a burst of new waiters is subscribed in about one round
+//! trip, not one round trip each.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex as StdMutex, MutexGuard, OnceLock, PoisonError, Weak};
 
 use redis::aio::ConnectionManager;
 use redis::{PushInfo, PushKind, Value};
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, OwnedMutexGuard};
 
 use crate::waiters::Waiters;
 use crate::LockError;
@@ -32,9 +35,79 @@ use crate::LockError;
 pub(crate) struct Subscriber {
     con: ConnectionManager,
     channels: Arc<Channels>,
-    /// Serialises (un)subscribe commands so the server sees them in decision order
-    /// (shared with the tasks that send the `UNSUBSCRIBE`s).
-    ops: Arc<Mutex<()>>,
+    /// Serialises each channel's (un)subscribe commands so the server sees them in
+    /// decision order (shared with the tasks that send the `UNSUBSCRIBE`s).
+    ops: Arc<ChannelLocks>,
+}
+
+/// One async lock per channel, held across an (un)subscribe command of that channel and
+/// its reply: a channel's `SUBSCRIBE`s and `UNSUBSCRIBE`s reach the server in the order
+/// they were decided, while commands for different channels go out concurrently. An
+/// entry lives only while some task holds or waits for its lock.
+#[derive(Debug, Default)]
+pub(crate) struct ChannelLocks {
+    locks: StdMutex<HashMap<String, ChannelLock>>,
+}
+
+#[derive(Debug, Default)]
+struct ChannelLock {
+    lock: Arc<Mutex<()>>,
+    /// Tasks holding or waiting for `lock` (their [`ChannelTurn`]s).
+    users: usize,
+}
+
+/// A turn on one channel's lock ([`ChannelLocks::lock`]). Dropping it (also while it
+/// still waits) leaves the lock, and the last user removes the channel's entry.
+#[derive(Debug)]
+pub(crate) struct ChannelTurn {
+    guard: Option<OwnedMutexGuard<()>>,
+    locks: Arc<ChannelLocks>,
+    channel: String,
+}
+
+impl ChannelLocks {
+    fn locks(&self) -> MutexGuard<'_, HashMap<String, ChannelLock>> {
+        self.locks.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Waits for `channel`'s turn (FIFO among the tasks asking for the same channel).
+    pub(crate) async fn lock(self: &Arc<Self>, channel: &str) -> ChannelTurn {
+        let lock = {
+            let mut locks = self.locks();
+            let entry = locks.entry(channel.to_owned()).or_default();
+            entry.users += 1;
+            entry.lock.clone()
+        };
+        // Counted from here: dropped while waiting, the turn still leaves.
+        let mut turn = ChannelTurn {
+            guard: None,
+            locks: self.clone(),
+            channel: channel.to_owned(),
+        };
+        turn.guard = Some(lock.lock_owned().await);
+        turn
+    }
+
+    /// The number of channels whose lock is held or waited for (for tests).
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.locks().len()
+    }
+}
+
+impl Drop for ChannelTurn {
+    fn drop(&mut self) {
+        // Released before the entry can go: a newer entry's lock is only ever created
+        // once nobody holds (or waits for) the old one.
+        self.guard.take();
+        let mut locks = self.locks.locks();
+        if let Some(entry) = locks.get_mut(&self.channel) {
+            entry.users -= 1;
+            if entry.users == 0 {
+                locks.remove(&self.channel);
+            }
+        }
+    }
 }
 
 /// The channels a subscriber connection wants, shared with its [`push_handler`].
@@ -164,6 +237,11 @@ impl Interest {
         self.state == SubState::Confirmed
     }
 
+    /// Whether the subscription was confirmed, then lost with its connection.
+    pub(crate) fn is_lost(&self) -> bool {
+        self.state == SubState::Lost
+    }
+
     /// Drops one interest; true when none is left (the channel is to be unsubscribed).
     pub(crate) fn drop_one(&mut self) -> bool {
         self.count = self.count.saturating_sub(1);
@@ -177,7 +255,7 @@ impl Subscriber {
         Self {
             con,
             channels,
-            ops: Arc::new(Mutex::new(())),
+            ops: Arc::new(ChannelLocks::default()),
         }
     }
 
@@ -218,7 +296,7 @@ impl Subscriber {
     /// the channel was confirmed meanwhile or nobody wants it any more (its last interest
     /// was dropped while this waited for its turn), and waits for the reply.
     pub(crate) async fn send_subscribe(&self, key: &str) -> Result<(), LockError> {
-        let _ops = self.ops.lock().await;
+        let _turn = self.ops.lock(key).await;
         let epoch = {
             let state = self.channels.state();
             match state.interest.get(key) {
@@ -242,7 +320,7 @@ impl Subscriber {
 
     /// Drops one interest in `key`, at once (no timeout or cancellation can lose the
     /// decrement). The last one unsubscribes, confirmed or not, in a task of its own that
-    /// takes its turn after the (un)subscriptions already decided; it skips the
+    /// takes its turn after the channel's (un)subscriptions already decided; it skips the
     /// `UNSUBSCRIBE` if an interest was registered again meanwhile (whose `SUBSCRIBE`
     /// then owns the channel).
     pub(crate) fn unsubscribe(&self, key: &str) {
@@ -262,7 +340,7 @@ impl Subscriber {
         let key = key.to_owned();
         // Bounded by the connection's response timeout (and its retries).
         tokio::spawn(async move {
-            let _ops = ops.lock().await;
+            let _turn = ops.lock(&key).await;
             if channels.state().interest.contains_key(&key) {
                 return;
             }
@@ -351,3 +429,57 @@ pub(crate) fn channel_of(push: &PushInfo) -> Option<String> {
 /// The manager that received a connection's pushes no longer exists.
 #[derive(Debug)]
 pub(crate) struct ManagerGone;
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn channel_locks_order_one_channel_and_let_others_through() {
+        let locks = Arc::new(ChannelLocks::default());
+        let a = locks.lock("a").await;
+        // Another channel is not held up by `a`.
+        let b = tokio::time::timeout(Duration::from_secs(1), locks.lock("b"))
+            .await
+            .expect("a lock on another channel waited");
+        // The same channel waits for its turn.
+        let mut second = Box::pin(locks.lock("a"));
+        assert!(
+            tokio::time::timeout(Duration::from_millis(20), second.as_mut())
+                .await
+                .is_err(),
+            "a second turn on the same channel did not wait"
+        );
+        assert_eq!(locks.len(), 2);
+        drop(b);
+        assert_eq!(locks.len(), 1);
+        drop(a);
+        let second = tokio::time::timeout(Duration::from_secs(1), second)
+            .await
+            .expect("the waiting turn never got the lock");
+        assert_eq!(locks.len(), 1);
+        drop(second);
+        assert_eq!(locks.len(), 0, "an entry outlived its last turn");
+    }
+
+    #[tokio::test]
+    async fn a_turn_cancelled_while_waiting_leaves_no_entry_behind() {
+        let locks = Arc::new(ChannelLocks::default());
+        let held = locks.lock("a").await;
+        for _ in 0..3 {
+            let waiting = tokio::time::timeout(Duration::from_millis(5), locks.lock("a")).await;
+            assert!(waiting.is_err());
+        }
+        assert_eq!(locks.len(), 1);
+        drop(held);
+        assert_eq!(locks.len(), 0, "cancelled waiters left the entry behind");
+        // And the channel can be locked again.
+        let again = tokio::time::timeout(Duration::from_secs(1), locks.lock("a"))
+            .await
+            .expect("the channel stayed locked");
+        drop(again);
+        assert_eq!(locks.len(), 0);
+    }
+}

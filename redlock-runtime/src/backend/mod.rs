@@ -457,11 +457,12 @@ impl Backend {
     }
 
     /// The number of wake-up channels with an interest, summed over the subscriber
-    /// connections (not counted for Cluster and the in-memory backend).
+    /// connections (0 for the in-memory backend).
     pub(crate) fn interests(&self) -> usize {
         match self {
-            Self::Memory(_) | Self::Cluster(_) => 0,
+            Self::Memory(_) => 0,
             Self::Single(b) => b.subscriber().interests(),
+            Self::Cluster(b) => b.subscriber().interests(),
             Self::Redlock(b) => b.interests(),
         }
     }
