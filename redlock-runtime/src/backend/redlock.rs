@@ -166,8 +166,9 @@ pub(crate) struct RedlockBackend {
 /// The expiry-setting requests of one lock still in flight after their call returned.
 struct Settling {
     id: u64,
-    /// Cuts the unanswered ones (see [`RedlockBackend::send_to`]).
-    cut: CancellationToken,
+    /// Cuts the unanswered ones (see [`RedlockBackend::send_to`]) when the next extend
+    /// may (extend stragglers); `None` for the late grants of an acquisition.
+    cut: Option<CancellationToken>,
     /// Cancelled once every one of them was answered or cut (never written after that).
     done: CancellationToken,
 }
@@ -388,18 +389,25 @@ impl RedlockBackend {
             .collect()
     }
 
-    /// Cuts the requests that may still set `token`'s expiry on some node (the late
-    /// grants of its acquisition, the stragglers of its last extend) and waits until
-    /// the cut took effect, so that none of them can be written after a request sent
-    /// from now on. One that was already written was written before anything sent from
-    /// now on over the same connection, so the node applies it first; one not written
-    /// yet never will be. So an extend does not wait for a frozen node's straggler.
+    /// Waits until the requests that may still set `token`'s expiry on some node (the
+    /// late grants of its acquisition, the stragglers of its last extend) were answered
+    /// or cut, so that none of them can be written after a request sent from now on.
+    ///
+    /// An extend's stragglers are cut at once: one already written was written before
+    /// anything sent from now on over the same connection, so the node applies it
+    /// first; one not written yet never will be, and the new extend sets that node's
+    /// expiry anyway. So back-to-back extends do not wait for a frozen node. The late
+    /// grants of an acquisition are waited for (bounded by its per-node timeout): cut
+    /// unwritten (an `EVAL` after `NOSCRIPT`), a grant would leave its node without the
+    /// key for good, and the lock on a bare quorum.
     async fn settled(&self, token: Token) {
         let pending = lock(&self.settling)
             .get(&token)
             .map(|s| (s.cut.clone(), s.done.clone()));
         if let Some((cut, done)) = pending {
-            cut.cancel();
+            if let Some(cut) = cut {
+                cut.cancel();
+            }
             done.cancelled().await;
         }
     }
@@ -407,8 +415,8 @@ impl RedlockBackend {
     /// Drives the expiry-setting requests of `token` still in flight after their call
     /// returned, in a task of its own, handing each answer to `then`; at `deadline` the
     /// unanswered ones are cut (`cut`: see [`send_to`](Self::send_to)) and answer a
-    /// timeout; the next extend of the lock cuts them at once and waits for that
-    /// ([`settled`](Self::settled)).
+    /// timeout. The next extend of the lock waits for that, cutting them at once when
+    /// `cut_early` (an extend's stragglers: see [`settled`](Self::settled)).
     ///
     /// Why: a request may be written long after its call returned — `reconnecting`
     /// sends it again after a dropped connection, `LuaScript::invoke` sends `EVAL` after
@@ -416,7 +424,7 @@ impl RedlockBackend {
     /// later extend of the same lock had been applied on that node, the node would end up
     /// with the older (possibly shorter) ttl while the lease books the newer one: the
     /// lease could outlive a quorum of its keys. The lease's operation lock cannot cover
-    /// them (the call returned and released it), so the next extend of the lock cuts
+    /// them (the call returned and released it), so the next extend of the lock settles
     /// them before sending: the lock's expiry-setting requests stay one at a time, as
     /// the `lease` module requires. Renewals need not wait: they carry the lease's
     /// current ttl, the one of its last extend (or of the acquisition when none), so one
@@ -428,6 +436,7 @@ impl RedlockBackend {
         token: Token,
         deadline: tokio::time::Instant,
         cut: CancellationToken,
+        cut_early: bool,
         in_flight: InFlight<T>,
         mut then: G,
     ) where
@@ -443,7 +452,7 @@ impl RedlockBackend {
             token,
             Settling {
                 id,
-                cut: cut.clone(),
+                cut: cut_early.then(|| cut.clone()),
                 done: done.clone(),
             },
         );
@@ -571,7 +580,7 @@ impl RedlockBackend {
                     }
                 });
             }
-            Stragglers::Settle(token) => self.settle(token, deadline, cut, in_flight, |_| {}),
+            Stragglers::Settle(token) => self.settle(token, deadline, cut, true, in_flight, |_| {}),
         }
         match vote {
             Vote::Yes => Ok(true),
@@ -670,7 +679,7 @@ impl RedlockBackend {
     /// "Fencing tokens").
     ///
     /// The late grants are expiry-setting requests: they are cut at the acquisition's
-    /// per-node deadline (`cut`), and the next extend of the lock cuts them first (see
+    /// per-node deadline (`cut`), and the next extend of the lock waits for them first (see
     /// [`settle`](Self::settle)), so that a grant re-sent late (its `PEXPIRE ttl` branch)
     /// cannot land after an extend the node already applied. A request cut unanswered is
     /// undone if the lock was released meanwhile, like one that failed.
@@ -688,27 +697,34 @@ impl RedlockBackend {
         lock(&self.landing).insert(token, false);
         let (nodes, key, landing) = (self.nodes.clone(), key.clone(), self.landing.clone());
         let mut unanswered = in_flight.len();
-        self.settle(token, deadline, cut, in_flight, move |(i, answer)| {
-            let released = !matches!(answer, Ok(Attempt::Held { .. }))
-                && lock(&landing).get(&token).copied().unwrap_or(true);
-            let behind = matches!(answer, Ok(Attempt::Acquired { fence: f, .. }) if f < fence);
-            unanswered -= 1;
-            if unanswered == 0 {
-                lock(&landing).remove(&token);
-            }
-            let (nodes, key) = (nodes.clone(), key.clone());
-            // Its own task: the next answers (and the end of `settle`) do not wait for it.
-            if released {
-                tokio::spawn(undo(nodes, key, token, i));
-            } else if behind {
-                tokio::spawn(async move {
-                    if let Some(node) = nodes.get(i) {
-                        // Compare-token: a no-op if the lock is gone meanwhile.
-                        let _ = raise_fence(node, &key, token, fence).await;
-                    }
-                });
-            }
-        });
+        self.settle(
+            token,
+            deadline,
+            cut,
+            false,
+            in_flight,
+            move |(i, answer)| {
+                let released = !matches!(answer, Ok(Attempt::Held { .. }))
+                    && lock(&landing).get(&token).copied().unwrap_or(true);
+                let behind = matches!(answer, Ok(Attempt::Acquired { fence: f, .. }) if f < fence);
+                unanswered -= 1;
+                if unanswered == 0 {
+                    lock(&landing).remove(&token);
+                }
+                let (nodes, key) = (nodes.clone(), key.clone());
+                // Its own task: the next answers (and the end of `settle`) do not wait for it.
+                if released {
+                    tokio::spawn(undo(nodes, key, token, i));
+                } else if behind {
+                    tokio::spawn(async move {
+                        if let Some(node) = nodes.get(i) {
+                            // Compare-token: a no-op if the lock is gone meanwhile.
+                            let _ = raise_fence(node, &key, token, fence).await;
+                        }
+                    });
+                }
+            },
+        );
     }
 
     /// Undoes a lost attempt in a task of its own: at once on the nodes in `won` (those
@@ -864,8 +880,8 @@ impl RedlockBackend {
 
     /// Extends on every node; true when a quorum still had our token. Returns once a
     /// quorum decided; the other nodes' requests finish in the background until the
-    /// per-node timeout, and the next extend of the lock cuts them (and the late grants
-    /// of its acquisition) before sending: see [`settle`](Self::settle).
+    /// per-node timeout, and the next extend of the lock cuts them (and waits for the
+    /// late grants of its acquisition) before sending: see [`settled`](Self::settled).
     pub(crate) async fn extend(
         &self,
         key: &LockKey,
