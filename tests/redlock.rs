@@ -630,26 +630,6 @@ async fn one_frozen_node_does_not_slow_every_call() {
     }
 }
 
-/// `calls` of `EVAL` and `EVALSHA` in `INFO commandstats` on one server.
-fn script_calls(server: &RedisServer) -> u64 {
-    let info = match server.cmd_sync(&["INFO", "commandstats"]).expect("INFO") {
-        redis::Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
-        redis::Value::VerbatimString { text, .. } => text,
-        other => panic!("INFO reply {other:?}"),
-    };
-    info.lines()
-        .filter(|l| l.starts_with("cmdstat_eval:") || l.starts_with("cmdstat_evalsha:"))
-        .filter_map(|l| {
-            l.split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
-}
-
 /// Regression (issue 12, item 2): a waiter losing to a holder of a quorum won the free
 /// node, and its undo there PUBLISHed a wake-up that woke the waiter itself: it retried
 /// at once, won the free node again, undid it again — thousands of script calls per
@@ -680,7 +660,7 @@ async fn redlock_loser_does_not_wake_itself() {
         .unwrap_err();
     let waited = start.elapsed();
     assert!(matches!(err, LockError::Timeout { .. }), "{err}");
-    let calls = script_calls(set.node(2));
+    let calls = set.node(2).command_calls(&["eval", "evalsha"]);
     println!("redlock loser: {calls} script calls on the free node in {waited:?}");
     assert!(
         calls < 100,

@@ -240,26 +240,6 @@ async fn redlock_release_retries_a_node_that_failed_before_the_vote() {
     assert_eq!(left_behind, 0, "the key stayed on node 0 after release");
 }
 
-/// `calls` of `EVAL` and `EVALSHA` in `INFO commandstats` on one server.
-fn script_calls(server: &RedisServer) -> u64 {
-    let info = match server.cmd_sync(&["INFO", "commandstats"]).expect("INFO") {
-        redis::Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
-        redis::Value::VerbatimString { text, .. } => text,
-        other => panic!("INFO reply {other:?}"),
-    };
-    info.lines()
-        .filter(|l| l.starts_with("cmdstat_eval:") || l.starts_with("cmdstat_evalsha:"))
-        .filter_map(|l| {
-            l.split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
-}
-
 /// Review finding 6: H holds nodes 0 and 1; node 2 has a stale key of someone else, and
 /// node 1 answers the waiter later than node 2. The waiter's attempt is decided (lost)
 /// by H(0) and stale(2) alone, which look like a split vote: it must not re-poll every
@@ -290,7 +270,7 @@ async fn redlock_majority_holder_is_seen_behind_a_slow_node() {
         .cmd_sync(&["SET", &full, "stale", "PX", "30000"])
         .unwrap();
     p1.set(Fault::Delay(Duration::from_millis(10)));
-    let before = script_calls(set.node(0));
+    let before = set.node(0).command_calls(&["eval", "evalsha"]);
     let started = Instant::now();
     let wait = tokio::spawn({
         let key = key.clone();
@@ -301,7 +281,7 @@ async fn redlock_majority_holder_is_seen_behind_a_slow_node() {
         }
     });
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let polls = script_calls(set.node(0)) - before;
+    let polls = set.node(0).command_calls(&["eval", "evalsha"]) - before;
     guard.release().await.unwrap();
     let won = wait
         .await

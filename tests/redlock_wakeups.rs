@@ -16,30 +16,6 @@ fn unique(prefix: &str) -> String {
     )
 }
 
-/// `calls` of the commands named `names` in `INFO commandstats` on one server.
-fn calls(server: &RedisServer, names: &[&str]) -> u64 {
-    let info = match server.cmd_sync(&["INFO", "commandstats"]).expect("INFO") {
-        redis::Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
-        redis::Value::VerbatimString { text, .. } => text,
-        other => panic!("INFO reply {other:?}"),
-    };
-    info.lines()
-        .filter(|l| {
-            names
-                .iter()
-                .any(|n| l.starts_with(&format!("cmdstat_{n}:")))
-        })
-        .filter_map(|l| {
-            l.split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
-}
-
 fn exists(server: &RedisServer, key: &str) -> bool {
     server.cmd_sync(&["EXISTS", key]).expect("EXISTS") == redis::Value::Int(1)
 }
@@ -94,7 +70,7 @@ async fn redlock_late_node_confirmation_costs_the_waiter_no_extra_attempt() {
     });
     // Node 2's confirmation arrives ~600 ms after the `SUBSCRIBE` was sent.
     tokio::time::sleep(Duration::from_millis(2000)).await;
-    let attempts = calls(set.node(0), &["eval", "evalsha"]);
+    let attempts = set.node(0).command_calls(&["eval", "evalsha"]);
     guard.release().await.unwrap();
     let got = wait.await.unwrap();
     p[2].heal();
@@ -139,8 +115,8 @@ async fn redlock_failed_attempt_is_undone_once_without_a_wake_up() {
     // Past every retry of a background release (0.2 + 0.8 + 2 s, plus its rounds).
     tokio::time::sleep(Duration::from_millis(4000)).await;
     // The release script goes as `EVAL`, the acquire script as `EVALSHA`.
-    let releases = calls(set.node(0), &["eval"]);
-    let publishes = calls(set.node(0), &["publish"]);
+    let releases = set.node(0).command_calls(&["eval"]);
+    let publishes = set.node(0).command_calls(&["publish"]);
     p[1].heal();
     p[2].heal();
     assert!(!exists(set.node(0), &full), "node 0's grant was undone");

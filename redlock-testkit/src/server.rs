@@ -477,6 +477,35 @@ impl RedisServer {
         conn::query(self.port, args, CMD_TIMEOUT)
     }
 
+    /// The `calls` of the commands named `names` (lower case, e.g. `["eval", "evalsha"]`)
+    /// in `INFO commandstats`, summed.
+    ///
+    /// # Panics
+    ///
+    /// When `INFO` fails or replies something other than text.
+    pub fn command_calls(&self, names: &[&str]) -> u64 {
+        let info = match self.cmd_sync(&["INFO", "commandstats"]).expect("INFO") {
+            Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
+            Value::VerbatimString { text, .. } => text,
+            other => panic!("redlock-testkit: INFO replied {other:?}"),
+        };
+        info.lines()
+            .filter_map(|l| {
+                let (name, stats) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+                names.contains(&name).then_some(stats)
+            })
+            .filter_map(|stats| {
+                stats
+                    .split("calls=")
+                    .nth(1)?
+                    .split(',')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum()
+    }
+
     /// Kills the process with SIGKILL and reaps it. The directory and port are kept for
     /// [`restart`](Self::restart). Does nothing if it is not running.
     pub fn kill9(&mut self) {
