@@ -9,13 +9,13 @@
 //! #[attrs] vis async fn buy(goods_id: u64, qty: u32) -> Result<Order, ShopError> where ... {
 //!     // only with `manager = EXPR`, evaluated once:
 //!     let __redlock_manager_ref: &<crate>::LockManager = &(EXPR);
-//!     let __redlock_manager: &<crate>::LockManager =
+//!     let __redlock_manager: <crate>::LockManager = // a clone, the explicit one or the global
 //!         match <crate>::__private::resolve_manager(Some(__redlock_manager_ref) /* or None */) {
 //!             Ok(m) => m,
 //!             Err(e) => return Err(From::from(e)),
 //!         };
 //!     let __redlock_key = {
-//!         let mut __redlock_k = <crate>::__private::key_buffer(__redlock_manager, HINT);
+//!         let mut __redlock_k = <crate>::__private::key_buffer(&__redlock_manager, HINT);
 //!         let _ = Write::write_fmt(&mut __redlock_k, format_args!("buy_{{{}}}", goods_id));
 //!         __redlock_k
 //!     };
@@ -39,8 +39,8 @@
 //! ```
 //!
 //! `RET` is the declared return type with any `impl Trait` replaced by `_`.
-//! The manager borrow ends at `enter`, so the body may move `self` or any
-//! parameter the manager expression or the key borrowed.
+//! The manager borrow ends at `resolve_manager` and the key's at `enter`, so the
+//! body may move `self` or any parameter the manager expression or the key borrowed.
 //!
 //! A method already transformed by `#[async_trait]` is a plain `fn` whose body
 //! ends in `Box::pin(async move { ... })`; the prelude then goes at the start of
@@ -418,12 +418,12 @@ impl Expansion<'_> {
 
         quote_spanned! {Span::mixed_site()=>
             #manager_ref_stmt
-            let #manager: &#krate::LockManager = match #krate::__private::resolve_manager(#explicit) {
+            let #manager: #krate::LockManager = match #krate::__private::resolve_manager(#explicit) {
                 #core::result::Result::Ok(#value) => #value,
                 #core::result::Result::Err(#error) => #bail,
             };
             let #key = {
-                let mut #buffer = #krate::__private::key_buffer(#manager, #hint);
+                let mut #buffer = #krate::__private::key_buffer(&#manager, #hint);
                 #write
                 #buffer
             };

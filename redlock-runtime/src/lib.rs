@@ -5,7 +5,7 @@
 //! Use it through the `redlock` crate, which re-exports everything here and adds the
 //! `#[distributed_lock]` attribute.
 #![warn(missing_docs, unreachable_pub)]
-#![forbid(unsafe_op_in_unsafe_fn)]
+#![forbid(unsafe_code)]
 
 mod backend;
 mod error;

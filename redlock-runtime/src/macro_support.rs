@@ -46,10 +46,12 @@ pub struct CallOptions {
     pub abort_on_lost: bool,
 }
 
-/// The explicit manager, else the global one.
-pub fn resolve_manager(explicit: Option<&LockManager>) -> Result<&LockManager, LockError> {
+/// The explicit manager, else the global one: a clone (an `Arc` inside), which
+/// [`enter`] keeps for the call.
+pub fn resolve_manager(explicit: Option<&LockManager>) -> Result<LockManager, LockError> {
     explicit
-        .or(LockManager::global())
+        .cloned()
+        .or_else(LockManager::global)
         .ok_or(LockError::NoManager)
 }
 
@@ -61,21 +63,21 @@ pub fn key_buffer(manager: &LockManager, capacity: usize) -> String {
 /// Acquires `full_key`, or re-enters it when an annotated call further up this task's
 /// call chain holds it on the same `manager` (or a clone of it).
 pub async fn enter(
-    manager: &LockManager,
+    manager: LockManager,
     full_key: String,
     options: CallOptions,
 ) -> Result<Call, LockError> {
     let outer = HELD
         .try_with(|held| {
             held.iter()
-                .find(|h| h.manager.same_as(manager) && h.guard.key() == full_key)
+                .find(|h| h.manager.same_as(&manager) && h.guard.key() == full_key)
                 .map(|h| h.guard.view())
         })
         .ok()
         .flatten();
     if let Some(guard) = outer {
         return Ok(Call {
-            manager: manager.clone(),
+            manager,
             guard,
             owner: false,
             abort_on_lost: options.abort_on_lost,
@@ -94,7 +96,7 @@ pub async fn enter(
         .acquire(LockKey::new(manager.prefix(), full_key)?, resolved)
         .await?;
     Ok(Call {
-        manager: manager.clone(),
+        manager,
         guard,
         owner: true,
         abort_on_lost: options.abort_on_lost,

@@ -2,8 +2,8 @@
 
 use std::fmt;
 use std::pin::pin;
-use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
@@ -342,7 +342,8 @@ async fn check_eviction(backend: &Backend, require: bool) -> Result<(), LockErro
     Ok(())
 }
 
-static GLOBAL: AtomicPtr<LockManager> = AtomicPtr::new(std::ptr::null_mut());
+/// The manager `#[distributed_lock]` uses when no `manager =` is given.
+static GLOBAL: RwLock<Option<LockManager>> = RwLock::new(None);
 
 /// How often a head polls while it cannot hear releases.
 const POLL_UNSUBSCRIBED: Duration = Duration::from_millis(100);
@@ -405,18 +406,34 @@ impl LockManager {
     }
 
     /// Makes this the manager `#[distributed_lock]` uses when no `manager =` is given.
-    /// A later call replaces it (calls already running keep the one they resolved).
+    /// A later call replaces it (calls already running keep the one they resolved); the
+    /// replaced manager is dropped once nothing else holds it.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock_runtime::LockError> {
+    /// use redlock_runtime::LockManager;
+    ///
+    /// let locks = LockManager::builder().in_memory().build().await?;
+    /// locks.clone().install_global();
+    /// assert_eq!(LockManager::global().unwrap().backend_name(), "memory");
+    /// # Ok(()) }
+    /// ```
     pub fn install_global(self) {
-        // Leaked on purpose: references handed out stay valid for the process.
-        let new = Box::into_raw(Box::new(self));
-        GLOBAL.swap(new, Ordering::AcqRel);
+        // Replaced under the lock, dropped after it.
+        let _replaced = GLOBAL
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .replace(self);
     }
 
-    /// The manager installed by [`install_global`](Self::install_global), if any.
-    pub fn global() -> Option<&'static LockManager> {
-        let ptr = GLOBAL.load(Ordering::Acquire);
-        // SAFETY: non-null pointers come from `Box::into_raw` and are never freed.
-        unsafe { ptr.as_ref() }
+    /// The manager installed by [`install_global`](Self::install_global), if any: a
+    /// clone (an `Arc` inside) of the latest one.
+    pub fn global() -> Option<LockManager> {
+        GLOBAL
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// The prefix put in front of every key.
@@ -927,5 +944,35 @@ mod tests {
         let made = locks.0.attempts.load(Ordering::Relaxed) - before;
         assert_eq!(made, 1, "{made} attempts for a wait already over");
         held.release().await.unwrap();
+    }
+
+    /// Regression (issue 13, the seam): `install_global` leaked every manager it
+    /// replaced (a `Box` never freed, behind an `AtomicPtr` read with `unsafe`).
+    /// The only test of this crate that touches the global.
+    #[tokio::test]
+    async fn install_global_twice_drops_the_replaced_manager() {
+        let first = LockManager::builder().in_memory().build().await.unwrap();
+        let second = LockManager::builder().in_memory().build().await.unwrap();
+        first.clone().install_global();
+        assert!(LockManager::global().unwrap().same_as(&first));
+        assert_eq!(
+            Arc::strong_count(&first.0),
+            2,
+            "installed: ours and the global's"
+        );
+        second.clone().install_global();
+        assert!(LockManager::global().unwrap().same_as(&second));
+        assert_eq!(
+            Arc::strong_count(&first.0),
+            1,
+            "the replaced manager leaked"
+        );
+        assert_eq!(Arc::strong_count(&second.0), 2);
+        // Installing the installed one again keeps one reference, not two.
+        second.clone().install_global();
+        assert_eq!(Arc::strong_count(&second.0), 2);
+        let guard = LockManager::global().unwrap().lock("k").await.unwrap();
+        assert!(second.is_locked("k").await.unwrap());
+        guard.release().await.unwrap();
     }
 }
