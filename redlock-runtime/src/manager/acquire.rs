@@ -1,0 +1,340 @@
+//! The acquire/wait algorithm: one attempt at the backend, and this process's queue
+//! for a key with its head contending until acquired or out of time.
+
+use std::pin::pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tracing::{field, Instrument};
+
+use super::LockManager;
+use crate::backend::{jitter, Attempt, ReplicaWait};
+use crate::key::LockKey;
+use crate::lease::{self, Lease};
+use crate::options::Resolved;
+use crate::token::Token;
+use crate::waiters::Subscription;
+use crate::watchdog::Job;
+use crate::{LockError, LockGuard};
+
+/// How often a head polls while it cannot hear releases.
+const POLL_UNSUBSCRIBED: Duration = Duration::from_millis(100);
+/// How long a head lets a key's channel go unheard before subscribing again.
+const RESUBSCRIBE_AFTER: Duration = Duration::from_secs(1);
+/// The longest pause between attempts that failed.
+const MAX_RETRY_BACKOFF: Duration = Duration::from_millis(500);
+
+/// Whether `lock` tries again after this error while it has wait budget left: a failed
+/// request, or too few Redlock nodes answering in time (with a short ttl their timeout
+/// is a few milliseconds, which one slow moment can miss). Anything else is the
+/// answer.
+fn retried_while_waiting(e: &LockError) -> bool {
+    matches!(
+        e,
+        LockError::Backend { .. } | LockError::QuorumUnavailable { .. }
+    )
+}
+
+/// How an attempt ended when it did not fail.
+enum Outcome {
+    Acquired(LockGuard),
+    Held(Option<Duration>),
+}
+
+/// Releases in the background what an attempt may have taken, unless disarmed: the
+/// request may have been applied even when its future was dropped or its reply lost.
+pub(super) struct PendingAttempt<'a> {
+    pub(super) manager: &'a LockManager,
+    pub(super) key: &'a LockKey,
+    pub(super) token: Token,
+    pub(super) armed: bool,
+}
+
+impl Drop for PendingAttempt<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let _ = self
+                .manager
+                .0
+                .jobs
+                .send(Job::Abandon(self.key.clone(), self.token));
+        }
+    }
+}
+
+impl LockManager {
+    /// Acquires an already prefixed and validated key.
+    pub(crate) async fn acquire(
+        &self,
+        key: LockKey,
+        opts: Resolved,
+    ) -> Result<LockGuard, LockError> {
+        let span = tracing::debug_span!(
+            "redlock.acquire",
+            key = key.full(),
+            backend = self.backend_name(),
+            fencing_token = field::Empty,
+        );
+        let started = Instant::now();
+        let result = async {
+            let replicas = (opts.min_replicas > 0).then(|| ReplicaWait {
+                replicas: opts.min_replicas,
+                timeout: opts.replica_wait(),
+            });
+            let mut first_error = None;
+            if opts.wait.is_zero() || !self.0.shared.waiters.is_queued(key.full()) {
+                match self.bounded_attempt(&key, &opts, replicas).await {
+                    Ok(Outcome::Acquired(guard)) => return Ok(guard),
+                    Ok(Outcome::Held(_)) if opts.wait.is_zero() => {
+                        return Err(LockError::Timeout {
+                            key: key.into_full(),
+                        })
+                    }
+                    // With time to wait, the wait loop tries again.
+                    Ok(Outcome::Held(_)) => {}
+                    Err(e) if retried_while_waiting(&e) && !opts.wait.is_zero() => {
+                        first_error = Some(e);
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            let wait = tracing::debug_span!("redlock.wait", key = key.full());
+            self.wait_for(&key, &opts, replicas, first_error)
+                .instrument(wait)
+                .await
+        }
+        .instrument(span.clone())
+        .await;
+        if let Ok(guard) = &result {
+            span.record("fencing_token", guard.fencing_token());
+            let waited = started.elapsed();
+            if waited > Duration::from_secs(1) {
+                tracing::info!(parent: &span, ?waited, "slow lock acquisition");
+            }
+        }
+        result
+    }
+
+    /// One round trip: acquired, or held (with the holder's remaining ttl).
+    ///
+    /// Every attempt draws a fresh token. What an earlier attempt may have left on the
+    /// server (a request applied after its reply was lost, a Redlock undo that did not
+    /// arrive) carries an older token, so it can never be counted as part of this
+    /// attempt's grant, and its background release can never delete this attempt's lock.
+    async fn attempt(
+        &self,
+        key: &LockKey,
+        opts: &Resolved,
+        replicas: Option<ReplicaWait>,
+    ) -> Result<Outcome, LockError> {
+        #[cfg(test)]
+        self.0.attempts.fetch_add(1, Ordering::Relaxed);
+        let shared = &self.0.shared;
+        let token = Token::random();
+        let sent = lease::now();
+        let mut pending = PendingAttempt {
+            manager: self,
+            key,
+            token,
+            armed: true,
+        };
+        let attempt = shared.backend.acquire(key, token, opts.ttl, replicas).await;
+        // A backend that undoes its own failed attempts does so without waking anyone
+        // (the waiters include this caller); a release from here would do it again,
+        // with a wake-up.
+        if attempt.is_ok() || shared.backend.undoes_failed_attempts() {
+            pending.armed = false;
+        }
+        let attempt = attempt?;
+        let fence = match attempt {
+            Attempt::Held { remaining, .. } => return Ok(Outcome::Held(remaining)),
+            Attempt::Acquired {
+                fence,
+                replicas: acked,
+            } => {
+                if let (Some(want), Some(acked)) = (replicas, acked) {
+                    if acked < want.replicas {
+                        pending.armed = true;
+                        shared.backend.release(key, token).await?;
+                        pending.armed = false;
+                        return Err(LockError::ReplicasUnavailable {
+                            key: key.full().to_owned(),
+                            acked,
+                            wanted: want.replicas,
+                        });
+                    }
+                }
+                fence
+            }
+        };
+        let id = self.0.next_id.fetch_add(1, Ordering::Relaxed);
+        let lease = Arc::new(Lease::new(id, key.clone(), token, fence, opts.ttl, sent));
+        if opts.watchdog {
+            shared.watch(&lease);
+        }
+        Ok(Outcome::Acquired(LockGuard::new(lease, self.clone())))
+    }
+
+    /// [`attempt`](Self::attempt), cut short once both the wait's deadline and one
+    /// request timeout (its `WAIT` included) from now have passed: whatever hangs (a
+    /// frozen server, a connection being opened or re-established), `lock` returns
+    /// within its wait plus one request timeout. What a cut-short attempt may have
+    /// taken is released in the background, as for any dropped attempt.
+    async fn bounded_attempt(
+        &self,
+        key: &LockKey,
+        opts: &Resolved,
+        replicas: Option<ReplicaWait>,
+    ) -> Result<Outcome, LockError> {
+        let request = self.0.shared.backend.request_timeout(opts.ttl)
+            + replicas.map_or(Duration::ZERO, |r| r.timeout);
+        let now = tokio::time::Instant::now();
+        let bound = (now + request).max(tokio::time::Instant::from_std(opts.deadline));
+        tokio::time::timeout_at(bound, self.attempt(key, opts, replicas))
+            .await
+            .unwrap_or_else(|_| Err(LockError::timed_out("acquire", bound - now)))
+    }
+
+    /// Queues locally, then contends as the head until acquired or out of time. When
+    /// the wait runs out, the last attempt's error is returned if it failed, else
+    /// [`LockError::Timeout`].
+    async fn wait_for(
+        &self,
+        key: &LockKey,
+        opts: &Resolved,
+        replicas: Option<ReplicaWait>,
+        mut last_error: Option<LockError>,
+    ) -> Result<LockGuard, LockError> {
+        let shared = &self.0.shared;
+        let timeout = || LockError::Timeout {
+            key: key.full().to_owned(),
+        };
+        let place = shared
+            .waiters
+            .join(key.full())
+            .ok_or_else(|| LockError::QueueFull {
+                key: key.full().to_owned(),
+            })?;
+        let deadline = tokio::time::Instant::from_std(opts.deadline);
+        let Ok(Ok(_turn)) = tokio::time::timeout_at(deadline, place.queue.turn.acquire()).await
+        else {
+            return Err(last_error.unwrap_or_else(timeout));
+        };
+        let mut backoff = Duration::from_millis(10);
+        // When this head first saw the key's channel not listened to (or last asked).
+        let mut unheard_since: Option<Instant> = None;
+        let mut asked = false;
+        // Each round ends in a wake-up, a timer or the deadline; the deadline ends the loop.
+        loop {
+            // No attempt starts once the wait is over: the initial attempt (or the turn)
+            // may have run past the deadline already, and another one would take `lock`
+            // beyond its wait plus one request timeout.
+            if tokio::time::Instant::now() >= deadline {
+                return Err(last_error.unwrap_or_else(timeout));
+            }
+            // Subscribed before the next attempt, so no release after it goes unnoticed.
+            // The queue owns its interest from before the request is sent: if this
+            // future is dropped or cut short mid-way, the channel is still unsubscribed
+            // when the queue empties. The wait bounds the subscription too. A channel
+            // unheard for a while (a subscription that failed, or one lost with its
+            // connection and not restored by the connection's own resubscription) is
+            // asked for again; meanwhile the head polls.
+            //
+            // A queue without an interest of its own registers one even when the
+            // channel is listened to: that may be an earlier queue's interest, about to
+            // be dropped (and the channel unsubscribed). On a confirmed channel this
+            // only counts the interest, without a round trip.
+            let unregistered =
+                place.queue.subscription() == Subscription::None && shared.backend.has_channels();
+            if shared.backend.listening(key.full()) && !unregistered {
+                unheard_since = None;
+            } else {
+                let now = Instant::now();
+                let since = *unheard_since.get_or_insert(now);
+                if unregistered || !asked || now.duration_since(since) >= RESUBSCRIBE_AFTER {
+                    let again = std::mem::replace(&mut asked, true);
+                    unheard_since = Some(now);
+                    let register = unregistered;
+                    place.queue.set_subscription(Subscription::Asked);
+                    let subscribe = shared.backend.subscribe(key.full(), register);
+                    match tokio::time::timeout_at(deadline, subscribe).await {
+                        Err(_) => return Err(last_error.unwrap_or_else(timeout)),
+                        Ok(Ok(())) => {
+                            place.queue.set_subscription(Subscription::Confirmed);
+                            // Heard from now on: a later loss (a reconnect) starts its own
+                            // grace period, in which the connection's resubscription can
+                            // restore the channel before this head asks again.
+                            unheard_since = None;
+                        }
+                        Ok(Err(e)) if again => {
+                            tracing::debug!(error = %e, "subscribing again failed; polling");
+                        }
+                        Ok(Err(e)) => {
+                            tracing::warn!(error = %e, "no release notifications; polling");
+                        }
+                    }
+                }
+            }
+            let mut notified = pin!(place.queue.wake.notified());
+            notified.as_mut().enable();
+            let pause = match self.bounded_attempt(key, opts, replicas).await {
+                Ok(Outcome::Acquired(guard)) => return Ok(guard),
+                Ok(Outcome::Held(remaining)) => {
+                    last_error = None;
+                    let fallback =
+                        remaining.unwrap_or(Duration::from_secs(1)) + Duration::from_millis(1);
+                    // Not listening (no subscription, or its connection dropped and it
+                    // is not restored yet): a release would go unheard, so poll.
+                    if shared.backend.listening(key.full()) {
+                        fallback
+                    } else {
+                        fallback.min(POLL_UNSUBSCRIBED)
+                    }
+                }
+                Err(e) if retried_while_waiting(&e) => {
+                    tracing::debug!(error = %e, "acquire attempt failed; retrying");
+                    last_error = Some(e);
+                    backoff = (backoff * 2).min(MAX_RETRY_BACKOFF);
+                    // Jittered, so managers that failed together do not retry together.
+                    backoff / 2 + jitter(backoff / 2)
+                }
+                Err(e) => return Err(e),
+            };
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return Err(last_error.unwrap_or_else(timeout));
+            }
+            tokio::select! {
+                () = notified => {}
+                () = tokio::time::sleep_until((now + pause).min(deadline)) => {}
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::LockOptions;
+
+    /// Regression (review of `liveness`, finding 5): when the initial attempt ended past
+    /// the wait's deadline and the key's channel was listened to, the wait loop made a
+    /// second full attempt (on a hung server, `lock` returned after its wait plus two
+    /// request timeouts). The in-memory backend always listens; a 1 ns wait has passed
+    /// by the time the initial attempt returns.
+    #[tokio::test]
+    async fn no_attempt_starts_after_the_deadline() {
+        let locks = LockManager::builder().in_memory().build().await.unwrap();
+        let held = locks.lock("k").await.unwrap();
+        let before = locks.0.attempts.load(Ordering::Relaxed);
+        let err = locks
+            .lock_with("k", LockOptions::new().wait(Duration::from_nanos(1)))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, LockError::Timeout { .. }), "{err}");
+        let made = locks.0.attempts.load(Ordering::Relaxed) - before;
+        assert_eq!(made, 1, "{made} attempts for a wait already over");
+        held.release().await.unwrap();
+    }
+}

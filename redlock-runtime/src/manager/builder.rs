@@ -1,0 +1,291 @@
+//! [`LockManagerBuilder`]: configures and connects a [`LockManager`].
+
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+
+use super::{Inner, LockManager};
+use crate::backend::{
+    Backend, ClusterBackend, MemoryBackend, RedlockBackend, SingleBackend, Timeouts,
+    DEFAULT_NODE_TIMEOUT,
+};
+use crate::key::check_prefix;
+use crate::options::check_ttl;
+use crate::waiters::Waiters;
+use crate::watchdog::{self, Job, Shared};
+use crate::LockError;
+
+/// Which backend a builder connects to.
+#[derive(Debug, Clone)]
+enum Target {
+    Memory,
+    Single(String),
+    Cluster(Vec<String>),
+    Redlock(Vec<String>),
+}
+
+impl Target {
+    /// `rediss://` needs the `tls` feature; without it the URL is refused up front.
+    fn check_tls_support(&self) -> Result<(), LockError> {
+        let urls: &[String] = match self {
+            Self::Memory => &[],
+            Self::Single(url) => std::slice::from_ref(url),
+            Self::Cluster(urls) | Self::Redlock(urls) => urls,
+        };
+        match urls
+            .iter()
+            .find(|u| u.trim_start().to_ascii_lowercase().starts_with("rediss:"))
+        {
+            Some(url) if !cfg!(feature = "tls") => Err(LockError::invalid_option(format!(
+                "{} uses TLS: enable the `tls` feature of redlock",
+                url.split('@').next_back().unwrap_or_default()
+            ))),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Configures and connects a [`LockManager`]; from [`LockManager::builder`].
+#[derive(Debug, Clone)]
+#[must_use = "a builder does nothing until .build().await"]
+pub struct LockManagerBuilder {
+    target: Option<Target>,
+    prefix: String,
+    default_ttl: Duration,
+    default_wait: Duration,
+    max_waiters_per_key: usize,
+    timeouts: Timeouts,
+    redlock_node_timeout: Duration,
+    require_noeviction: bool,
+}
+
+/// The default key prefix.
+pub const DEFAULT_PREFIX: &str = "lock:";
+/// The default ttl.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
+/// The default wait budget.
+pub const DEFAULT_WAIT: Duration = Duration::from_secs(10);
+/// The default bound of the local queue per key.
+pub const DEFAULT_MAX_WAITERS_PER_KEY: usize = 1024;
+
+impl Default for LockManagerBuilder {
+    fn default() -> Self {
+        Self {
+            target: None,
+            prefix: DEFAULT_PREFIX.to_owned(),
+            default_ttl: DEFAULT_TTL,
+            default_wait: DEFAULT_WAIT,
+            max_waiters_per_key: DEFAULT_MAX_WAITERS_PER_KEY,
+            timeouts: Timeouts {
+                connect: Duration::from_secs(3),
+                response: Duration::from_secs(1),
+            },
+            redlock_node_timeout: DEFAULT_NODE_TIMEOUT,
+            require_noeviction: false,
+        }
+    }
+}
+
+impl LockManagerBuilder {
+    /// One Redis server, e.g. `redis://user:pass@127.0.0.1:6379/0`
+    /// (`rediss://` with the `tls` feature).
+    pub fn single(mut self, url: &str) -> Self {
+        self.target = Some(Target::Single(url.to_owned()));
+        self
+    }
+
+    /// A Redis Cluster, given one or more seed nodes (`redis://host:port`); the others are
+    /// discovered. Every key a lock uses shares its hash tag, wake-ups use sharded
+    /// pub/sub (Redis 7+), and `MOVED`/`ASK` and failovers are followed.
+    pub fn cluster<I, S>(mut self, urls: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let urls = urls.into_iter().map(|u| u.as_ref().to_owned()).collect();
+        self.target = Some(Target::Cluster(urls));
+        self
+    }
+
+    /// Redlock over N independent Redis masters (use an odd N, usually 3 or 5): a lock
+    /// is held when a majority granted it in time. See the README's "Redlock mode" for
+    /// what its fencing tokens guarantee, and the delayed-restart rule. Every node must
+    /// answer at `build`; later, up to N − (N/2+1) nodes may be down.
+    pub fn redlock<I, S>(mut self, urls: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let urls = urls.into_iter().map(|u| u.as_ref().to_owned()).collect();
+        self.target = Some(Target::Redlock(urls));
+        self
+    }
+
+    /// Redlock only: the bound on each node's reply (default 200 ms; for each lock at
+    /// most its ttl/10), so a frozen node slows a request by at most this much.
+    pub fn redlock_node_timeout(mut self, timeout: Duration) -> Self {
+        self.redlock_node_timeout = timeout;
+        self
+    }
+
+    /// Process memory: no Redis, same semantics; all in-memory managers of a process
+    /// share one store.
+    pub fn in_memory(mut self) -> Self {
+        self.target = Some(Target::Memory);
+        self
+    }
+
+    /// The namespace put in front of every key (default `"lock:"`).
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// The ttl of locks whose options set none (default 30 s).
+    pub fn default_ttl(mut self, ttl: Duration) -> Self {
+        self.default_ttl = ttl;
+        self
+    }
+
+    /// How long `lock` waits when the options set nothing (default 10 s).
+    pub fn default_wait(mut self, wait: Duration) -> Self {
+        self.default_wait = wait;
+        self
+    }
+
+    /// How many tasks of this process may wait for one key, the one contending on the
+    /// backend included (default 1024); beyond it `lock` fails with
+    /// [`LockError::QueueFull`] at once. 0 is rejected by `build`.
+    pub fn max_waiters_per_key(mut self, n: usize) -> Self {
+        self.max_waiters_per_key = n;
+        self
+    }
+
+    /// The bound on connecting, for each connection and for `build` as a whole
+    /// (default 3 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.timeouts.connect = timeout;
+        self
+    }
+
+    /// The bound on each Redis reply (default 1 s).
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.timeouts.response = timeout;
+        self
+    }
+
+    /// Whether a Redis node whose `maxmemory-policy` is not `noeviction` fails `build`
+    /// (default `false`: it is logged as a warning).
+    ///
+    /// Under memory pressure any other policy may evict keys, lock keys included: the
+    /// next client is then granted a lock that is still held, two holders at once.
+    /// `build` reads the policy from `INFO memory` on every node locks are written to
+    /// (the server, every Redlock node, every cluster master).
+    pub fn require_noeviction(mut self, require: bool) -> Self {
+        self.require_noeviction = require;
+        self
+    }
+
+    /// Checks the settings, connects to and PINGs every node, reads every node's
+    /// `maxmemory-policy`, and starts the manager's background task. Writes no key.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidOption`] for a bad URL or setting (or no backend chosen, or a
+    /// prefix with an unclosed `{`), or for a node whose `maxmemory-policy` is not
+    /// `noeviction` under [`require_noeviction(true)`](Self::require_noeviction);
+    /// [`LockError::Backend`] when a node cannot be reached within the connect timeout
+    /// (or, under `require_noeviction(true)`, its policy cannot be read).
+    pub async fn build(self) -> Result<LockManager, LockError> {
+        check_ttl(self.default_ttl)?;
+        check_prefix(&self.prefix)?;
+        if Instant::now().checked_add(self.default_wait).is_none() {
+            return Err(LockError::invalid_option("default_wait overflows"));
+        }
+        if self.max_waiters_per_key == 0 {
+            return Err(LockError::invalid_option(
+                "max_waiters_per_key must be at least 1",
+            ));
+        }
+        if self.timeouts.connect.is_zero() || self.timeouts.response.is_zero() {
+            return Err(LockError::invalid_option("timeouts must be positive"));
+        }
+        let target = self.target.ok_or_else(|| {
+            LockError::invalid_option("no backend chosen: call .single(url), .cluster(urls), .redlock(urls) or .in_memory()")
+        })?;
+        target.check_tls_support()?;
+        let (jobs, rx) = mpsc::unbounded_channel();
+        let unsubscribe = jobs.downgrade();
+        let waiters = Arc::new(Waiters::new(
+            self.max_waiters_per_key,
+            Box::new(move |key| {
+                if let Some(jobs) = unsubscribe.upgrade() {
+                    let _ = jobs.send(Job::Unsubscribe(key.to_owned()));
+                }
+            }),
+        ));
+        #[cfg(feature = "tls")]
+        crate::tls::install_crypto_provider();
+        let backend = match target {
+            Target::Memory => Backend::Memory(MemoryBackend::new(Arc::downgrade(&waiters))),
+            Target::Cluster(urls) => Backend::Cluster(
+                ClusterBackend::connect(&urls, self.timeouts, Arc::downgrade(&waiters)).await?,
+            ),
+            Target::Redlock(urls) => Backend::Redlock(
+                RedlockBackend::connect(
+                    &urls,
+                    self.timeouts,
+                    self.redlock_node_timeout,
+                    Arc::downgrade(&waiters),
+                )
+                .await?,
+            ),
+            Target::Single(url) => Backend::Single(
+                SingleBackend::connect(&url, self.timeouts, Arc::downgrade(&waiters)).await?,
+            ),
+        };
+        check_eviction(&backend, self.require_noeviction).await?;
+        let shared = Arc::new(Shared::new(backend, waiters, self.default_ttl));
+        tokio::spawn(watchdog::run(shared.clone(), rx));
+        Ok(LockManager(Arc::new(Inner {
+            shared,
+            jobs,
+            prefix: self.prefix,
+            default_ttl: self.default_ttl,
+            default_wait: self.default_wait,
+            next_id: AtomicU64::new(1),
+            #[cfg(test)]
+            attempts: std::sync::atomic::AtomicUsize::new(0),
+        })))
+    }
+}
+
+/// Warns about, or with `require` refuses, nodes that may evict lock keys.
+async fn check_eviction(backend: &Backend, require: bool) -> Result<(), LockError> {
+    const RISK: &str = "Redis may evict lock keys under memory pressure, and an evicted \
+                        lock is granted to a second client while its holder still holds it";
+    for (node, policy) in backend.eviction_policies().await? {
+        match policy {
+            Ok(policy) if policy == "noeviction" => {}
+            Ok(policy) if require => {
+                return Err(LockError::invalid_option(format!(
+                    "{node} has maxmemory-policy {policy}, and require_noeviction(true) \
+                     needs noeviction: {RISK}"
+                )));
+            }
+            Ok(policy) => tracing::warn!(
+                node,
+                policy,
+                "maxmemory-policy is not noeviction: {RISK}; set it to noeviction"
+            ),
+            Err(e) if require => return Err(e),
+            Err(e) => tracing::warn!(
+                node,
+                error = %e,
+                "cannot read maxmemory-policy (INFO memory): if it is not noeviction, {RISK}"
+            ),
+        }
+    }
+    Ok(())
+}

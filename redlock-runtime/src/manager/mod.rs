@@ -1,0 +1,395 @@
+//! [`LockManager`]: the handle every lock goes through, and its public API.
+//!
+//! [`builder`] configures and connects one; [`acquire`] is the acquire/wait algorithm.
+
+mod acquire;
+mod builder;
+
+use std::fmt;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tracing::Instrument;
+
+use crate::key::LockKey;
+use crate::lease::{self, Lease};
+use crate::options::{check_ttl, Resolved};
+use crate::watchdog::{Job, Shared};
+use crate::{LockError, LockGuard, LockOptions};
+
+use acquire::PendingAttempt;
+pub use builder::{
+    LockManagerBuilder, DEFAULT_MAX_WAITERS_PER_KEY, DEFAULT_PREFIX, DEFAULT_TTL, DEFAULT_WAIT,
+};
+
+/// Hands out distributed locks over one backend. Cheap to clone (an `Arc` inside); make
+/// one per process and share it.
+///
+/// # Behavior
+/// - `lock` tries once at once; if the key is held it joins this process's FIFO queue
+///   for the key. Only the queue's head contends on the backend; it is woken by the
+///   release's notification, or by the holder's remaining ttl as a fallback timer.
+/// - A single background task renews every held lock at ttl/3 in batches, performs the
+///   releases of dropped guards, and ends with the manager.
+/// - Redis connections reconnect by themselves; a failed request is a
+///   [`LockError::Backend`] (or is retried within the `wait` budget while waiting).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), redlock_runtime::LockError> {
+/// use std::time::Duration;
+/// use redlock_runtime::{LockManager, LockOptions};
+///
+/// let locks = LockManager::builder()
+///     .in_memory()                       // or .single("redis://127.0.0.1:6379")
+///     .prefix("lock:")
+///     .default_ttl(Duration::from_secs(30))
+///     .build()
+///     .await?;
+/// let guard = locks.lock("buy_{42}").await?;
+/// assert!(locks.try_lock("buy_{42}").await?.is_none());
+/// drop(guard);
+/// let guard = locks
+///     .lock_with("buy_{42}", LockOptions::new().wait(Duration::from_secs(1)))
+///     .await?;
+/// # drop(guard);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct LockManager(Arc<Inner>);
+
+struct Inner {
+    shared: Arc<Shared>,
+    jobs: mpsc::UnboundedSender<Job>,
+    prefix: String,
+    default_ttl: Duration,
+    default_wait: Duration,
+    next_id: AtomicU64,
+    /// Backend attempts made (for tests of how many a `lock` makes).
+    #[cfg(test)]
+    attempts: std::sync::atomic::AtomicUsize,
+}
+
+/// The manager `#[distributed_lock]` uses when no `manager =` is given.
+static GLOBAL: RwLock<Option<LockManager>> = RwLock::new(None);
+
+impl LockManager {
+    /// A builder with the defaults: prefix `"lock:"`, ttl 30 s, wait 10 s, 1024 waiters
+    /// per key, connect timeout 3 s.
+    pub fn builder() -> LockManagerBuilder {
+        LockManagerBuilder::default()
+    }
+
+    /// Connects to one Redis server with the defaults.
+    ///
+    /// # Errors
+    /// As [`LockManagerBuilder::build`].
+    pub async fn connect(url: &str) -> Result<Self, LockError> {
+        Self::builder().single(url).build().await
+    }
+
+    /// Makes this the manager `#[distributed_lock]` uses when no `manager =` is given.
+    /// A later call replaces it (calls already running keep the one they resolved); the
+    /// replaced manager is dropped once nothing else holds it.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock_runtime::LockError> {
+    /// use redlock_runtime::LockManager;
+    ///
+    /// let locks = LockManager::builder().in_memory().build().await?;
+    /// locks.clone().install_global();
+    /// assert_eq!(LockManager::global().unwrap().backend_name(), "memory");
+    /// # Ok(()) }
+    /// ```
+    pub fn install_global(self) {
+        // Replaced under the lock, dropped after it.
+        let _replaced = GLOBAL
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .replace(self);
+    }
+
+    /// The manager installed by [`install_global`](Self::install_global), if any: a
+    /// clone (an `Arc` inside) of the latest one.
+    pub fn global() -> Option<LockManager> {
+        GLOBAL
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The prefix put in front of every key.
+    pub fn prefix(&self) -> &str {
+        &self.0.prefix
+    }
+
+    /// The backend's name: `"memory"`, `"single"`, `"cluster"` or `"redlock"`.
+    pub fn backend_name(&self) -> &'static str {
+        self.0.shared.backend.name()
+    }
+
+    /// Acquires `key` (prefixed), waiting up to the default wait.
+    ///
+    /// The wait bounds the whole call: it returns within the wait plus at most one
+    /// request timeout (the response timeout, or Redlock's per-node timeout, plus the
+    /// `WAIT` of `min_replicas`), even when Redis hangs. A failed attempt
+    /// ([`LockError::Backend`], [`LockError::QuorumUnavailable`]) is retried, after a
+    /// short jittered pause, while wait budget is left.
+    ///
+    /// # Errors
+    /// [`LockError::Timeout`] when the wait ran out with the key still held,
+    /// [`LockError::QueueFull`] when this process already has `max_waiters_per_key`
+    /// tasks waiting for the key, [`LockError::InvalidKey`] for an empty or too long
+    /// key; [`LockError::Backend`] when Redis failed, or
+    /// [`LockError::QuorumUnavailable`] when too few Redlock nodes answered, on the last
+    /// attempt before the wait ran out (with a zero wait: on the one attempt).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future at any point leaves no lock behind. A lock the
+    /// server granted after the future was dropped is released in the background, and
+    /// the queue slot is freed.
+    pub async fn lock(&self, key: &str) -> Result<LockGuard, LockError> {
+        self.lock_with(key, LockOptions::new()).await
+    }
+
+    /// One attempt: `Ok(None)` when someone else holds the lock.
+    ///
+    /// # Errors
+    /// As [`lock`](Self::lock), without `Timeout` and `QueueFull`.
+    ///
+    /// # Cancel safety
+    /// As [`lock`](Self::lock).
+    pub async fn try_lock(&self, key: &str) -> Result<Option<LockGuard>, LockError> {
+        match self
+            .lock_with(key, LockOptions::new().wait(Duration::ZERO))
+            .await
+        {
+            Ok(guard) => Ok(Some(guard)),
+            Err(LockError::Timeout { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Acquires `key` with explicit options.
+    ///
+    /// # Errors
+    /// As [`lock`](Self::lock); also [`LockError::InvalidOption`] for a ttl outside
+    /// 1 ms ..= 30 days or a wait that overflows, and
+    /// [`LockError::ReplicasUnavailable`] when `min_replicas` was not met (the lock is
+    /// released again).
+    ///
+    /// # Cancel safety
+    /// As [`lock`](Self::lock).
+    pub async fn lock_with(&self, key: &str, options: LockOptions) -> Result<LockGuard, LockError> {
+        let key = LockKey::prefixed(&self.0.prefix, key)?;
+        let resolved = options.resolve(self.0.default_ttl, self.0.default_wait)?;
+        self.acquire(key, resolved).await
+    }
+
+    /// Whether anyone holds `key` now.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidKey`], [`LockError::Backend`].
+    pub async fn is_locked(&self, key: &str) -> Result<bool, LockError> {
+        let key = LockKey::prefixed(&self.0.prefix, key)?;
+        self.0.shared.backend.is_locked(&key).await
+    }
+
+    /// Deletes `key`'s lock whoever holds it, and wakes its waiters: an operator's tool
+    /// for a stuck lock. The holder finds out at its next renewal. Returns whether a lock
+    /// was there.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidKey`], [`LockError::Backend`].
+    pub async fn force_unlock(&self, key: &str) -> Result<bool, LockError> {
+        let key = LockKey::prefixed(&self.0.prefix, key)?;
+        self.0.shared.backend.force_unlock(&key).await
+    }
+
+    /// The number of locks the watchdog is renewing.
+    pub fn watched_locks(&self) -> usize {
+        self.0.shared.watched()
+    }
+
+    /// The number of wake-up channels this manager keeps an interest in (summed over
+    /// Redlock's nodes; 0 for the in-memory backend). For tests: it drops
+    /// back to 0 once no task waits.
+    #[doc(hidden)]
+    pub fn subscription_interests(&self) -> usize {
+        self.0.shared.backend.interests()
+    }
+
+    /// Releases a lease now (the guard's `release`).
+    pub(crate) async fn release_lease(&self, lease: &Arc<Lease>) -> Result<(), LockError> {
+        let shared = &self.0.shared;
+        let key = lease.key.full();
+        let Some(was) = lease.mark_released() else {
+            return Err(LockError::NotHeld {
+                key: key.to_owned(),
+            });
+        };
+        shared.unwatch(lease.id);
+        let mut pending = PendingAttempt {
+            manager: self,
+            key: &lease.key,
+            token: lease.token,
+            armed: true,
+        };
+        let span = tracing::debug_span!(
+            "redlock.release",
+            key,
+            backend = self.backend_name(),
+            fencing_token = lease.fence
+        );
+        let released = shared
+            .backend
+            .release(&lease.key, lease.token)
+            .instrument(span)
+            .await;
+        // A failed request is retried in the background (compare-token, so harmless).
+        pending.armed = released.is_err();
+        match (released?, was) {
+            (true, Ok(())) => {
+                shared.waiters.wake(key);
+                Ok(())
+            }
+            (true, Err(())) => {
+                shared.waiters.wake(key);
+                Err(LockError::Lost {
+                    key: key.to_owned(),
+                })
+            }
+            (false, _) => Err(LockError::Lost {
+                key: key.to_owned(),
+            }),
+        }
+    }
+
+    /// Hands a dropped guard's release to the background task.
+    pub(crate) fn release_in_background(&self, lease: &Arc<Lease>) {
+        if lease.mark_released().is_some() {
+            self.0.shared.unwatch(lease.id);
+            let _ = self.0.jobs.send(Job::Release(lease.clone()));
+        }
+    }
+
+    /// Sets a lease's remaining ttl.
+    ///
+    /// The request runs in a task of its own, holding the lease's operation lock until
+    /// its outcome is booked: dropping this future neither cancels the request nor lets
+    /// a renewal overtake it (see the `lease` module for the rules).
+    pub(crate) async fn extend_lease(
+        &self,
+        lease: &Arc<Lease>,
+        ttl: Duration,
+    ) -> Result<(), LockError> {
+        check_ttl(ttl)?;
+        let lost = |lease: &Lease| LockError::Lost {
+            key: lease.key.full().to_owned(),
+        };
+        if !lease.is_held() {
+            return Err(lost(lease));
+        }
+        let op = lease.op.clone().lock_owned().await;
+        if !lease.is_held() {
+            return Err(lost(lease));
+        }
+        let manager = self.clone();
+        let task_lease = lease.clone();
+        let request = tokio::spawn(async move {
+            let (lease, shared) = (task_lease, &manager.0.shared);
+            let sent = lease::now();
+            lease.extending(sent, ttl);
+            // The watchdog declares the lock lost at the lowered deadline if no reply
+            // raised it by then.
+            shared.reschedule(&lease);
+            let outcome = match shared.backend.extend(&lease.key, lease.token, ttl).await {
+                Ok(true) => {
+                    lease.confirmed(sent, ttl);
+                    Ok(())
+                }
+                Ok(false) => {
+                    lease.mark_lost("the server no longer holds this lock's token");
+                    Err(lost(&lease))
+                }
+                Err(e) => Err(e),
+            };
+            drop(op);
+            // The renewal schedule moved (and renewals were skipped while this ran).
+            shared.reschedule(&lease);
+            outcome
+        });
+        match request.await {
+            Ok(outcome) => outcome,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            // Only when the runtime shuts down.
+            Err(_) => Err(lost(lease)),
+        }
+    }
+
+    /// A string that starts with the prefix, for building a key in place.
+    pub(crate) fn key_buffer(&self, capacity: usize) -> String {
+        let mut s = String::with_capacity(self.0.prefix.len() + capacity);
+        s.push_str(&self.0.prefix);
+        s
+    }
+
+    /// Whether `other` is this manager or a clone of it: two managers built separately
+    /// are different, even over the same Redis.
+    pub(crate) fn same_as(&self, other: &LockManager) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+
+    pub(crate) fn resolve(&self, options: &LockOptions) -> Result<Resolved, LockError> {
+        options.resolve(self.0.default_ttl, self.0.default_wait)
+    }
+}
+
+impl fmt::Debug for LockManager {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockManager")
+            .field("backend", &self.backend_name())
+            .field("prefix", &self.0.prefix)
+            .field("default_ttl", &self.0.default_ttl)
+            .field("default_wait", &self.0.default_wait)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Regression (issue 13, the seam): `install_global` leaked every manager it
+    /// replaced (a `Box` never freed, behind an `AtomicPtr` read with `unsafe`).
+    /// The only test of this crate that touches the global.
+    #[tokio::test]
+    async fn install_global_twice_drops_the_replaced_manager() {
+        let first = LockManager::builder().in_memory().build().await.unwrap();
+        let second = LockManager::builder().in_memory().build().await.unwrap();
+        first.clone().install_global();
+        assert!(LockManager::global().unwrap().same_as(&first));
+        assert_eq!(
+            Arc::strong_count(&first.0),
+            2,
+            "installed: ours and the global's"
+        );
+        second.clone().install_global();
+        assert!(LockManager::global().unwrap().same_as(&second));
+        assert_eq!(
+            Arc::strong_count(&first.0),
+            1,
+            "the replaced manager leaked"
+        );
+        assert_eq!(Arc::strong_count(&second.0), 2);
+        // Installing the installed one again keeps one reference, not two.
+        second.clone().install_global();
+        assert_eq!(Arc::strong_count(&second.0), 2);
+        let guard = LockManager::global().unwrap().lock("k").await.unwrap();
+        assert!(second.is_locked("k").await.unwrap());
+        guard.release().await.unwrap();
+    }
+}
