@@ -38,6 +38,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
+use crate::backend::LeaseRef;
 use crate::key::LockKey;
 use crate::token::Token;
 
@@ -111,6 +112,14 @@ impl Lease {
         };
         lease.confirmed(sent, ttl);
         lease
+    }
+
+    /// The lock as the backend's release and extends name it.
+    pub(crate) fn lease_ref(&self) -> LeaseRef<'_> {
+        LeaseRef {
+            key: &self.key,
+            token: self.token,
+        }
     }
 
     pub(crate) fn ttl(&self) -> Duration {

@@ -22,7 +22,7 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::{mpsc, Notify, OwnedMutexGuard};
 use tracing::Instrument;
 
-use crate::backend::{Backend, Renewal, Renewed};
+use crate::backend::{Backend, LeaseRef, Renewal, Renewed};
 use crate::key::LockKey;
 use crate::lease::{self, Lease};
 use crate::token::Token;
@@ -395,7 +395,12 @@ async fn release(shared: &Shared, key: &LockKey, token: Token) {
             key = key.full(),
             backend = shared.backend.name()
         );
-        match shared.backend.release(key, token).instrument(span).await {
+        match shared
+            .backend
+            .release(LeaseRef { key, token })
+            .instrument(span)
+            .await
+        {
             Ok(true) => return shared.waiters.wake(key.full()),
             Ok(false) => return,
             Err(e) => tracing::debug!(key = key.full(), error = %e, "background release failed"),

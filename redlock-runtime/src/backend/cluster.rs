@@ -55,13 +55,12 @@ use tokio::sync::mpsc;
 
 use super::single::{decode_acquire, parse_eviction_policy, ttl_ms};
 use super::{
-    chunk_outcomes, Attempt, Renewal, Renewed, ReplicaWait, Timeouts, WaitAttempt, WaitPool,
-    MAX_REPLICA_WAIT,
+    chunk_outcomes, Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Store, Timeouts,
+    WaitAttempt, WaitPool, MAX_REPLICA_WAIT,
 };
 use crate::key::{key_slot, LockKey, SLOTS};
 use crate::notify::{channel_of, ChannelLocks, Interest};
 use crate::scripts::{ACQUIRE, EXTEND, RELEASE, RENEW};
-use crate::token::Token;
 use crate::waiters::Waiters;
 use crate::LockError;
 
@@ -214,173 +213,9 @@ impl ClusterBackend {
         })
     }
 
-    pub(crate) fn subscriber(&self) -> &ShardSubscriber {
+    #[cfg(test)]
+    fn subscriber(&self) -> &ShardSubscriber {
         &self.subscriber
-    }
-
-    pub(crate) async fn acquire(
-        &self,
-        key: &LockKey,
-        token: Token,
-        ttl: Duration,
-        replicas: Option<ReplicaWait>,
-    ) -> Result<Attempt, LockError> {
-        let keys = [key.full(), key.fence()];
-        let args = (token.as_bytes(), ttl_ms(ttl));
-        let Some(rw) = replicas else {
-            let reply: Value = ACQUIRE
-                .invoke(&self.con, &keys, args)
-                .await
-                .map_err(LockError::backend("acquire"))?;
-            return decode_acquire(reply, None);
-        };
-        // WAIT blocks the node connection it runs on: a cluster connection of its own
-        // (it reconnects by itself), and the pipeline explicitly routed to the key's
-        // master (never a bare WAIT).
-        let con = match self.wait_pool.take() {
-            Some(con) => con,
-            None => {
-                let client = wait_client(&self.urls, self.timeouts)?;
-                tokio::time::timeout(self.timeouts.connect, client.get_async_connection())
-                    .await
-                    .map_err(|_| LockError::timed_out("connect", self.timeouts.connect))?
-                    .map_err(LockError::backend("connect"))?
-            }
-        };
-        let mut pipe = redis::pipe();
-        pipe.add_command(ACQUIRE.load())
-            .add_command(ACQUIRE.evalsha(&keys, args))
-            .cmd("WAIT")
-            .arg(rw.replicas)
-            .arg(ttl_ms(rw.timeout));
-        // Until its reply is read, the attempt is undone on this same connection (the
-        // same node connection: routed by the key) if it ends: see [`WaitAttempt`].
-        let mut attempt = WaitAttempt::new(con, self.con.clone(), key, token, "SPUBLISH");
-        let replies = attempt
-            .con()
-            .route_pipeline(pipe, 0, 3, master_of(key.full()))
-            .await
-            .map_err(LockError::backend("acquire"))?;
-        self.wait_pool.put(attempt.finish());
-        let (reply, acked): (Value, u32) = match <[Value; 3]>::try_from(replies) {
-            Ok([_, reply, acked]) => (decode(reply, "acquire")?, decode(acked, "acquire")?),
-            Err(other) => return Err(unexpected("acquire", other.len())),
-        };
-        decode_acquire(reply, Some(acked))
-    }
-
-    /// One request's bound: the overall response timeout, retries included.
-    pub(crate) fn request_timeout(&self) -> Duration {
-        self.timeouts.response * 2
-    }
-
-    pub(crate) async fn release(&self, key: &LockKey, token: Token) -> Result<bool, LockError> {
-        let released: i64 = RELEASE
-            .invoke(&self.con, &[key.full()], (token.as_bytes(), "SPUBLISH"))
-            .await
-            .map_err(LockError::backend("release"))?;
-        Ok(released == 1)
-    }
-
-    pub(crate) async fn extend(
-        &self,
-        key: &LockKey,
-        token: Token,
-        ttl: Duration,
-    ) -> Result<bool, LockError> {
-        EXTEND
-            .invoke(&self.con, &[key.full()], (token.as_bytes(), ttl_ms(ttl)))
-            .await
-            .map_err(LockError::backend("extend"))
-    }
-
-    /// Renews a batch with one pipeline per master: the batch's locks grouped by slot
-    /// (scripts cannot span slots) into `renew.lua` calls of up to [`RENEW_CHUNK`] locks,
-    /// the calls grouped by the master serving their slot (from `CLUSTER SLOTS`, fetched
-    /// at most every [`SLOT_MAP_AGE`]) and each master's calls sent as one pipeline,
-    /// routed by its first slot, all masters at once: one round trip per master.
-    ///
-    /// The slot map only groups: a call whose master is unknown, or whose pipeline
-    /// failed (a slot moved since the map was fetched: the whole pipeline is redirected
-    /// and fails), is sent on its own, routed by its key ([`RENEW_CONCURRENCY`] at a
-    /// time), and the map is fetched again next time. Renewals are idempotent per token,
-    /// so a call applied twice is harmless. A call that failed leaves its locks
-    /// [`Renewed::Unknown`]; the batch fails as a whole only when every call failed.
-    pub(crate) async fn renew(&self, batch: &[Renewal<'_>]) -> Result<Vec<Renewed>, LockError> {
-        let mut groups: HashMap<u16, Vec<usize>> = HashMap::new();
-        for (i, r) in batch.iter().enumerate() {
-            groups.entry(key_slot(r.key.full())).or_default().push(i);
-        }
-        let map = self.slot_map().await;
-        let mut by_master: HashMap<u16, Vec<SlotCall>> = HashMap::new();
-        let mut alone: Vec<SlotCall> = Vec::new();
-        for (slot, indices) in groups {
-            let master = map.as_ref().and_then(|m| m.master(slot));
-            for chunk in indices.chunks(RENEW_CHUNK) {
-                let call = (slot, chunk.to_vec());
-                match master {
-                    Some(m) => by_master.entry(m).or_default().push(call),
-                    None => alone.push(call),
-                }
-            }
-        }
-        let total = by_master.values().map(Vec::len).sum::<usize>() + alone.len();
-        let pipelines = by_master
-            .into_values()
-            .map(|calls| self.renew_on_master(batch, calls));
-        let mut results: Vec<SlotRenewal> = Vec::with_capacity(total);
-        for outcome in join_all(pipelines).await {
-            match outcome {
-                Ok(done) => results.extend(done),
-                Err(calls) => {
-                    self.forget_slot_map();
-                    alone.extend(calls);
-                }
-            }
-        }
-        let renew_slot = |(_, indices): SlotCall| async move {
-            let keys: Vec<&str> = indices.iter().map(|&i| batch[i].key.full()).collect();
-            let reply: Result<Vec<i64>, _> = RENEW
-                .invoke(&self.con, &keys, renew_args(batch, &indices).as_slice())
-                .await;
-            (indices, reply)
-        };
-        results.extend(
-            stream::iter(alone)
-                .map(renew_slot)
-                .buffer_unordered(RENEW_CONCURRENCY)
-                .collect::<Vec<SlotRenewal>>()
-                .await,
-        );
-        let mut out = vec![Renewed::Unknown; batch.len()];
-        let mut failed = 0;
-        let mut last_error = None;
-        for (indices, reply) in results {
-            match reply {
-                Ok(flags) => {
-                    for (&i, outcome) in indices
-                        .iter()
-                        .zip(chunk_outcomes(indices.len(), Some(flags)))
-                    {
-                        if let Some(slot) = out.get_mut(i) {
-                            *slot = outcome;
-                        }
-                    }
-                }
-                Err(e) => {
-                    failed += 1;
-                    last_error = Some(e);
-                }
-            }
-        }
-        match last_error {
-            Some(e) if failed == total => Err(LockError::backend("renew")(e)),
-            Some(e) => {
-                tracing::warn!(failed, of = total, error = %e, "some slots' renewals failed; retrying them");
-                Ok(out)
-            }
-            None => Ok(out),
-        }
     }
 
     /// One master's renewal calls as one pipeline (led by a `SCRIPT LOAD`, so a flushed
@@ -460,11 +295,177 @@ impl ClusterBackend {
     fn forget_slot_map(&self) {
         *self.cached_slot_map() = None;
     }
+}
+
+impl Store for ClusterBackend {
+    fn name(&self) -> &'static str {
+        "cluster"
+    }
+
+    /// One request's bound: the overall response timeout, retries included.
+    fn request_timeout(&self, _ttl: Duration) -> Duration {
+        self.timeouts.response * 2
+    }
+
+    async fn acquire(&self, claim: &Claim<'_>) -> Result<Attempt, LockError> {
+        let Claim {
+            key,
+            token,
+            ttl,
+            replicas,
+        } = *claim;
+        let keys = [key.full(), key.fence()];
+        let args = (token.as_bytes(), ttl_ms(ttl));
+        let Some(rw) = replicas else {
+            let reply: Value = ACQUIRE
+                .invoke(&self.con, &keys, args)
+                .await
+                .map_err(LockError::backend("acquire"))?;
+            return decode_acquire(reply, None);
+        };
+        // WAIT blocks the node connection it runs on: a cluster connection of its own
+        // (it reconnects by itself), and the pipeline explicitly routed to the key's
+        // master (never a bare WAIT).
+        let con = match self.wait_pool.take() {
+            Some(con) => con,
+            None => {
+                let client = wait_client(&self.urls, self.timeouts)?;
+                tokio::time::timeout(self.timeouts.connect, client.get_async_connection())
+                    .await
+                    .map_err(|_| LockError::timed_out("connect", self.timeouts.connect))?
+                    .map_err(LockError::backend("connect"))?
+            }
+        };
+        let mut pipe = redis::pipe();
+        pipe.add_command(ACQUIRE.load())
+            .add_command(ACQUIRE.evalsha(&keys, args))
+            .cmd("WAIT")
+            .arg(rw.replicas)
+            .arg(ttl_ms(rw.timeout));
+        // Until its reply is read, the attempt is undone on this same connection (the
+        // same node connection: routed by the key) if it ends: see [`WaitAttempt`].
+        let mut attempt = WaitAttempt::new(con, self.con.clone(), key, token, "SPUBLISH");
+        let replies = attempt
+            .con()
+            .route_pipeline(pipe, 0, 3, master_of(key.full()))
+            .await
+            .map_err(LockError::backend("acquire"))?;
+        self.wait_pool.put(attempt.finish());
+        let (reply, acked): (Value, u32) = match <[Value; 3]>::try_from(replies) {
+            Ok([_, reply, acked]) => (decode(reply, "acquire")?, decode(acked, "acquire")?),
+            Err(other) => return Err(unexpected("acquire", other.len())),
+        };
+        decode_acquire(reply, Some(acked))
+    }
+
+    async fn release(&self, lease: LeaseRef<'_>) -> Result<bool, LockError> {
+        let LeaseRef { key, token } = lease;
+        let released: i64 = RELEASE
+            .invoke(&self.con, &[key.full()], (token.as_bytes(), "SPUBLISH"))
+            .await
+            .map_err(LockError::backend("release"))?;
+        Ok(released == 1)
+    }
+
+    async fn extend(&self, lease: LeaseRef<'_>, ttl: Duration) -> Result<bool, LockError> {
+        let LeaseRef { key, token } = lease;
+        EXTEND
+            .invoke(&self.con, &[key.full()], (token.as_bytes(), ttl_ms(ttl)))
+            .await
+            .map_err(LockError::backend("extend"))
+    }
+
+    /// Renews a batch with one pipeline per master: the batch's locks grouped by slot
+    /// (scripts cannot span slots) into `renew.lua` calls of up to [`RENEW_CHUNK`] locks,
+    /// the calls grouped by the master serving their slot (from `CLUSTER SLOTS`, fetched
+    /// at most every [`SLOT_MAP_AGE`]) and each master's calls sent as one pipeline,
+    /// routed by its first slot, all masters at once: one round trip per master.
+    ///
+    /// The slot map only groups: a call whose master is unknown, or whose pipeline
+    /// failed (a slot moved since the map was fetched: the whole pipeline is redirected
+    /// and fails), is sent on its own, routed by its key ([`RENEW_CONCURRENCY`] at a
+    /// time), and the map is fetched again next time. Renewals are idempotent per token,
+    /// so a call applied twice is harmless. A call that failed leaves its locks
+    /// [`Renewed::Unknown`]; the batch fails as a whole only when every call failed.
+    async fn renew(&self, batch: &[Renewal<'_>]) -> Result<Vec<Renewed>, LockError> {
+        let mut groups: HashMap<u16, Vec<usize>> = HashMap::new();
+        for (i, r) in batch.iter().enumerate() {
+            groups.entry(key_slot(r.key.full())).or_default().push(i);
+        }
+        let map = self.slot_map().await;
+        let mut by_master: HashMap<u16, Vec<SlotCall>> = HashMap::new();
+        let mut alone: Vec<SlotCall> = Vec::new();
+        for (slot, indices) in groups {
+            let master = map.as_ref().and_then(|m| m.master(slot));
+            for chunk in indices.chunks(RENEW_CHUNK) {
+                let call = (slot, chunk.to_vec());
+                match master {
+                    Some(m) => by_master.entry(m).or_default().push(call),
+                    None => alone.push(call),
+                }
+            }
+        }
+        let total = by_master.values().map(Vec::len).sum::<usize>() + alone.len();
+        let pipelines = by_master
+            .into_values()
+            .map(|calls| self.renew_on_master(batch, calls));
+        let mut results: Vec<SlotRenewal> = Vec::with_capacity(total);
+        for outcome in join_all(pipelines).await {
+            match outcome {
+                Ok(done) => results.extend(done),
+                Err(calls) => {
+                    self.forget_slot_map();
+                    alone.extend(calls);
+                }
+            }
+        }
+        let renew_slot = |(_, indices): SlotCall| async move {
+            let keys: Vec<&str> = indices.iter().map(|&i| batch[i].key.full()).collect();
+            let reply: Result<Vec<i64>, _> = RENEW
+                .invoke(&self.con, &keys, renew_args(batch, &indices).as_slice())
+                .await;
+            (indices, reply)
+        };
+        results.extend(
+            stream::iter(alone)
+                .map(renew_slot)
+                .buffer_unordered(RENEW_CONCURRENCY)
+                .collect::<Vec<SlotRenewal>>()
+                .await,
+        );
+        let mut out = vec![Renewed::Unknown; batch.len()];
+        let mut failed = 0;
+        let mut last_error = None;
+        for (indices, reply) in results {
+            match reply {
+                Ok(flags) => {
+                    for (&i, outcome) in indices
+                        .iter()
+                        .zip(chunk_outcomes(indices.len(), Some(flags)))
+                    {
+                        if let Some(slot) = out.get_mut(i) {
+                            *slot = outcome;
+                        }
+                    }
+                }
+                Err(e) => {
+                    failed += 1;
+                    last_error = Some(e);
+                }
+            }
+        }
+        match last_error {
+            Some(e) if failed == total => Err(LockError::backend("renew")(e)),
+            Some(e) => {
+                tracing::warn!(failed, of = total, error = %e, "some slots' renewals failed; retrying them");
+                Ok(out)
+            }
+            None => Ok(out),
+        }
+    }
 
     /// Every master's `maxmemory-policy` (from `INFO memory`), by node address.
-    pub(crate) async fn eviction_policies(
-        &self,
-    ) -> Result<Vec<(String, Result<String, LockError>)>, LockError> {
+    async fn eviction_policies(&self) -> Result<Policies, LockError> {
         let mut info = redis::cmd("INFO");
         info.arg("memory");
         let replies = self
@@ -490,7 +491,7 @@ impl ClusterBackend {
             .collect())
     }
 
-    pub(crate) async fn is_locked(&self, key: &LockKey) -> Result<bool, LockError> {
+    async fn is_locked(&self, key: &LockKey) -> Result<bool, LockError> {
         redis::cmd("EXISTS")
             .arg(key.full())
             .query_async(&mut self.con.clone())
@@ -498,7 +499,7 @@ impl ClusterBackend {
             .map_err(LockError::backend("exists"))
     }
 
-    pub(crate) async fn force_unlock(&self, key: &LockKey) -> Result<bool, LockError> {
+    async fn force_unlock(&self, key: &LockKey) -> Result<bool, LockError> {
         let mut pipe = redis::pipe();
         pipe.cmd("DEL")
             .arg(key.full())
@@ -516,6 +517,22 @@ impl ClusterBackend {
             .next()
             .ok_or_else(|| unexpected("force_unlock", 0))?;
         decode(deleted, "force_unlock")
+    }
+
+    async fn subscribe(&self, key: &str, register: bool) -> Result<(), LockError> {
+        self.subscriber.subscribe(key, register).await
+    }
+
+    async fn unsubscribe(&self, key: &str) -> Result<(), LockError> {
+        self.subscriber.unsubscribe(key).await
+    }
+
+    fn listening(&self, key: &str) -> bool {
+        self.subscriber.listening(key)
+    }
+
+    fn interests(&self) -> usize {
+        self.subscriber.interests()
     }
 }
 

@@ -10,10 +10,11 @@
 //! (amortised O(1) per acquisition).
 
 use std::collections::HashMap;
+use std::future::{ready, Future};
 use std::sync::{LazyLock, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
-use super::Attempt;
+use super::{Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Store};
 use crate::key::LockKey;
 use crate::token::Token;
 use crate::waiters::Waiters;
@@ -32,7 +33,7 @@ fn counter_error(key: &LockKey, what: &'static str) -> LockError {
 }
 
 #[derive(Default)]
-struct Store {
+struct Table {
     locks: HashMap<String, Held>,
     /// Fencing counters, by counter key (one per prefix and hash slot).
     fences: HashMap<String, u64>,
@@ -44,7 +45,7 @@ struct Store {
 /// The smallest `sweep_at`: below it, sweeping is not worth it.
 const MIN_SWEEP_AT: usize = 1024;
 
-impl Store {
+impl Table {
     /// Drops expired locks once the map has doubled since the last sweep.
     fn sweep(&mut self, now: Instant) {
         if self.locks.len() < self.sweep_at.max(MIN_SWEEP_AT) {
@@ -60,9 +61,9 @@ struct Held {
     expires: Instant,
 }
 
-static STORE: LazyLock<Mutex<Store>> = LazyLock::new(Mutex::default);
+static STORE: LazyLock<Mutex<Table>> = LazyLock::new(Mutex::default);
 
-fn store() -> MutexGuard<'static, Store> {
+fn store() -> MutexGuard<'static, Table> {
     STORE.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
@@ -81,7 +82,7 @@ impl MemoryBackend {
     /// As `acquire.lua`: a grant takes the next value of the slot's counter; a retry
     /// that finds its own token gets the counter's current value and a fresh expiry; a
     /// counter at `u64::MAX` is an error (nothing is taken).
-    pub(crate) fn acquire(
+    fn acquire_now(
         &self,
         key: &LockKey,
         token: Token,
@@ -129,7 +130,7 @@ impl MemoryBackend {
         })
     }
 
-    pub(crate) fn release(&self, key: &LockKey, token: Token) -> bool {
+    fn release_now(&self, key: &LockKey, token: Token) -> bool {
         let listeners = {
             let mut s = store();
             let ours = s
@@ -155,7 +156,7 @@ impl MemoryBackend {
         true
     }
 
-    pub(crate) fn extend(&self, key: &LockKey, token: Token, ttl: Duration) -> bool {
+    fn extend_now(&self, key: &LockKey, token: Token, ttl: Duration) -> bool {
         let now = Instant::now();
         let mut s = store();
         match s.locks.get_mut(key.full()) {
@@ -168,7 +169,7 @@ impl MemoryBackend {
     }
 
     /// Deletes a lock whoever holds it; true when a live one was there.
-    pub(crate) fn force_unlock(&self, key: &LockKey) -> bool {
+    fn force_unlock_now(&self, key: &LockKey) -> bool {
         let (live, listeners) = {
             let mut s = store();
             let live = s
@@ -184,11 +185,88 @@ impl MemoryBackend {
     }
 
     /// Whether anyone holds the lock.
-    pub(crate) fn is_locked(&self, key: &LockKey) -> bool {
+    fn is_locked_now(&self, key: &LockKey) -> bool {
         store()
             .locks
             .get(key.full())
             .is_some_and(|h| h.expires > Instant::now())
+    }
+}
+
+impl Store for MemoryBackend {
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+
+    /// Never waits on anything; a bound for form's sake.
+    fn request_timeout(&self, _ttl: Duration) -> Duration {
+        Duration::from_secs(1)
+    }
+
+    fn acquire(
+        &self,
+        claim: &Claim<'_>,
+    ) -> impl Future<Output = Result<Attempt, LockError>> + Send {
+        ready(self.acquire_now(claim.key, claim.token, claim.ttl))
+    }
+
+    fn release(&self, lease: LeaseRef<'_>) -> impl Future<Output = Result<bool, LockError>> + Send {
+        ready(Ok(self.release_now(lease.key, lease.token)))
+    }
+
+    fn extend(
+        &self,
+        lease: LeaseRef<'_>,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<bool, LockError>> + Send {
+        ready(Ok(self.extend_now(lease.key, lease.token, ttl)))
+    }
+
+    fn renew(
+        &self,
+        batch: &[Renewal<'_>],
+    ) -> impl Future<Output = Result<Vec<Renewed>, LockError>> + Send {
+        let renewed = batch
+            .iter()
+            .map(|r| self.extend_now(r.key, r.token, r.ttl).into())
+            .collect();
+        ready(Ok(renewed))
+    }
+
+    fn is_locked(&self, key: &LockKey) -> impl Future<Output = Result<bool, LockError>> + Send {
+        ready(Ok(self.is_locked_now(key)))
+    }
+
+    fn eviction_policies(&self) -> impl Future<Output = Result<Policies, LockError>> + Send {
+        ready(Ok(Vec::new()))
+    }
+
+    fn force_unlock(&self, key: &LockKey) -> impl Future<Output = Result<bool, LockError>> + Send {
+        ready(Ok(self.force_unlock_now(key)))
+    }
+
+    fn subscribe(
+        &self,
+        _key: &str,
+        _register: bool,
+    ) -> impl Future<Output = Result<(), LockError>> + Send {
+        ready(Ok(()))
+    }
+
+    fn unsubscribe(&self, _key: &str) -> impl Future<Output = Result<(), LockError>> + Send {
+        ready(Ok(()))
+    }
+
+    fn listening(&self, _key: &str) -> bool {
+        true
+    }
+
+    fn interests(&self) -> usize {
+        0
+    }
+
+    fn has_channels(&self) -> bool {
+        false
     }
 }
 
@@ -227,15 +305,15 @@ mod tests {
         for i in 0..2000 {
             let k = key(prefix, &format!("order_{{{}}}:{i}", i % 4));
             let token = Token::random();
-            first.push(fence(b.acquire(&k, token, ttl)));
-            assert!(b.release(&k, token));
+            first.push(fence(b.acquire_now(&k, token, ttl)));
+            assert!(b.release_now(&k, token));
         }
         assert_eq!(count(prefix), (0, 4), "2 000 keys in 4 slots");
         for i in (0..2000).step_by(97) {
             let k = key(prefix, &format!("order_{{{}}}:{i}", i % 4));
             let token = Token::random();
-            assert!(fence(b.acquire(&k, token, ttl)) > first[i], "key {i}");
-            assert!(b.release(&k, token));
+            assert!(fence(b.acquire_now(&k, token, ttl)) > first[i], "key {i}");
+            assert!(b.release_now(&k, token));
         }
     }
 
@@ -248,7 +326,7 @@ mod tests {
         for batch in 0..10 {
             for i in 0..1000 {
                 let k = key(prefix, &format!("{batch}-{i}"));
-                fence(b.acquire(&k, Token::random(), Duration::from_millis(1)));
+                fence(b.acquire_now(&k, Token::random(), Duration::from_millis(1)));
             }
             std::thread::sleep(Duration::from_millis(3));
         }
@@ -263,15 +341,15 @@ mod tests {
         store().fences.insert(k.fence().to_owned(), u64::MAX - 1);
         let token = Token::random();
         assert_eq!(
-            fence(b.acquire(&k, token, Duration::from_secs(5))),
+            fence(b.acquire_now(&k, token, Duration::from_secs(5))),
             u64::MAX
         );
-        assert!(b.release(&k, token));
+        assert!(b.release_now(&k, token));
         let err = b
-            .acquire(&k, Token::random(), Duration::from_secs(5))
+            .acquire_now(&k, Token::random(), Duration::from_secs(5))
             .unwrap_err();
         assert!(matches!(err, LockError::Backend { .. }), "{err}");
-        assert!(!b.is_locked(&k));
+        assert!(!b.is_locked_now(&k));
     }
 
     /// Finding 3's script half, in memory too: a retry that finds its own token gets a
@@ -286,14 +364,14 @@ mod tests {
         for _ in 0..5 {
             let token = Token::random();
             let granted = Instant::now();
-            let first = fence(b.acquire(&k, token, TTL));
+            let first = fence(b.acquire_now(&k, token, TTL));
             std::thread::sleep(TTL / 2);
             let retried = Instant::now();
-            assert_eq!(fence(b.acquire(&k, token, TTL)), first);
+            assert_eq!(fence(b.acquire_now(&k, token, TTL)), first);
             std::thread::sleep((granted + TTL * 5 / 4).saturating_duration_since(Instant::now()));
-            let locked = b.is_locked(&k);
+            let locked = b.is_locked_now(&k);
             let conclusive = retried.elapsed() < TTL;
-            b.release(&k, token);
+            b.release_now(&k, token);
             if conclusive {
                 assert!(locked, "the retry reset the expiry to its ttl");
                 return;

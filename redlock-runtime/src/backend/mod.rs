@@ -11,6 +11,7 @@ mod memory;
 mod redlock;
 mod single;
 
+use std::future::Future;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
@@ -276,6 +277,111 @@ pub(crate) fn chunk_outcomes(len: usize, reply: Option<Vec<i64>>) -> Vec<Renewed
     }
 }
 
+/// One acquisition attempt's request: what the backend writes for a new lock.
+///
+/// A struct, not an argument list, so that new lock kinds add a field here instead of
+/// a parameter to every backend.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Claim<'a> {
+    pub(crate) key: &'a LockKey,
+    /// The attempt's owner token (fresh per attempt).
+    pub(crate) token: Token,
+    pub(crate) ttl: Duration,
+    /// What to `WAIT` for after acquiring, if anything.
+    pub(crate) replicas: Option<ReplicaWait>,
+}
+
+/// A held lock, as its release and extends name it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LeaseRef<'a> {
+    pub(crate) key: &'a LockKey,
+    pub(crate) token: Token,
+}
+
+/// What every backend does, one signature per operation (see the module docs).
+///
+/// Static dispatch only: [`Backend`] is a closed enum whose methods forward to this
+/// trait ([`dispatch!`]); the futures are the backends' own (no boxing).
+pub(crate) trait Store {
+    /// The backend's name, for tracing.
+    fn name(&self) -> &'static str;
+
+    /// How long one acquisition attempt may take when nothing hangs: one request with
+    /// its retries (every Redlock round of an attempt), not counting a `WAIT`.
+    fn request_timeout(&self, ttl: Duration) -> Duration;
+
+    /// One acquisition attempt.
+    fn acquire(&self, claim: &Claim<'_>)
+        -> impl Future<Output = Result<Attempt, LockError>> + Send;
+
+    /// True when the lock was ours and is now deleted.
+    fn release(&self, lease: LeaseRef<'_>) -> impl Future<Output = Result<bool, LockError>> + Send;
+
+    /// True when the lock was ours and now lives `ttl` longer.
+    fn extend(
+        &self,
+        lease: LeaseRef<'_>,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<bool, LockError>> + Send;
+
+    /// Renews every lock of the batch; one outcome per lock, in batch order. `Err` when
+    /// nothing could be renewed at all.
+    fn renew(
+        &self,
+        batch: &[Renewal<'_>],
+    ) -> impl Future<Output = Result<Vec<Renewed>, LockError>> + Send;
+
+    /// Whether anyone holds the lock.
+    fn is_locked(&self, key: &LockKey) -> impl Future<Output = Result<bool, LockError>> + Send;
+
+    /// The `maxmemory-policy` of every node locks are written to (every master), by
+    /// node address; `Err` when the nodes could not even be asked.
+    fn eviction_policies(&self) -> impl Future<Output = Result<Policies, LockError>> + Send;
+
+    /// Deletes the lock whoever holds it and wakes its waiters; true when it was held.
+    fn force_unlock(&self, key: &LockKey) -> impl Future<Output = Result<bool, LockError>> + Send;
+
+    /// Starts receiving wake-ups for `key`: adds one interest when `register` (interests
+    /// are counted per key, before the request is sent), and subscribes unless the
+    /// server already confirmed the channel.
+    fn subscribe(
+        &self,
+        key: &str,
+        register: bool,
+    ) -> impl Future<Output = Result<(), LockError>> + Send;
+
+    /// Drops one interest in `key`'s wake-ups.
+    fn unsubscribe(&self, key: &str) -> impl Future<Output = Result<(), LockError>> + Send;
+
+    /// Whether a release of `key` would be heard now: the server confirmed its channel
+    /// (on enough nodes to hear every successful release, for Redlock) and no
+    /// connection carrying it dropped since. The in-memory backend always hears its
+    /// releases.
+    fn listening(&self, key: &str) -> bool;
+
+    /// The number of wake-up channels with an interest, summed over the subscriber
+    /// connections (0 for the in-memory backend).
+    fn interests(&self) -> usize;
+
+    /// Whether a failed [`acquire`](Self::acquire) (an `Err` returned, not a future
+    /// dropped) has already arranged the undo of whatever it may have taken on the
+    /// server: Redlock undoes every node that granted, whose request failed or is still
+    /// in flight, without a wake-up (see `RedlockBackend::acquire`). Otherwise the
+    /// manager releases the attempt's token itself.
+    fn undoes_failed_attempts(&self) -> bool {
+        false
+    }
+
+    /// Whether waiters count interests in wake-up channels (the in-memory backend wakes
+    /// its waiters directly).
+    fn has_channels(&self) -> bool {
+        true
+    }
+}
+
+/// Every node's `maxmemory-policy` (or why it could not be read), by node address.
+pub(crate) type Policies = Vec<(String, Result<String, LockError>)>;
+
 /// Where locks live.
 // One value per manager, behind an `Arc`: boxing the larger variants would buy nothing.
 #[allow(clippy::large_enum_variant)]
@@ -290,180 +396,81 @@ pub(crate) enum Backend {
     Redlock(RedlockBackend),
 }
 
+/// Runs `$e` with `$b` bound to the backend inside `$self`, whichever it is.
+macro_rules! dispatch {
+    ($self:ident, $b:ident => $e:expr) => {
+        match $self {
+            Backend::Memory($b) => $e,
+            Backend::Single($b) => $e,
+            Backend::Cluster($b) => $e,
+            Backend::Redlock($b) => $e,
+        }
+    };
+}
+
+/// Each method is the [`Store`] method of the same name.
 impl Backend {
-    /// The backend's name, for tracing.
     pub(crate) fn name(&self) -> &'static str {
-        match self {
-            Self::Memory(_) => "memory",
-            Self::Single(_) => "single",
-            Self::Cluster(_) => "cluster",
-            Self::Redlock(_) => "redlock",
-        }
+        dispatch!(self, b => b.name())
     }
 
-    /// How long one acquisition attempt may take when nothing hangs: one request with
-    /// its retries (every Redlock round of an attempt), not counting a `WAIT`.
     pub(crate) fn request_timeout(&self, ttl: Duration) -> Duration {
-        match self {
-            // Never waits on anything; a bound for form's sake.
-            Self::Memory(_) => Duration::from_secs(1),
-            Self::Single(b) => b.request_timeout(),
-            Self::Cluster(b) => b.request_timeout(),
-            Self::Redlock(b) => b.request_timeout(ttl),
-        }
+        dispatch!(self, b => b.request_timeout(ttl))
     }
 
-    pub(crate) async fn acquire(
-        &self,
-        key: &LockKey,
-        token: Token,
-        ttl: Duration,
-        replicas: Option<ReplicaWait>,
-    ) -> Result<Attempt, LockError> {
-        match self {
-            Self::Memory(b) => b.acquire(key, token, ttl),
-            Self::Single(b) => b.acquire(key, token, ttl, replicas).await,
-            Self::Cluster(b) => b.acquire(key, token, ttl, replicas).await,
-            Self::Redlock(b) => b.acquire(key, token, ttl, replicas).await,
-        }
+    pub(crate) async fn acquire(&self, claim: &Claim<'_>) -> Result<Attempt, LockError> {
+        dispatch!(self, b => b.acquire(claim).await)
     }
 
-    /// True when the lock was ours and is now deleted.
-    pub(crate) async fn release(&self, key: &LockKey, token: Token) -> Result<bool, LockError> {
-        match self {
-            Self::Memory(b) => Ok(b.release(key, token)),
-            Self::Single(b) => b.release(key, token).await,
-            Self::Cluster(b) => b.release(key, token).await,
-            Self::Redlock(b) => b.release(key, token).await,
-        }
+    pub(crate) async fn release(&self, lease: LeaseRef<'_>) -> Result<bool, LockError> {
+        dispatch!(self, b => b.release(lease).await)
     }
 
-    /// True when the lock was ours and now lives `ttl` longer.
     pub(crate) async fn extend(
         &self,
-        key: &LockKey,
-        token: Token,
+        lease: LeaseRef<'_>,
         ttl: Duration,
     ) -> Result<bool, LockError> {
-        match self {
-            Self::Memory(b) => Ok(b.extend(key, token, ttl)),
-            Self::Single(b) => b.extend(key, token, ttl).await,
-            Self::Cluster(b) => b.extend(key, token, ttl).await,
-            Self::Redlock(b) => b.extend(key, token, ttl).await,
-        }
+        dispatch!(self, b => b.extend(lease, ttl).await)
     }
 
-    /// Renews every lock of the batch; one outcome per lock, in batch order. `Err` when
-    /// nothing could be renewed at all.
     pub(crate) async fn renew(&self, batch: &[Renewal<'_>]) -> Result<Vec<Renewed>, LockError> {
-        match self {
-            Self::Memory(b) => Ok(batch
-                .iter()
-                .map(|r| b.extend(r.key, r.token, r.ttl).into())
-                .collect()),
-            Self::Single(b) => b.renew(batch).await,
-            Self::Cluster(b) => b.renew(batch).await,
-            Self::Redlock(b) => b.renew(batch).await,
-        }
+        dispatch!(self, b => b.renew(batch).await)
     }
 
-    /// Whether anyone holds the lock.
     pub(crate) async fn is_locked(&self, key: &LockKey) -> Result<bool, LockError> {
-        match self {
-            Self::Memory(b) => Ok(b.is_locked(key)),
-            Self::Single(b) => b.is_locked(key).await,
-            Self::Cluster(b) => b.is_locked(key).await,
-            Self::Redlock(b) => b.is_locked(key).await,
-        }
+        dispatch!(self, b => b.is_locked(key).await)
     }
 
-    /// The `maxmemory-policy` of every node locks are written to (every master), by
-    /// node address; `Err` when the nodes could not even be asked.
-    pub(crate) async fn eviction_policies(
-        &self,
-    ) -> Result<Vec<(String, Result<String, LockError>)>, LockError> {
-        match self {
-            Self::Memory(_) => Ok(Vec::new()),
-            Self::Single(b) => Ok(vec![(b.addr(), b.eviction_policy().await)]),
-            Self::Cluster(b) => b.eviction_policies().await,
-            Self::Redlock(b) => Ok(b.eviction_policies().await),
-        }
+    pub(crate) async fn eviction_policies(&self) -> Result<Policies, LockError> {
+        dispatch!(self, b => b.eviction_policies().await)
     }
 
-    /// Deletes the lock whoever holds it and wakes its waiters; true when it was held.
     pub(crate) async fn force_unlock(&self, key: &LockKey) -> Result<bool, LockError> {
-        match self {
-            Self::Memory(b) => Ok(b.force_unlock(key)),
-            Self::Single(b) => b.force_unlock(key).await,
-            Self::Cluster(b) => b.force_unlock(key).await,
-            Self::Redlock(b) => b.force_unlock(key).await,
-        }
+        dispatch!(self, b => b.force_unlock(key).await)
     }
 
-    /// Starts receiving wake-ups for `key`: adds one interest when `register` (interests
-    /// are counted per key, before the request is sent), and subscribes unless the
-    /// server already confirmed the channel.
     pub(crate) async fn subscribe(&self, key: &str, register: bool) -> Result<(), LockError> {
-        match self {
-            Self::Memory(_) => Ok(()),
-            Self::Single(b) => b.subscriber().subscribe(key, register).await,
-            Self::Cluster(b) => b.subscriber().subscribe(key, register).await,
-            Self::Redlock(b) => b.subscribe(key, register).await,
-        }
+        dispatch!(self, b => b.subscribe(key, register).await)
     }
 
-    /// Whether a release of `key` would be heard now: the server confirmed its channel
-    /// (on enough nodes to hear every successful release, for Redlock) and no
-    /// connection carrying it dropped since. The in-memory backend always hears its
-    /// releases.
-    pub(crate) fn listening(&self, key: &str) -> bool {
-        match self {
-            Self::Memory(_) => true,
-            Self::Single(b) => b.subscriber().listening(key),
-            Self::Cluster(b) => b.subscriber().listening(key),
-            Self::Redlock(b) => b.listening(key),
-        }
-    }
-
-    /// Whether a failed [`acquire`](Self::acquire) (an `Err` returned, not a future
-    /// dropped) has already arranged the undo of whatever it may have taken on the
-    /// server: Redlock undoes every node that granted, whose request failed or is still
-    /// in flight, without a wake-up (see `RedlockBackend::acquire`). Otherwise the
-    /// manager releases the attempt's token itself.
-    pub(crate) fn undoes_failed_attempts(&self) -> bool {
-        matches!(self, Self::Redlock(_))
-    }
-
-    /// Whether waiters count interests in wake-up channels (the in-memory backend wakes
-    /// its waiters directly).
-    pub(crate) fn has_channels(&self) -> bool {
-        !matches!(self, Self::Memory(_))
-    }
-
-    /// Drops one interest in `key`'s wake-ups.
     pub(crate) async fn unsubscribe(&self, key: &str) -> Result<(), LockError> {
-        match self {
-            Self::Memory(_) => Ok(()),
-            Self::Single(b) => {
-                b.subscriber().unsubscribe(key);
-                Ok(())
-            }
-            Self::Cluster(b) => b.subscriber().unsubscribe(key).await,
-            Self::Redlock(b) => {
-                b.unsubscribe(key);
-                Ok(())
-            }
-        }
+        dispatch!(self, b => b.unsubscribe(key).await)
     }
 
-    /// The number of wake-up channels with an interest, summed over the subscriber
-    /// connections (0 for the in-memory backend).
+    pub(crate) fn listening(&self, key: &str) -> bool {
+        dispatch!(self, b => b.listening(key))
+    }
+
     pub(crate) fn interests(&self) -> usize {
-        match self {
-            Self::Memory(_) => 0,
-            Self::Single(b) => b.subscriber().interests(),
-            Self::Cluster(b) => b.subscriber().interests(),
-            Self::Redlock(b) => b.interests(),
-        }
+        dispatch!(self, b => b.interests())
+    }
+
+    pub(crate) fn undoes_failed_attempts(&self) -> bool {
+        dispatch!(self, b => b.undoes_failed_attempts())
+    }
+
+    pub(crate) fn has_channels(&self) -> bool {
+        dispatch!(self, b => b.has_channels())
     }
 }

@@ -109,7 +109,7 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio_util::sync::CancellationToken;
 
 use super::single::SingleBackend;
-use super::{jitter, Attempt, Renewal, Renewed, ReplicaWait, Timeouts};
+use super::{jitter, Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Store, Timeouts};
 use crate::key::LockKey;
 use crate::lease::drift;
 use crate::notify::Hearing;
@@ -316,11 +316,6 @@ impl RedlockBackend {
         self.node_timeout
             .min(ttl / 10)
             .max(Duration::from_millis(1))
-    }
-
-    /// One attempt's bound: its acquire round, the fencing round and the undo round.
-    pub(crate) fn request_timeout(&self, ttl: Duration) -> Duration {
-        self.node_timeout(ttl) * 3
     }
 
     /// Runs `f` on every node at once, each bounded by `timeout`, and waits for them all
@@ -593,80 +588,6 @@ impl RedlockBackend {
         }
     }
 
-    pub(crate) async fn acquire(
-        &self,
-        key: &LockKey,
-        token: Token,
-        ttl: Duration,
-        replicas: Option<ReplicaWait>,
-    ) -> Result<Attempt, LockError> {
-        if replicas.is_some() {
-            return Err(LockError::invalid_option(
-                "min_replicas is not available with the redlock backend (its quorum of masters replaces it)",
-            ));
-        }
-        let started = Instant::now();
-        let timeout = self.node_timeout(ttl);
-        let deadline = tokio::time::Instant::now() + timeout;
-        // Cut at `deadline` only when the attempt is won (its late grants must not be
-        // written after a later extend: see `settle`); a lost attempt's stragglers are
-        // followed by their undo.
-        let cut = CancellationToken::new();
-        let shared_key = Arc::new(key.clone());
-        let mut in_flight = self.send_to(
-            0..self.nodes.len(),
-            Some((&cut, "acquire", timeout)),
-            |nodes, i| {
-                let key = shared_key.clone();
-                async move {
-                    match nodes.get(i) {
-                        Some(node) => node.acquire(&key, token, ttl, None).await,
-                        None => Err(LockError::invalid_option("no such redlock node")),
-                    }
-                }
-            },
-        );
-        let (nodes, quorum) = (self.nodes.len(), self.quorum);
-        let mut tally = Tally::default();
-        gather(&mut in_flight, timeout, |answer| {
-            tally.add(answer);
-            tally.decided(nodes, quorum)
-        })
-        .await;
-        if tally.granted.len() >= quorum {
-            if let Some(fence) = self.settle_fence(key, token, &tally.granted, timeout).await {
-                // Measured from before the requests were sent, after the last grant counted.
-                let validity = ttl
-                    .saturating_sub(started.elapsed())
-                    .saturating_sub(drift(ttl));
-                if !validity.is_zero() {
-                    self.keep_late_grants(&shared_key, token, fence, (deadline, cut), in_flight);
-                    return Ok(Attempt::Acquired {
-                        fence,
-                        replicas: None,
-                    });
-                }
-                tracing::debug!(key = key.full(), elapsed = ?started.elapsed(), "redlock: quorum won too late; undoing");
-            }
-        }
-        // Lost: undo what was won, in the background, and retry (the manager) without
-        // waiting for it: the error or the retry is not delayed by another round trip.
-        // A node whose request failed is undone too (its reply may have been lost after
-        // it was applied): the manager leaves a failed attempt to this undo, silent
-        // (see `Backend::undoes_failed_attempts`).
-        let undone = tally.granted.iter().map(|&(i, _)| i);
-        let undone = undone.chain(tally.failed.iter().copied()).collect();
-        let pending = (0..nodes).filter(|i| !tally.answered_by(*i)).collect();
-        self.undo_in_background(&shared_key, token, undone, pending, in_flight);
-        if tally.answered() < quorum {
-            return Err(self.unavailable(key, tally.answered(), tally.last_error.as_ref()));
-        }
-        Ok(Attempt::Held {
-            remaining: Some(self.retry_after(&tally.held, ttl)),
-            holder: None,
-        })
-    }
-
     /// The rest of a won attempt, in a task of its own: a grant landing late is kept as
     /// part of the lock (the lease's renewals and release go to every node, so they
     /// cover it, and a lock on more than a bare quorum survives more node failures),
@@ -853,10 +774,114 @@ impl RedlockBackend {
         base + jitter((ttl / 10).clamp(Duration::from_millis(2), MAX_JITTER))
     }
 
+    /// The bound on one node's answer to a renewal request for `locks` locks, the
+    /// shortest with `ttl`: the per-node timeout for that ttl plus [`RENEW_PER_LOCK`] per
+    /// lock (a node renews a few hundred thousand locks a second), but never more than
+    /// ttl/4, which leaves a failed renewal time for a retry before the lock's deadline.
+    fn renew_timeout(&self, ttl: Duration, locks: usize) -> Duration {
+        let base = self.node_timeout(ttl);
+        let allowance = RENEW_PER_LOCK.saturating_mul(u32::try_from(locks).unwrap_or(u32::MAX));
+        (base + allowance).min((ttl / 4).max(base))
+    }
+}
+
+impl Store for RedlockBackend {
+    fn name(&self) -> &'static str {
+        "redlock"
+    }
+
+    /// One attempt's bound: its acquire round, the fencing round and the undo round.
+    fn request_timeout(&self, ttl: Duration) -> Duration {
+        self.node_timeout(ttl) * 3
+    }
+
+    async fn acquire(&self, claim: &Claim<'_>) -> Result<Attempt, LockError> {
+        let Claim {
+            key,
+            token,
+            ttl,
+            replicas,
+        } = *claim;
+        if replicas.is_some() {
+            return Err(LockError::invalid_option(
+                "min_replicas is not available with the redlock backend (its quorum of masters replaces it)",
+            ));
+        }
+        let started = Instant::now();
+        let timeout = self.node_timeout(ttl);
+        let deadline = tokio::time::Instant::now() + timeout;
+        // Cut at `deadline` only when the attempt is won (its late grants must not be
+        // written after a later extend: see `settle`); a lost attempt's stragglers are
+        // followed by their undo.
+        let cut = CancellationToken::new();
+        let shared_key = Arc::new(key.clone());
+        let mut in_flight = self.send_to(
+            0..self.nodes.len(),
+            Some((&cut, "acquire", timeout)),
+            |nodes, i| {
+                let key = shared_key.clone();
+                async move {
+                    match nodes.get(i) {
+                        Some(node) => {
+                            let claim = Claim {
+                                key: &key,
+                                token,
+                                ttl,
+                                replicas: None,
+                            };
+                            node.acquire(&claim).await
+                        }
+                        None => Err(LockError::invalid_option("no such redlock node")),
+                    }
+                }
+            },
+        );
+        let (nodes, quorum) = (self.nodes.len(), self.quorum);
+        let mut tally = Tally::default();
+        gather(&mut in_flight, timeout, |answer| {
+            tally.add(answer);
+            tally.decided(nodes, quorum)
+        })
+        .await;
+        if tally.granted.len() >= quorum {
+            if let Some(fence) = self.settle_fence(key, token, &tally.granted, timeout).await {
+                // Measured from before the requests were sent, after the last grant counted.
+                let validity = ttl
+                    .saturating_sub(started.elapsed())
+                    .saturating_sub(drift(ttl));
+                if !validity.is_zero() {
+                    self.keep_late_grants(&shared_key, token, fence, (deadline, cut), in_flight);
+                    return Ok(Attempt::Acquired {
+                        fence,
+                        replicas: None,
+                    });
+                }
+                tracing::debug!(key = key.full(), elapsed = ?started.elapsed(), "redlock: quorum won too late; undoing");
+            }
+        }
+        // Lost: undo what was won, in the background, and retry (the manager) without
+        // waiting for it: the error or the retry is not delayed by another round trip.
+        // A node whose request failed is undone too (its reply may have been lost after
+        // it was applied): the manager leaves a failed attempt to this undo, silent
+        // (see `Backend::undoes_failed_attempts`).
+        let undone = tally.granted.iter().map(|&(i, _)| i);
+        let undone = undone.chain(tally.failed.iter().copied()).collect();
+        let pending = (0..nodes).filter(|i| !tally.answered_by(*i)).collect();
+        self.undo_in_background(&shared_key, token, undone, pending, in_flight);
+        if tally.answered() < quorum {
+            return Err(self.unavailable(key, tally.answered(), tally.last_error.as_ref()));
+        }
+        Ok(Attempt::Held {
+            remaining: Some(self.retry_after(&tally.held, ttl)),
+            holder: None,
+        })
+    }
+
     /// Releases on every node; true when a quorum deleted our token. Returns once a
     /// quorum decided; the other nodes' requests finish in the background (and are
     /// retried there if they fail).
-    pub(crate) async fn release(&self, key: &LockKey, token: Token) -> Result<bool, LockError> {
+    async fn release(&self, lease: LeaseRef<'_>) -> Result<bool, LockError> {
+        let LeaseRef { key, token } = lease;
         if let Some(released) = lock(&self.landing).get_mut(&token) {
             *released = true;
         }
@@ -882,12 +907,8 @@ impl RedlockBackend {
     /// quorum decided; the other nodes' requests finish in the background until the
     /// per-node timeout, and the next extend of the lock cuts them (and waits for the
     /// late grants of its acquisition) before sending: see [`settled`](Self::settled).
-    pub(crate) async fn extend(
-        &self,
-        key: &LockKey,
-        token: Token,
-        ttl: Duration,
-    ) -> Result<bool, LockError> {
+    async fn extend(&self, lease: LeaseRef<'_>, ttl: Duration) -> Result<bool, LockError> {
+        let LeaseRef { key, token } = lease;
         self.settled(token).await;
         let shared_key = Arc::new(key.clone());
         self.decide(
@@ -898,7 +919,7 @@ impl RedlockBackend {
                 let key = shared_key.clone();
                 async move {
                     match nodes.get(i) {
-                        Some(node) => node.extend(&key, token, ttl).await,
+                        Some(node) => node.extend(LeaseRef { key: &key, token }, ttl).await,
                         None => Err(LockError::invalid_option("no such redlock node")),
                     }
                 }
@@ -917,7 +938,7 @@ impl RedlockBackend {
     /// a group of long-lived locks by a short-lived lock of another group. The call
     /// returns as soon as a quorum has decided every lock: a frozen node costs nothing
     /// then (its requests were sent and are applied in order if it wakes).
-    pub(crate) async fn renew(&self, batch: &[Renewal<'_>]) -> Result<Vec<Renewed>, LockError> {
+    async fn renew(&self, batch: &[Renewal<'_>]) -> Result<Vec<Renewed>, LockError> {
         let groups: Vec<(Vec<usize>, Vec<Renewal<'_>>)> = ttl_groups(batch, self.node_timeout)
             .into_iter()
             .map(|indices| {
@@ -1000,30 +1021,21 @@ impl RedlockBackend {
             .collect())
     }
 
-    /// The bound on one node's answer to a renewal request for `locks` locks, the
-    /// shortest with `ttl`: the per-node timeout for that ttl plus [`RENEW_PER_LOCK`] per
-    /// lock (a node renews a few hundred thousand locks a second), but never more than
-    /// ttl/4, which leaves a failed renewal time for a retry before the lock's deadline.
-    fn renew_timeout(&self, ttl: Duration, locks: usize) -> Duration {
-        let base = self.node_timeout(ttl);
-        let allowance = RENEW_PER_LOCK.saturating_mul(u32::try_from(locks).unwrap_or(u32::MAX));
-        (base + allowance).min((ttl / 4).max(base))
-    }
-
     /// Every node's `maxmemory-policy`, by node address.
-    pub(crate) async fn eviction_policies(&self) -> Vec<(String, Result<String, LockError>)> {
+    async fn eviction_policies(&self) -> Result<Policies, LockError> {
         let policies = self
             .on_all("info", self.node_timeout, |n| n.eviction_policy())
             .await;
-        self.nodes
+        Ok(self
+            .nodes
             .iter()
             .map(SingleBackend::addr)
             .zip(policies)
-            .collect()
+            .collect())
     }
 
     /// Held when a quorum of nodes has the key.
-    pub(crate) async fn is_locked(&self, key: &LockKey) -> Result<bool, LockError> {
+    async fn is_locked(&self, key: &LockKey) -> Result<bool, LockError> {
         let answers = self
             .on_all("exists", self.node_timeout, |n| n.is_locked(key))
             .await;
@@ -1039,7 +1051,7 @@ impl RedlockBackend {
     }
 
     /// Deletes the key on every node and wakes the waiters; true when any node had it.
-    pub(crate) async fn force_unlock(&self, key: &LockKey) -> Result<bool, LockError> {
+    async fn force_unlock(&self, key: &LockKey) -> Result<bool, LockError> {
         let answers = self
             .on_all("force_unlock", self.node_timeout, |n| n.force_unlock(key))
             .await;
@@ -1063,7 +1075,7 @@ impl RedlockBackend {
     /// lost and a release could go unheard). When the call fails, the waiter polls and
     /// calls again after a while (the manager's wait loop), which asks every node that
     /// is still missing.
-    pub(crate) async fn subscribe(&self, key: &str, register: bool) -> Result<(), LockError> {
+    async fn subscribe(&self, key: &str, register: bool) -> Result<(), LockError> {
         let needed: Vec<usize> = (0..self.nodes.len())
             .filter(|&i| self.nodes[i].subscriber().register(key, register))
             .collect();
@@ -1123,7 +1135,7 @@ impl RedlockBackend {
     /// every node it reaches, and a successful one reaches a quorum, which meets every
     /// such set of nodes; with fewer, a release can reach a quorum made only of the
     /// nodes that do not listen (the waiter polls then).
-    pub(crate) fn listening(&self, key: &str) -> bool {
+    fn listening(&self, key: &str) -> bool {
         let listeners = self
             .nodes
             .iter()
@@ -1134,15 +1146,20 @@ impl RedlockBackend {
 
     /// Drops one interest in `key` on every node, at once; the `UNSUBSCRIBE`s go out in
     /// the background, each when its node's earlier (un)subscriptions are done.
-    pub(crate) fn unsubscribe(&self, key: &str) {
+    async fn unsubscribe(&self, key: &str) -> Result<(), LockError> {
         for node in self.nodes.iter() {
             node.subscriber().unsubscribe(key);
         }
+        Ok(())
     }
 
     /// The number of channels with an interest, summed over the nodes.
-    pub(crate) fn interests(&self) -> usize {
+    fn interests(&self) -> usize {
         self.nodes.iter().map(|n| n.subscriber().interests()).sum()
+    }
+
+    fn undoes_failed_attempts(&self) -> bool {
+        true
     }
 }
 

@@ -13,13 +13,12 @@ use redis::io::tcp::TcpSettings;
 use redis::{AsyncConnectionConfig, Client, IntoConnectionInfo, ProtocolVersion, Value};
 
 use super::{
-    chunk_outcomes, Attempt, Renewal, Renewed, ReplicaWait, Timeouts, WaitAttempt, WaitPool,
-    MAX_REPLICA_WAIT,
+    chunk_outcomes, Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Store, Timeouts,
+    WaitAttempt, WaitPool, MAX_REPLICA_WAIT,
 };
 use crate::key::LockKey;
 use crate::notify::{push_handler, Channels, Subscriber};
 use crate::scripts::{ACQUIRE, EXTEND, RELEASE, RENEW};
-use crate::token::Token;
 use crate::waiters::Waiters;
 use crate::LockError;
 
@@ -94,13 +93,49 @@ impl SingleBackend {
         self.con.clone()
     }
 
-    pub(crate) async fn acquire(
-        &self,
-        key: &LockKey,
-        token: Token,
-        ttl: Duration,
-        replicas: Option<ReplicaWait>,
-    ) -> Result<Attempt, LockError> {
+    /// A new connection for `WAIT`, its response timeout leaving room for the longest.
+    async fn wait_connection(&self) -> Result<MultiplexedConnection, LockError> {
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.timeouts.connect))
+            .set_response_timeout(Some(self.timeouts.response + MAX_REPLICA_WAIT));
+        self.client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .map_err(LockError::backend("connect"))
+    }
+    /// The server's address (no credentials), for messages.
+    pub(crate) fn addr(&self) -> String {
+        self.client.get_connection_info().addr().to_string()
+    }
+
+    /// The server's `maxmemory-policy`, from `INFO memory`.
+    pub(crate) async fn eviction_policy(&self) -> Result<String, LockError> {
+        let info: String = redis::cmd("INFO")
+            .arg("memory")
+            .query_async(&mut self.con.clone())
+            .await
+            .map_err(LockError::backend("info"))?;
+        parse_eviction_policy(&info)
+    }
+}
+
+impl Store for SingleBackend {
+    fn name(&self) -> &'static str {
+        "single"
+    }
+
+    /// One request's bound (the connection manager's response timeout).
+    fn request_timeout(&self, _ttl: Duration) -> Duration {
+        self.timeouts.response
+    }
+
+    async fn acquire(&self, claim: &Claim<'_>) -> Result<Attempt, LockError> {
+        let Claim {
+            key,
+            token,
+            ttl,
+            replicas,
+        } = *claim;
         let keys = [key.full(), key.fence()];
         let args = (token.as_bytes(), ttl_ms(ttl));
         let Some(rw) = replicas else {
@@ -141,28 +176,13 @@ impl SingleBackend {
         decode_acquire(reply, Some(acked))
     }
 
-    /// A new connection for `WAIT`, its response timeout leaving room for the longest.
-    async fn wait_connection(&self) -> Result<MultiplexedConnection, LockError> {
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(self.timeouts.connect))
-            .set_response_timeout(Some(self.timeouts.response + MAX_REPLICA_WAIT));
-        self.client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await
-            .map_err(LockError::backend("connect"))
-    }
-
-    /// One request's bound (the connection manager's response timeout).
-    pub(crate) fn request_timeout(&self) -> Duration {
-        self.timeouts.response
-    }
-
     /// True when our lock is gone because of this call.
     ///
     /// When the connection dropped under the first request, it may have been applied with
     /// its reply lost; the retry then finds the key gone, which means released (a lock
     /// the caller still held cannot have expired), not lost.
-    pub(crate) async fn release(&self, key: &LockKey, token: Token) -> Result<bool, LockError> {
+    async fn release(&self, lease: LeaseRef<'_>) -> Result<bool, LockError> {
+        let LeaseRef { key, token } = lease;
         let keys = [key.full()];
         let request =
             || RELEASE.invoke::<i64, _, _, _>(&self.con, &keys, (token.as_bytes(), "PUBLISH"));
@@ -178,12 +198,8 @@ impl SingleBackend {
         Ok(released == 1)
     }
 
-    pub(crate) async fn extend(
-        &self,
-        key: &LockKey,
-        token: Token,
-        ttl: Duration,
-    ) -> Result<bool, LockError> {
+    async fn extend(&self, lease: LeaseRef<'_>, ttl: Duration) -> Result<bool, LockError> {
+        let LeaseRef { key, token } = lease;
         let keys = [key.full()];
         reconnecting(|| EXTEND.invoke(&self.con, &keys, (token.as_bytes(), ttl_ms(ttl))))
             .await
@@ -193,7 +209,7 @@ impl SingleBackend {
     /// One round trip for the whole batch: a pipeline of batched-renew scripts, led by a
     /// `SCRIPT LOAD` so a flushed script cache cannot fail it. Each chunk's reply is
     /// decoded on its own ([`chunk_outcomes`]).
-    pub(crate) async fn renew(&self, batch: &[Renewal<'_>]) -> Result<Vec<Renewed>, LockError> {
+    async fn renew(&self, batch: &[Renewal<'_>]) -> Result<Vec<Renewed>, LockError> {
         let mut pipe = redis::pipe();
         pipe.add_command(RENEW.load()).ignore();
         let chunks = batch.chunks(RENEW_CHUNK);
@@ -213,22 +229,7 @@ impl SingleBackend {
         Ok(decode_renewals(chunks.map(<[_]>::len), replies))
     }
 
-    /// The server's address (no credentials), for messages.
-    pub(crate) fn addr(&self) -> String {
-        self.client.get_connection_info().addr().to_string()
-    }
-
-    /// The server's `maxmemory-policy`, from `INFO memory`.
-    pub(crate) async fn eviction_policy(&self) -> Result<String, LockError> {
-        let info: String = redis::cmd("INFO")
-            .arg("memory")
-            .query_async(&mut self.con.clone())
-            .await
-            .map_err(LockError::backend("info"))?;
-        parse_eviction_policy(&info)
-    }
-
-    pub(crate) async fn is_locked(&self, key: &LockKey) -> Result<bool, LockError> {
+    async fn is_locked(&self, key: &LockKey) -> Result<bool, LockError> {
         redis::cmd("EXISTS")
             .arg(key.full())
             .query_async(&mut self.con.clone())
@@ -236,7 +237,7 @@ impl SingleBackend {
             .map_err(LockError::backend("exists"))
     }
 
-    pub(crate) async fn force_unlock(&self, key: &LockKey) -> Result<bool, LockError> {
+    async fn force_unlock(&self, key: &LockKey) -> Result<bool, LockError> {
         let (deleted,): (bool,) = redis::pipe()
             .cmd("DEL")
             .arg(key.full())
@@ -248,6 +249,27 @@ impl SingleBackend {
             .await
             .map_err(LockError::backend("force_unlock"))?;
         Ok(deleted)
+    }
+
+    async fn eviction_policies(&self) -> Result<Policies, LockError> {
+        Ok(vec![(self.addr(), self.eviction_policy().await)])
+    }
+
+    async fn subscribe(&self, key: &str, register: bool) -> Result<(), LockError> {
+        self.subscriber.subscribe(key, register).await
+    }
+
+    async fn unsubscribe(&self, key: &str) -> Result<(), LockError> {
+        self.subscriber.unsubscribe(key);
+        Ok(())
+    }
+
+    fn listening(&self, key: &str) -> bool {
+        self.subscriber.listening(key)
+    }
+
+    fn interests(&self) -> usize {
+        self.subscriber.interests()
     }
 }
 
@@ -387,6 +409,8 @@ mod tests {
     use redlock_testkit::{ChaosProxy, Direction, Fault, RedisServer};
 
     use super::*;
+    use crate::backend::ReplicaWait;
+    use crate::token::Token;
 
     /// Review finding 8: the undo of an acquire + `WAIT` attempt cut short went on the
     /// command connection, not the pipeline's. When the pipeline is held up on its own
@@ -424,14 +448,22 @@ mod tests {
         let ttl = Duration::from_secs(30);
         let cut = tokio::time::timeout(
             Duration::from_millis(300),
-            backend.acquire(&key, token, ttl, Some(wait)),
+            backend.acquire(&Claim {
+                key: &key,
+                token,
+                ttl,
+                replicas: Some(wait),
+            }),
         )
         .await;
         assert!(cut.is_err(), "the held-up attempt was not cut short");
         // What the manager does for an attempt cut short (`PendingAttempt` →
         // `Job::Abandon`): release its token on the command connection. It is applied
         // first and finds nothing.
-        assert!(!backend.release(&key, token).await.unwrap());
+        assert!(!backend
+            .release(LeaseRef { key: &key, token })
+            .await
+            .unwrap());
 
         // The held-up acquire lands now, and whatever was sent after it on its
         // connection.

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use tracing::{field, Instrument};
 
 use super::LockManager;
-use crate::backend::{jitter, Attempt, ReplicaWait};
+use crate::backend::{jitter, Attempt, Claim, LeaseRef, ReplicaWait};
 use crate::key::LockKey;
 use crate::lease::{self, Lease};
 use crate::options::Resolved;
@@ -139,7 +139,15 @@ impl LockManager {
             token,
             armed: true,
         };
-        let attempt = shared.backend.acquire(key, token, opts.ttl, replicas).await;
+        let attempt = shared
+            .backend
+            .acquire(&Claim {
+                key,
+                token,
+                ttl: opts.ttl,
+                replicas,
+            })
+            .await;
         // A backend that undoes its own failed attempts does so without waking anyone
         // (the waiters include this caller); a release from here would do it again,
         // with a wake-up.
@@ -156,7 +164,7 @@ impl LockManager {
                 if let (Some(want), Some(acked)) = (replicas, acked) {
                     if acked < want.replicas {
                         pending.armed = true;
-                        shared.backend.release(key, token).await?;
+                        shared.backend.release(LeaseRef { key, token }).await?;
                         pending.armed = false;
                         return Err(LockError::ReplicasUnavailable {
                             key: key.full().to_owned(),

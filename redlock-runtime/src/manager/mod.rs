@@ -246,7 +246,7 @@ impl LockManager {
         );
         let released = shared
             .backend
-            .release(&lease.key, lease.token)
+            .release(lease.lease_ref())
             .instrument(span)
             .await;
         // A failed request is retried in the background (compare-token, so harmless).
@@ -306,7 +306,7 @@ impl LockManager {
             // The watchdog declares the lock lost at the lowered deadline if no reply
             // raised it by then.
             shared.reschedule(&lease);
-            let outcome = match shared.backend.extend(&lease.key, lease.token, ttl).await {
+            let outcome = match shared.backend.extend(lease.lease_ref(), ttl).await {
                 Ok(true) => {
                     lease.confirmed(sent, ttl);
                     Ok(())
