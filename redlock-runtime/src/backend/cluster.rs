@@ -53,11 +53,11 @@ use redis::io::tcp::TcpSettings;
 use redis::{FromRedisValue, IntoConnectionInfo, ProtocolVersion, PushInfo, PushKind, Value};
 use tokio::sync::mpsc;
 
-use super::single::{decode_acquire, parse_eviction_policy, ttl_ms};
-use super::{
-    chunk_outcomes, Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Store, Timeouts,
+use super::server::{
+    chunk_outcomes, decode_acquire, parse_eviction_policy, renew_args, ttl_ms, Timeouts,
     WaitAttempt, WaitPool, MAX_REPLICA_WAIT,
 };
+use super::{Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Store};
 use crate::key::{key_slot, LockKey, SLOTS};
 use crate::notify::{channel_of, ChannelLocks, Interest};
 use crate::scripts::{ACQUIRE, EXTEND, RELEASE, RENEW};
@@ -143,14 +143,9 @@ impl SlotMap {
     }
 }
 
-/// The arguments of a `renew.lua` call: token and ttl of each lock.
-fn renew_args(batch: &[Renewal<'_>], indices: &[usize]) -> Vec<Vec<u8>> {
-    let mut args = Vec::with_capacity(indices.len() * 2);
-    for r in indices.iter().filter_map(|&i| batch.get(i)) {
-        args.push(r.token.as_bytes().to_vec());
-        args.push(ttl_ms(r.ttl).to_string().into_bytes());
-    }
-    args
+/// The arguments of the `renew.lua` call for the locks of `batch` at `indices`.
+fn slot_renew_args(batch: &[Renewal<'_>], indices: &[usize]) -> Vec<Vec<u8>> {
+    renew_args(indices.iter().filter_map(|&i| batch.get(i)))
 }
 
 /// A Redis Cluster.
@@ -199,10 +194,7 @@ impl ClusterBackend {
             Ok::<_, redis::RedisError>((con, sub_con))
         };
         // redis-rs #1953: the cluster connect can hang; the timeout bounds it.
-        let (con, sub_con) = tokio::time::timeout(timeouts.connect, connect)
-            .await
-            .map_err(|_| LockError::timed_out("connect", timeouts.connect))?
-            .map_err(LockError::backend("connect"))?;
+        let (con, sub_con) = timeouts.connecting(connect).await?;
         Ok(Self {
             urls: urls.to_vec(),
             con,
@@ -235,7 +227,7 @@ impl ClusterBackend {
         pipe.add_command(RENEW.load());
         for (_, indices) in &calls {
             let keys: Vec<&str> = indices.iter().map(|&i| batch[i].key.full()).collect();
-            pipe.add_command(RENEW.evalsha(&keys, renew_args(batch, indices)));
+            pipe.add_command(RENEW.evalsha(&keys, slot_renew_args(batch, indices)));
         }
         match self
             .con
@@ -330,10 +322,9 @@ impl Store for ClusterBackend {
             Some(con) => con,
             None => {
                 let client = wait_client(&self.urls, self.timeouts)?;
-                tokio::time::timeout(self.timeouts.connect, client.get_async_connection())
-                    .await
-                    .map_err(|_| LockError::timed_out("connect", self.timeouts.connect))?
-                    .map_err(LockError::backend("connect"))?
+                self.timeouts
+                    .connecting(client.get_async_connection())
+                    .await?
             }
         };
         let mut pipe = redis::pipe();
@@ -422,7 +413,11 @@ impl Store for ClusterBackend {
         let renew_slot = |(_, indices): SlotCall| async move {
             let keys: Vec<&str> = indices.iter().map(|&i| batch[i].key.full()).collect();
             let reply: Result<Vec<i64>, _> = RENEW
-                .invoke(&self.con, &keys, renew_args(batch, &indices).as_slice())
+                .invoke(
+                    &self.con,
+                    &keys,
+                    slot_renew_args(batch, &indices).as_slice(),
+                )
                 .await;
             (indices, reply)
         };

@@ -9,21 +9,19 @@
 mod cluster;
 mod memory;
 mod redlock;
+mod server;
 mod single;
 
 use std::future::Future;
-use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 pub(crate) use cluster::ClusterBackend;
 pub(crate) use memory::MemoryBackend;
 pub(crate) use redlock::{RedlockBackend, DEFAULT_NODE_TIMEOUT};
+pub(crate) use server::Timeouts;
 pub(crate) use single::SingleBackend;
 
-use redis::aio::ConnectionLike;
-
 use crate::key::LockKey;
-use crate::scripts::RELEASE;
 use crate::token::Token;
 use crate::LockError;
 
@@ -47,177 +45,6 @@ pub(crate) enum Attempt {
 pub(crate) struct ReplicaWait {
     pub(crate) replicas: u32,
     pub(crate) timeout: Duration,
-}
-
-/// Connection timeouts for Redis backends.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Timeouts {
-    /// Opening a connection, and the whole of `connect`/`build` (default 3 s).
-    pub(crate) connect: Duration,
-    /// One request's reply (default 1 s).
-    pub(crate) response: Duration,
-}
-
-/// The longest `WAIT` a lock asks for (min(ttl/10, 1 s)).
-pub(crate) const MAX_REPLICA_WAIT: Duration = Duration::from_secs(1);
-
-/// Idle `WAIT` connections kept for reuse, per backend.
-const IDLE_WAIT_CONNECTIONS: usize = 8;
-
-/// Connections for `WAIT`, which blocks the connection it is sent on.
-///
-/// Each acquisition with `min_replicas` takes a connection of its own for its
-/// `acquire` + `WAIT` pipeline (an idle one, or a new one), so concurrent acquisitions
-/// never queue behind each other's `WAIT`; up to [`IDLE_WAIT_CONNECTIONS`] are kept for
-/// reuse. Only a connection whose pipeline completed is given back: one whose request
-/// was cancelled or failed may still have a reply (or a blocked `WAIT`) in flight, so it
-/// is dropped.
-pub(crate) struct WaitPool<C> {
-    idle: Mutex<Vec<C>>,
-}
-
-impl<C> WaitPool<C> {
-    pub(crate) fn new() -> Self {
-        Self {
-            idle: Mutex::new(Vec::new()),
-        }
-    }
-
-    fn idle(&self) -> std::sync::MutexGuard<'_, Vec<C>> {
-        self.idle.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// An idle connection, if any.
-    pub(crate) fn take(&self) -> Option<C> {
-        self.idle().pop()
-    }
-
-    /// Gives back a connection whose pipeline completed.
-    pub(crate) fn put(&self, con: C) {
-        let mut idle = self.idle();
-        if idle.len() < IDLE_WAIT_CONNECTIONS {
-            idle.push(con);
-        }
-    }
-
-    /// Drops every idle connection (the server went away: they are all broken).
-    pub(crate) fn clear(&self) {
-        self.idle().clear();
-    }
-}
-
-/// Pauses before the fallback releases of a [`WaitAttempt`] undone after its
-/// connection failed.
-const UNDO_RETRIES: [Duration; 3] = [
-    Duration::from_millis(200),
-    Duration::from_millis(800),
-    Duration::from_secs(2),
-];
-
-/// The `WAIT` connection of an acquire pipeline in flight, which undoes the attempt on
-/// that same connection when it is dropped before the pipeline's reply was read.
-///
-/// The manager releases the token of an attempt that was cut short, cancelled or
-/// failed ([`Job::Abandon`](crate::watchdog::Job::Abandon)), on the command connection. Requests
-/// on two connections are not ordered: after a server freeze (or a retransmission on
-/// one connection) that release may be applied before the acquire, find nothing, and
-/// leave the key to nobody for its whole ttl. So an attempt whose reply was not read
-/// sends its release on the pipeline's own connection, where the server applies it
-/// after the acquire whatever happened to the acquire, and the connection is not given
-/// back to the pool. If that release fails (the connection broke, which settles the
-/// acquire's fate), it is retried on `fallback` after a pause, a few times.
-pub(crate) struct WaitAttempt<C, F>
-where
-    C: ConnectionLike + Clone + Send + 'static,
-    F: ConnectionLike + Clone + Send + 'static,
-{
-    con: Option<C>,
-    fallback: F,
-    key: LockKey,
-    token: Token,
-    publish: &'static str,
-}
-
-impl<C, F> WaitAttempt<C, F>
-where
-    C: ConnectionLike + Clone + Send + 'static,
-    F: ConnectionLike + Clone + Send + 'static,
-{
-    /// Arms the undo of `token`'s acquire about to be sent on `con`; `publish` is the
-    /// release's wake-up command (`PUBLISH` or `SPUBLISH`).
-    pub(crate) fn new(
-        con: C,
-        fallback: F,
-        key: &LockKey,
-        token: Token,
-        publish: &'static str,
-    ) -> Self {
-        Self {
-            con: Some(con),
-            fallback,
-            key: key.clone(),
-            token,
-            publish,
-        }
-    }
-
-    /// The connection to send the pipeline on.
-    pub(crate) fn con(&mut self) -> &mut C {
-        self.con.as_mut().expect("armed until finished")
-    }
-
-    /// Moves the pipeline to another connection (the first one broke: the acquire sent
-    /// on it was settled when it closed).
-    pub(crate) fn replace(&mut self, con: C) {
-        self.con = Some(con);
-    }
-
-    /// The pipeline's reply was read: disarms, and gives the connection back.
-    pub(crate) fn finish(mut self) -> C {
-        self.con.take().expect("armed until finished")
-    }
-}
-
-impl<C, F> Drop for WaitAttempt<C, F>
-where
-    C: ConnectionLike + Clone + Send + 'static,
-    F: ConnectionLike + Clone + Send + 'static,
-{
-    fn drop(&mut self) {
-        let Some(mut con) = self.con.take() else {
-            return;
-        };
-        // No runtime: it is shutting down, and the ttl frees the lock.
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let (mut fallback, key, token, publish) = (
-            self.fallback.clone(),
-            self.key.clone(),
-            self.token,
-            self.publish,
-        );
-        // Self-contained EVAL: no NOSCRIPT, applied whenever it is delivered.
-        let release = RELEASE.eval(&[key.full()], (token.as_bytes(), publish));
-        runtime.spawn(async move {
-            let mut outcome = release.query_async::<i64>(&mut con).await;
-            drop(con);
-            for pause in UNDO_RETRIES {
-                let Err(e) = &outcome else {
-                    return;
-                };
-                tracing::debug!(key = key.full(), error = %e, "undo of a WAIT acquire failed");
-                tokio::time::sleep(pause).await;
-                outcome = release.query_async::<i64>(&mut fallback).await;
-            }
-            if outcome.is_err() {
-                tracing::debug!(
-                    key = key.full(),
-                    "undo of a WAIT acquire failed; the ttl will free the lock"
-                );
-            }
-        });
-    }
 }
 
 /// A uniformly random duration in `0..=max`.
@@ -253,27 +80,6 @@ impl From<bool> for Renewed {
         } else {
             Self::Lost
         }
-    }
-}
-
-/// The outcomes of one `renew.lua` call over `len` locks, from its reply (`None`: the
-/// call failed). A reply without exactly one integer per lock cannot be matched to the
-/// locks, so all of them are unknown (retried soon), never credited to a neighbour.
-pub(crate) fn chunk_outcomes(len: usize, reply: Option<Vec<i64>>) -> Vec<Renewed> {
-    match reply {
-        Some(flags) if flags.len() == len => flags
-            .into_iter()
-            .map(|flag| Renewed::from(flag == 1))
-            .collect(),
-        Some(flags) => {
-            tracing::warn!(
-                locks = len,
-                answers = flags.len(),
-                "renewal reply does not match its locks; retrying them"
-            );
-            vec![Renewed::Unknown; len]
-        }
-        None => vec![Renewed::Unknown; len],
     }
 }
 

@@ -8,14 +8,15 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
+use redis::aio::{ConnectionManager, MultiplexedConnection};
 use redis::io::tcp::TcpSettings;
 use redis::{AsyncConnectionConfig, Client, IntoConnectionInfo, ProtocolVersion, Value};
 
-use super::{
-    chunk_outcomes, Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Store, Timeouts,
-    WaitAttempt, WaitPool, MAX_REPLICA_WAIT,
+use super::server::{
+    chunk_outcomes, decode_acquire, is_dropped, parse_eviction_policy, reconnecting, renew_args,
+    ttl_ms, Timeouts, WaitAttempt, WaitPool, MAX_REPLICA_WAIT,
 };
+use super::{Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Store};
 use crate::key::LockKey;
 use crate::notify::{push_handler, Channels, Subscriber};
 use crate::scripts::{ACQUIRE, EXTEND, RELEASE, RENEW};
@@ -71,10 +72,7 @@ impl SingleBackend {
             redis::cmd("PING").exec_async(&mut con.clone()).await?;
             Ok::<_, redis::RedisError>((con, sub_con))
         };
-        let (con, sub_con) = tokio::time::timeout(timeouts.connect, connect)
-            .await
-            .map_err(|_| LockError::timed_out("connect", timeouts.connect))?
-            .map_err(LockError::backend("connect"))?;
+        let (con, sub_con) = timeouts.connecting(connect).await?;
         Ok(Self {
             client,
             con,
@@ -215,12 +213,7 @@ impl Store for SingleBackend {
         let chunks = batch.chunks(RENEW_CHUNK);
         for chunk in chunks.clone() {
             let keys: Vec<&str> = chunk.iter().map(|r| r.key.full()).collect();
-            let mut args: Vec<Vec<u8>> = Vec::with_capacity(chunk.len() * 2);
-            for r in chunk {
-                args.push(r.token.as_bytes().to_vec());
-                args.push(ttl_ms(r.ttl).to_string().into_bytes());
-            }
-            pipe.add_command(RENEW.evalsha(&keys, args));
+            pipe.add_command(RENEW.evalsha(&keys, renew_args(chunk)));
         }
         let replies: Vec<Value> = pipe
             .query_async(&mut self.con.clone())
@@ -273,24 +266,6 @@ impl Store for SingleBackend {
     }
 }
 
-/// Runs a request, and once more if the connection had dropped (the connection manager
-/// reconnects on that error). Safe because every script is idempotent per token.
-pub(crate) async fn reconnecting<T, F, Fut>(mut request: F) -> redis::RedisResult<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = redis::RedisResult<T>>,
-{
-    match request().await {
-        Err(e) if is_dropped(&e) => request().await,
-        other => other,
-    }
-}
-
-/// Whether the connection went away under a request (the connection manager reconnects).
-fn is_dropped(e: &redis::RedisError) -> bool {
-    e.is_connection_dropped() || e.is_unrecoverable_error()
-}
-
 /// One outcome per lock from the replies of a renew pipeline, chunk by chunk: a chunk
 /// whose reply is missing or malformed leaves its own locks unknown.
 fn decode_renewals(chunk_lens: impl Iterator<Item = usize>, replies: Vec<Value>) -> Vec<Renewed> {
@@ -303,105 +278,6 @@ fn decode_renewals(chunk_lens: impl Iterator<Item = usize>, replies: Vec<Value>)
             chunk_outcomes(len, reply)
         })
         .collect()
-}
-
-/// Milliseconds for Redis, at least 1.
-pub(crate) fn ttl_ms(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
-}
-
-/// The `maxmemory_policy` field of an `INFO memory` reply.
-pub(crate) fn parse_eviction_policy(info: &str) -> Result<String, LockError> {
-    info.lines()
-        .find_map(|line| line.trim().strip_prefix("maxmemory_policy:"))
-        .map(str::to_owned)
-        .ok_or_else(|| LockError::Backend {
-            operation: "info",
-            source: redis::RedisError::from((
-                redis::ErrorKind::UnexpectedReturnType,
-                "INFO memory has no maxmemory_policy field",
-            )),
-        })
-}
-
-/// The fence of a grant, or `{pttl, holder}` when held, from `acquire.lua`.
-///
-/// A grant whose fence is not a positive integer that fits a `u64` is an error, never
-/// token 0: the caller gives the lock back (the manager's pending-attempt release). A
-/// holder that is not 16 hex digits is simply not named.
-pub(crate) fn decode_acquire(reply: Value, replicas: Option<u32>) -> Result<Attempt, LockError> {
-    let items = match reply {
-        Value::Array(items) => items,
-        fence => {
-            return Ok(Attempt::Acquired {
-                fence: parse_fence(&fence)?,
-                replicas,
-            })
-        }
-    };
-    let mut items = items.into_iter();
-    let Some(pttl) = items.next() else {
-        return Err(bad_reply("an empty array".to_owned()));
-    };
-    let pttl: i64 =
-        redis::from_redis_value(pttl).map_err(|e| LockError::backend("acquire")(e.into()))?;
-    let holder = items
-        .next()
-        .and_then(|h| redis::from_redis_value::<String>(h).ok())
-        .filter(|h| h.len() == 16)
-        .and_then(|h| u64::from_str_radix(&h, 16).ok());
-    Ok(Attempt::Held {
-        remaining: u64::try_from(pttl).ok().map(Duration::from_millis),
-        holder,
-    })
-}
-
-/// The fencing token in a grant: an integer, or the counter's decimal digits, exactly.
-fn parse_fence(value: &Value) -> Result<u64, LockError> {
-    let digits = match value {
-        Value::Int(n) => {
-            return u64::try_from(*n)
-                .ok()
-                .filter(|&fence| fence >= 1)
-                .ok_or_else(|| bad_reply(format!("fencing token {n} is not positive")))
-        }
-        Value::BulkString(bytes) => bytes.as_slice(),
-        Value::SimpleString(s) => s.as_bytes(),
-        other => return Err(bad_reply(format!("fencing token {other:?}"))),
-    };
-    std::str::from_utf8(digits)
-        .ok()
-        .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
-        .and_then(|s| s.parse::<u64>().ok())
-        .filter(|&fence| fence >= 1)
-        .ok_or_else(|| {
-            bad_reply(format!(
-                "fencing token {:?} is not a positive 64-bit integer",
-                String::from_utf8_lossy(digits)
-            ))
-        })
-}
-
-/// An acquire reply of the wrong shape.
-fn bad_reply(detail: String) -> LockError {
-    LockError::Backend {
-        operation: "acquire",
-        source: redis::RedisError::from((
-            redis::ErrorKind::UnexpectedReturnType,
-            "unexpected reply to the acquire script",
-            detail,
-        )),
-    }
-}
-
-impl Timeouts {
-    fn manager_config(&self) -> ConnectionManagerConfig {
-        ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(self.connect))
-            .set_response_timeout(Some(self.response))
-            .set_number_of_retries(2)
-            .set_max_delay(Duration::from_millis(500))
-    }
 }
 
 #[cfg(test)]
@@ -492,39 +368,6 @@ mod tests {
             backend.wait_pool.take().is_none(),
             "a connection with a pipeline in flight went back to the pool"
         );
-    }
-
-    #[test]
-    fn acquire_replies_decode_to_exact_fences_or_the_holder() {
-        let fence = |reply| match decode_acquire(reply, None) {
-            Ok(Attempt::Acquired { fence, .. }) => Ok(fence),
-            Ok(other) => panic!("not a grant: {other:?}"),
-            Err(e) => Err(e.to_string()),
-        };
-        // Below 2^53 the script sends an integer; above, the counter's digits.
-        assert_eq!(fence(Value::Int(7)), Ok(7));
-        let max = Value::BulkString(u64::MAX.to_string().into_bytes());
-        assert_eq!(fence(max), Ok(u64::MAX));
-        for bad in [
-            Value::Int(0),
-            Value::Int(-3),
-            Value::BulkString(b"18446744073709551616".to_vec()),
-            Value::BulkString(b"12a".to_vec()),
-            Value::Nil,
-        ] {
-            assert!(fence(bad.clone()).is_err(), "{bad:?} was taken for a fence");
-        }
-        let held = Value::Array(vec![
-            Value::Int(1500),
-            Value::BulkString(b"00000000000000ff".to_vec()),
-        ]);
-        match decode_acquire(held, None).unwrap() {
-            Attempt::Held { remaining, holder } => {
-                assert_eq!(remaining, Some(Duration::from_millis(1500)));
-                assert_eq!(holder, Some(255));
-            }
-            other => panic!("not held: {other:?}"),
-        }
     }
 
     fn reply(flags: &[i64]) -> Value {

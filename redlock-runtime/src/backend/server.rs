@@ -1,0 +1,391 @@
+//! What the Redis backends share: connection timeouts, acquire-reply decoding, renewal
+//! arguments and replies, the retry after a dropped connection, and the `WAIT`
+//! connections of acquisitions with `min_replicas` ([`WaitPool`], [`WaitAttempt`]).
+//! The single-server and cluster backends use it (Redlock through its single-server
+//! nodes); no backend imports from another.
+
+use std::future::Future;
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManagerConfig};
+use redis::Value;
+
+use super::{Attempt, Renewal, Renewed};
+use crate::key::LockKey;
+use crate::scripts::RELEASE;
+use crate::token::Token;
+use crate::LockError;
+
+/// Connection timeouts for Redis backends.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Timeouts {
+    /// Opening a connection, and the whole of `connect`/`build` (default 3 s).
+    pub(crate) connect: Duration,
+    /// One request's reply (default 1 s).
+    pub(crate) response: Duration,
+}
+
+impl Timeouts {
+    /// A connection manager's settings: these timeouts, and a few quick reconnects.
+    pub(crate) fn manager_config(&self) -> ConnectionManagerConfig {
+        ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.connect))
+            .set_response_timeout(Some(self.response))
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_millis(500))
+    }
+
+    /// Runs a connection step (opening connections, the first `PING`) within the
+    /// connect timeout.
+    pub(crate) async fn connecting<T>(
+        &self,
+        connect: impl Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T, LockError> {
+        tokio::time::timeout(self.connect, connect)
+            .await
+            .map_err(|_| LockError::timed_out("connect", self.connect))?
+            .map_err(LockError::backend("connect"))
+    }
+}
+
+/// Milliseconds for Redis, at least 1.
+pub(crate) fn ttl_ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+/// The `maxmemory_policy` field of an `INFO memory` reply.
+pub(crate) fn parse_eviction_policy(info: &str) -> Result<String, LockError> {
+    info.lines()
+        .find_map(|line| line.trim().strip_prefix("maxmemory_policy:"))
+        .map(str::to_owned)
+        .ok_or_else(|| LockError::Backend {
+            operation: "info",
+            source: redis::RedisError::from((
+                redis::ErrorKind::UnexpectedReturnType,
+                "INFO memory has no maxmemory_policy field",
+            )),
+        })
+}
+
+/// The fence of a grant, or `{pttl, holder}` when held, from `acquire.lua`.
+///
+/// A grant whose fence is not a positive integer that fits a `u64` is an error, never
+/// token 0: the caller gives the lock back (the manager's pending-attempt release). A
+/// holder that is not 16 hex digits is simply not named.
+pub(crate) fn decode_acquire(reply: Value, replicas: Option<u32>) -> Result<Attempt, LockError> {
+    let items = match reply {
+        Value::Array(items) => items,
+        fence => {
+            return Ok(Attempt::Acquired {
+                fence: parse_fence(&fence)?,
+                replicas,
+            })
+        }
+    };
+    let mut items = items.into_iter();
+    let Some(pttl) = items.next() else {
+        return Err(bad_reply("an empty array".to_owned()));
+    };
+    let pttl: i64 =
+        redis::from_redis_value(pttl).map_err(|e| LockError::backend("acquire")(e.into()))?;
+    let holder = items
+        .next()
+        .and_then(|h| redis::from_redis_value::<String>(h).ok())
+        .filter(|h| h.len() == 16)
+        .and_then(|h| u64::from_str_radix(&h, 16).ok());
+    Ok(Attempt::Held {
+        remaining: u64::try_from(pttl).ok().map(Duration::from_millis),
+        holder,
+    })
+}
+
+/// The fencing token in a grant: an integer, or the counter's decimal digits, exactly.
+fn parse_fence(value: &Value) -> Result<u64, LockError> {
+    let digits = match value {
+        Value::Int(n) => {
+            return u64::try_from(*n)
+                .ok()
+                .filter(|&fence| fence >= 1)
+                .ok_or_else(|| bad_reply(format!("fencing token {n} is not positive")))
+        }
+        Value::BulkString(bytes) => bytes.as_slice(),
+        Value::SimpleString(s) => s.as_bytes(),
+        other => return Err(bad_reply(format!("fencing token {other:?}"))),
+    };
+    std::str::from_utf8(digits)
+        .ok()
+        .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|s| s.parse::<u64>().ok())
+        .filter(|&fence| fence >= 1)
+        .ok_or_else(|| {
+            bad_reply(format!(
+                "fencing token {:?} is not a positive 64-bit integer",
+                String::from_utf8_lossy(digits)
+            ))
+        })
+}
+
+/// An acquire reply of the wrong shape.
+fn bad_reply(detail: String) -> LockError {
+    LockError::Backend {
+        operation: "acquire",
+        source: redis::RedisError::from((
+            redis::ErrorKind::UnexpectedReturnType,
+            "unexpected reply to the acquire script",
+            detail,
+        )),
+    }
+}
+
+/// The longest `WAIT` a lock asks for (min(ttl/10, 1 s)).
+pub(crate) const MAX_REPLICA_WAIT: Duration = Duration::from_secs(1);
+
+/// Idle `WAIT` connections kept for reuse, per backend.
+const IDLE_WAIT_CONNECTIONS: usize = 8;
+
+/// Connections for `WAIT`, which blocks the connection it is sent on.
+///
+/// Each acquisition with `min_replicas` takes a connection of its own for its
+/// `acquire` + `WAIT` pipeline (an idle one, or a new one), so concurrent acquisitions
+/// never queue behind each other's `WAIT`; up to [`IDLE_WAIT_CONNECTIONS`] are kept for
+/// reuse. Only a connection whose pipeline completed is given back: one whose request
+/// was cancelled or failed may still have a reply (or a blocked `WAIT`) in flight, so it
+/// is dropped.
+pub(crate) struct WaitPool<C> {
+    idle: Mutex<Vec<C>>,
+}
+
+impl<C> WaitPool<C> {
+    pub(crate) fn new() -> Self {
+        Self {
+            idle: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn idle(&self) -> std::sync::MutexGuard<'_, Vec<C>> {
+        self.idle.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// An idle connection, if any.
+    pub(crate) fn take(&self) -> Option<C> {
+        self.idle().pop()
+    }
+
+    /// Gives back a connection whose pipeline completed.
+    pub(crate) fn put(&self, con: C) {
+        let mut idle = self.idle();
+        if idle.len() < IDLE_WAIT_CONNECTIONS {
+            idle.push(con);
+        }
+    }
+
+    /// Drops every idle connection (the server went away: they are all broken).
+    pub(crate) fn clear(&self) {
+        self.idle().clear();
+    }
+}
+
+/// Pauses before the fallback releases of a [`WaitAttempt`] undone after its
+/// connection failed.
+const UNDO_RETRIES: [Duration; 3] = [
+    Duration::from_millis(200),
+    Duration::from_millis(800),
+    Duration::from_secs(2),
+];
+
+/// The `WAIT` connection of an acquire pipeline in flight, which undoes the attempt on
+/// that same connection when it is dropped before the pipeline's reply was read.
+///
+/// The manager releases the token of an attempt that was cut short, cancelled or
+/// failed ([`Job::Abandon`](crate::watchdog::Job::Abandon)), on the command connection. Requests
+/// on two connections are not ordered: after a server freeze (or a retransmission on
+/// one connection) that release may be applied before the acquire, find nothing, and
+/// leave the key to nobody for its whole ttl. So an attempt whose reply was not read
+/// sends its release on the pipeline's own connection, where the server applies it
+/// after the acquire whatever happened to the acquire, and the connection is not given
+/// back to the pool. If that release fails (the connection broke, which settles the
+/// acquire's fate), it is retried on `fallback` after a pause, a few times.
+pub(crate) struct WaitAttempt<C, F>
+where
+    C: ConnectionLike + Clone + Send + 'static,
+    F: ConnectionLike + Clone + Send + 'static,
+{
+    con: Option<C>,
+    fallback: F,
+    key: LockKey,
+    token: Token,
+    publish: &'static str,
+}
+
+impl<C, F> WaitAttempt<C, F>
+where
+    C: ConnectionLike + Clone + Send + 'static,
+    F: ConnectionLike + Clone + Send + 'static,
+{
+    /// Arms the undo of `token`'s acquire about to be sent on `con`; `publish` is the
+    /// release's wake-up command (`PUBLISH` or `SPUBLISH`).
+    pub(crate) fn new(
+        con: C,
+        fallback: F,
+        key: &LockKey,
+        token: Token,
+        publish: &'static str,
+    ) -> Self {
+        Self {
+            con: Some(con),
+            fallback,
+            key: key.clone(),
+            token,
+            publish,
+        }
+    }
+
+    /// The connection to send the pipeline on.
+    pub(crate) fn con(&mut self) -> &mut C {
+        self.con.as_mut().expect("armed until finished")
+    }
+
+    /// Moves the pipeline to another connection (the first one broke: the acquire sent
+    /// on it was settled when it closed).
+    pub(crate) fn replace(&mut self, con: C) {
+        self.con = Some(con);
+    }
+
+    /// The pipeline's reply was read: disarms, and gives the connection back.
+    pub(crate) fn finish(mut self) -> C {
+        self.con.take().expect("armed until finished")
+    }
+}
+
+impl<C, F> Drop for WaitAttempt<C, F>
+where
+    C: ConnectionLike + Clone + Send + 'static,
+    F: ConnectionLike + Clone + Send + 'static,
+{
+    fn drop(&mut self) {
+        let Some(mut con) = self.con.take() else {
+            return;
+        };
+        // No runtime: it is shutting down, and the ttl frees the lock.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (mut fallback, key, token, publish) = (
+            self.fallback.clone(),
+            self.key.clone(),
+            self.token,
+            self.publish,
+        );
+        // Self-contained EVAL: no NOSCRIPT, applied whenever it is delivered.
+        let release = RELEASE.eval(&[key.full()], (token.as_bytes(), publish));
+        runtime.spawn(async move {
+            let mut outcome = release.query_async::<i64>(&mut con).await;
+            drop(con);
+            for pause in UNDO_RETRIES {
+                let Err(e) = &outcome else {
+                    return;
+                };
+                tracing::debug!(key = key.full(), error = %e, "undo of a WAIT acquire failed");
+                tokio::time::sleep(pause).await;
+                outcome = release.query_async::<i64>(&mut fallback).await;
+            }
+            if outcome.is_err() {
+                tracing::debug!(
+                    key = key.full(),
+                    "undo of a WAIT acquire failed; the ttl will free the lock"
+                );
+            }
+        });
+    }
+}
+
+/// The arguments of a `renew.lua` call: token and ttl of each lock.
+pub(crate) fn renew_args<'r, 'k: 'r>(
+    renewals: impl IntoIterator<Item = &'r Renewal<'k>>,
+) -> Vec<Vec<u8>> {
+    let renewals = renewals.into_iter();
+    let mut args = Vec::with_capacity(renewals.size_hint().1.unwrap_or(0) * 2);
+    for r in renewals {
+        args.push(r.token.as_bytes().to_vec());
+        args.push(ttl_ms(r.ttl).to_string().into_bytes());
+    }
+    args
+}
+
+/// The outcomes of one `renew.lua` call over `len` locks, from its reply (`None`: the
+/// call failed). A reply without exactly one integer per lock cannot be matched to the
+/// locks, so all of them are unknown (retried soon), never credited to a neighbour.
+pub(crate) fn chunk_outcomes(len: usize, reply: Option<Vec<i64>>) -> Vec<Renewed> {
+    match reply {
+        Some(flags) if flags.len() == len => flags
+            .into_iter()
+            .map(|flag| Renewed::from(flag == 1))
+            .collect(),
+        Some(flags) => {
+            tracing::warn!(
+                locks = len,
+                answers = flags.len(),
+                "renewal reply does not match its locks; retrying them"
+            );
+            vec![Renewed::Unknown; len]
+        }
+        None => vec![Renewed::Unknown; len],
+    }
+}
+
+/// Runs a request, and once more if the connection had dropped (the connection manager
+/// reconnects on that error). Safe because every script is idempotent per token.
+pub(crate) async fn reconnecting<T, F, Fut>(mut request: F) -> redis::RedisResult<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = redis::RedisResult<T>>,
+{
+    match request().await {
+        Err(e) if is_dropped(&e) => request().await,
+        other => other,
+    }
+}
+
+/// Whether the connection went away under a request (the connection manager reconnects).
+pub(crate) fn is_dropped(e: &redis::RedisError) -> bool {
+    e.is_connection_dropped() || e.is_unrecoverable_error()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn acquire_replies_decode_to_exact_fences_or_the_holder() {
+        let fence = |reply| match decode_acquire(reply, None) {
+            Ok(Attempt::Acquired { fence, .. }) => Ok(fence),
+            Ok(other) => panic!("not a grant: {other:?}"),
+            Err(e) => Err(e.to_string()),
+        };
+        // Below 2^53 the script sends an integer; above, the counter's digits.
+        assert_eq!(fence(Value::Int(7)), Ok(7));
+        let max = Value::BulkString(u64::MAX.to_string().into_bytes());
+        assert_eq!(fence(max), Ok(u64::MAX));
+        for bad in [
+            Value::Int(0),
+            Value::Int(-3),
+            Value::BulkString(b"18446744073709551616".to_vec()),
+            Value::BulkString(b"12a".to_vec()),
+            Value::Nil,
+        ] {
+            assert!(fence(bad.clone()).is_err(), "{bad:?} was taken for a fence");
+        }
+        let held = Value::Array(vec![
+            Value::Int(1500),
+            Value::BulkString(b"00000000000000ff".to_vec()),
+        ]);
+        match decode_acquire(held, None).unwrap() {
+            Attempt::Held { remaining, holder } => {
+                assert_eq!(remaining, Some(Duration::from_millis(1500)));
+                assert_eq!(holder, Some(255));
+            }
+            other => panic!("not held: {other:?}"),
+        }
+    }
+}
