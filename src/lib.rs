@@ -20,7 +20,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub use redlock_runtime::{
-    LockError, LockGuard, LockManager, LockManagerBuilder, LockOptions,
+    LockError, LockGuard, LockKind, LockManager, LockManagerBuilder, LockOptions, MultiGuard,
     DEFAULT_MAX_WAITERS_PER_KEY, DEFAULT_PREFIX, DEFAULT_TTL, DEFAULT_WAIT, MAX_KEY_LEN, MAX_TTL,
     MIN_TTL,
 };

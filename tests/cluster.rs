@@ -203,6 +203,27 @@ async fn cluster_behaviour() {
         bad_input_is_rejected,
     );
     conformance::static_send_sync_checks(&h.builder().build().await.unwrap());
+    macro_rules! kinds {
+        ($($name:ident),* $(,)?) => {$(
+            let t = Instant::now();
+            conformance::kinds::$name(&h).await;
+            step(concat!("conformance::kinds::", stringify!($name)), t);
+        )*};
+    }
+    kinds!(
+        readers_share_writers_exclude,
+        writer_not_starved_by_readers,
+        write_release_wakes_every_reader,
+        at_most_n_permit_holders,
+        killed_permit_holder_frees_after_ttl,
+        permit_release_wakes_a_waiter,
+        watchdog_keeps_readers_and_permits,
+        extending_one_reader_keeps_the_others,
+        lock_all_in_opposite_orders_finishes,
+        lock_all_leaves_no_key_behind,
+        hold_at_least_keeps_the_key,
+        kinds_reject_bad_input,
+    );
 
     // Last: they move slots to other masters.
     let t = Instant::now();

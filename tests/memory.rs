@@ -12,3 +12,5 @@ async fn futures_and_types_are_send_sync() {
     let locks = LockManager::builder().in_memory().build().await.unwrap();
     conformance::static_send_sync_checks(&locks);
 }
+
+kinds_tests!(Memory);

@@ -84,6 +84,7 @@ impl Harness for Redlock {
 }
 
 conformance_tests!(Redlock::new());
+kinds_tests!(Redlock::new());
 
 /// Several managers and tasks over many keys: exact counts, never two holders, and
 /// tokens strictly increasing per key.

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::lease::{self, Lease};
-use crate::{LockError, LockManager};
+use crate::{LockError, LockKind, LockManager};
 
 /// A held lock. Dropping it releases the lock in the background (without blocking and
 /// without spawning a task); [`release`](Self::release) does it now and reports the
@@ -56,6 +56,20 @@ impl LockGuard {
     /// Hand it to the protected resource so it can reject writes from a stale holder.
     pub fn fencing_token(&self) -> u64 {
         self.lease.fence
+    }
+
+    /// What this guard holds: the key alone, a reader's place or a permit.
+    ///
+    /// ```
+    /// # async fn demo() -> Result<(), redlock_runtime::LockError> {
+    /// use redlock_runtime::{LockKind, LockManager};
+    /// let locks = LockManager::builder().in_memory().build().await?;
+    /// assert_eq!(locks.lock("k").await?.kind(), LockKind::Exclusive);
+    /// assert_eq!(locks.permit("p", 3).await?.kind(), LockKind::Permit);
+    /// # Ok(()) }
+    /// ```
+    pub fn kind(&self) -> LockKind {
+        self.lease.mode.kind()
     }
 
     /// The full key, prefix included (`"lock:buy_{42}"`).

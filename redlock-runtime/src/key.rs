@@ -24,6 +24,11 @@ pub(crate) const SLOTS: usize = 16384;
 /// What follows the prefix in a fencing counter's name, before its `{tag}`.
 const FENCE_INFIX: &str = "fence:";
 
+/// The end of a key's holder set: readers or permit holders, each with its expiry.
+const HOLDERS_SUFFIX: &str = ":~holders";
+/// The end of a key's writer intents: writers waiting for its readers to leave.
+const INTENTS_SUFFIX: &str = ":~writers";
+
 /// A validated lock key and the fencing counter of its hash slot.
 ///
 /// The wake-up channel is the lock key itself: channel names hash like keys, so the
@@ -32,6 +37,7 @@ const FENCE_INFIX: &str = "fence:";
 pub(crate) struct LockKey {
     full: String,
     fence: String,
+    prefix_len: usize,
 }
 
 impl LockKey {
@@ -49,6 +55,16 @@ impl LockKey {
                 reason: "a key with '}' must contain a non-empty {hash tag}".into(),
             });
         }
+        if [HOLDERS_SUFFIX, INTENTS_SUFFIX]
+            .iter()
+            .any(|suffix| full.ends_with(suffix))
+        {
+            return Err(LockError::InvalidKey {
+                reason: format!(
+                    "keys ending in {HOLDERS_SUFFIX:?} or {INTENTS_SUFFIX:?} are reserved for read/write locks and permits"
+                ),
+            });
+        }
         let slot = key_slot(&full);
         let fence = format!("{prefix}{FENCE_INFIX}{{{}}}", slot_tag(slot));
         if fence == full {
@@ -62,7 +78,11 @@ impl LockKey {
                 reason: format!("the prefix {prefix:?} puts the fencing counter of {full:?} in another hash slot"),
             });
         }
-        Ok(Self { full, fence })
+        Ok(Self {
+            full,
+            fence,
+            prefix_len: prefix.len(),
+        })
     }
 
     /// Joins `prefix` and a user key, rejecting an empty user key.
@@ -86,6 +106,30 @@ impl LockKey {
     /// The key of the fencing counter of the lock key's slot.
     pub(crate) fn fence(&self) -> &str {
         &self.fence
+    }
+
+    /// The sorted set of the key's shared holders (readers or permit holders; member:
+    /// token, score: expiry in the server's milliseconds), in the key's hash slot.
+    pub(crate) fn holders(&self) -> String {
+        self.companion(HOLDERS_SUFFIX)
+    }
+
+    /// The sorted set of writers waiting for the key's readers to leave (member: the
+    /// writer's waiter id, score: when it gives up, in the server's milliseconds).
+    pub(crate) fn intents(&self) -> String {
+        self.companion(INTENTS_SUFFIX)
+    }
+
+    /// A key of the lock's own, under the prefix and in the lock key's hash slot: the
+    /// key with `suffix` when it has a hash tag, else the key as the hash tag (a key
+    /// without a tag has no `}`, see [`new`](Self::new)).
+    fn companion(&self, suffix: &str) -> String {
+        if hash_tag(&self.full).is_some() {
+            [self.full.as_str(), suffix].concat()
+        } else {
+            let prefix = &self.full[..self.prefix_len];
+            [prefix, "{", self.full.as_str(), "}", suffix].concat()
+        }
     }
 
     /// Gives back the full key string.
@@ -231,6 +275,29 @@ mod tests {
         assert_eq!(key_slot(""), 0);
         assert_eq!(hash_tag("foo{}{bar}"), None);
         assert_eq!(key_slot("foo{{bar}}zap"), key_slot("{bar"));
+    }
+
+    #[test]
+    fn companions_share_the_slot_and_the_prefix() {
+        for (prefix, key) in [
+            ("lock:", "buy_{42}"),
+            ("lock:", "export"),
+            ("lock:", "a{b"),
+            ("{app}:", "report"),
+            ("", "x"),
+        ] {
+            let k = LockKey::prefixed(prefix, key).unwrap();
+            for companion in [k.holders(), k.intents()] {
+                assert!(companion.starts_with(prefix), "{companion:?}");
+                assert_eq!(key_slot(&companion), key_slot(k.full()), "{companion:?}");
+                assert_ne!(companion, k.full());
+                // A companion is never another lock's key.
+                assert!(LockKey::new(prefix, companion.clone()).is_err(), "{companion:?}");
+            }
+        }
+        let k = LockKey::prefixed("lock:", "export").unwrap();
+        assert_eq!(k.holders(), "lock:{lock:export}:~holders");
+        assert_eq!(k.intents(), "lock:{lock:export}:~writers");
     }
 
     #[test]

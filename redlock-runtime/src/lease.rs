@@ -40,6 +40,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backend::LeaseRef;
 use crate::key::LockKey;
+use crate::kind::Mode;
 use crate::token::Token;
 
 static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
@@ -79,6 +80,11 @@ pub(crate) struct Lease {
     pub(crate) key: LockKey,
     pub(crate) token: Token,
     pub(crate) fence: u64,
+    /// What was acquired: the key alone, or a reader's or permit holder's place.
+    pub(crate) mode: Mode,
+    /// Until when the key is kept after a release (`hold_at_least`), in [`now`]'s
+    /// nanoseconds; 0 for none.
+    hold_until: u64,
     ttl: AtomicU64,
     deadline: AtomicU64,
     next_renewal: AtomicU64,
@@ -103,6 +109,8 @@ impl Lease {
             key,
             token,
             fence,
+            mode: Mode::Exclusive,
+            hold_until: 0,
             ttl: AtomicU64::new(nanos(ttl)),
             deadline: AtomicU64::new(0),
             next_renewal: AtomicU64::new(0),
@@ -119,7 +127,29 @@ impl Lease {
         LeaseRef {
             key: &self.key,
             token: self.token,
+            mode: self.mode,
         }
+    }
+
+    /// The lease of a grant in `mode`.
+    pub(crate) fn with_mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Keeps the key until `hold` after the grant's reply was read, `received` (in
+    /// [`now`]'s nanoseconds): the server granted it before, so the key is kept at least
+    /// `hold` after the grant.
+    pub(crate) fn held_at_least(mut self, received: u64, hold: Duration) -> Self {
+        if !hold.is_zero() {
+            self.hold_until = received.saturating_add(nanos(hold));
+        }
+        self
+    }
+
+    /// How much longer a release now must keep the key (`hold_at_least`).
+    pub(crate) fn keep(&self) -> Duration {
+        Duration::from_nanos(self.hold_until.saturating_sub(now()))
     }
 
     pub(crate) fn ttl(&self) -> Duration {

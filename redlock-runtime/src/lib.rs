@@ -11,8 +11,10 @@ mod backend;
 mod error;
 mod guard;
 mod key;
+mod kind;
 mod lease;
 mod manager;
+mod multi_guard;
 mod notify;
 mod options;
 mod scripts;
@@ -31,8 +33,10 @@ pub mod layer;
 pub use error::LockError;
 pub use guard::LockGuard;
 pub use key::MAX_KEY_LEN;
+pub use kind::LockKind;
 pub use manager::{
     LockManager, LockManagerBuilder, DEFAULT_MAX_WAITERS_PER_KEY, DEFAULT_PREFIX, DEFAULT_TTL,
     DEFAULT_WAIT,
 };
+pub use multi_guard::MultiGuard;
 pub use options::{LockOptions, MAX_TTL, MIN_TTL};

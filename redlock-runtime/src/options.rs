@@ -27,6 +27,7 @@ pub struct LockOptions {
     pub(crate) wait: Option<Duration>,
     pub(crate) watchdog: Option<bool>,
     pub(crate) min_replicas: Option<u32>,
+    pub(crate) hold_at_least: Option<Duration>,
 }
 
 impl LockOptions {
@@ -60,6 +61,21 @@ impl LockOptions {
         self.min_replicas = Some(n);
         self
     }
+
+    /// On release, keep the key until `d` after the grant: at most one holder per
+    /// period, as ShedLock's `lockAtLeastFor` (a scheduled job that ends early is not
+    /// run again by another instance within `d`). Released later than `d` after the
+    /// grant, the key goes at once as usual. At most [`MAX_TTL`]; default none.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use redlock_runtime::LockOptions;
+    /// let opts = LockOptions::new().hold_at_least(Duration::from_secs(30));
+    /// ```
+    pub fn hold_at_least(mut self, d: Duration) -> Self {
+        self.hold_at_least = Some(d);
+        self
+    }
 }
 
 /// Options with every default applied and every bound checked.
@@ -70,6 +86,7 @@ pub(crate) struct Resolved {
     pub(crate) wait: Duration,
     pub(crate) watchdog: bool,
     pub(crate) min_replicas: u32,
+    pub(crate) hold_at_least: Duration,
 }
 
 impl Resolved {
@@ -98,6 +115,12 @@ impl LockOptions {
     ) -> Result<Resolved, LockError> {
         let ttl = check_ttl(self.ttl.unwrap_or(default_ttl))?;
         let wait = self.wait.unwrap_or(default_wait);
+        let hold_at_least = self.hold_at_least.unwrap_or(Duration::ZERO);
+        if hold_at_least > MAX_TTL {
+            return Err(LockError::invalid_option(format!(
+                "hold_at_least {hold_at_least:?} is over 30 days"
+            )));
+        }
         let deadline = Instant::now()
             .checked_add(wait)
             .ok_or_else(|| LockError::invalid_option(format!("wait {wait:?} overflows")))?;
@@ -107,6 +130,7 @@ impl LockOptions {
             wait,
             watchdog: self.watchdog.unwrap_or(true),
             min_replicas: self.min_replicas.unwrap_or(0),
+            hold_at_least,
         })
     }
 }

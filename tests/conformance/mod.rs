@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use redlock::{LockError, LockManager, LockManagerBuilder, LockOptions};
 
 pub mod backends;
+pub mod kinds;
 
 /// A backend under test.
 pub trait Harness: Send + Sync {

@@ -3,6 +3,7 @@
 //! [`builder`] configures and connects one; [`acquire`] is the acquire/wait algorithm.
 
 mod acquire;
+mod kinds;
 mod builder;
 
 use std::fmt;

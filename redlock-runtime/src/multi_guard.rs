@@ -1,0 +1,84 @@
+//! [`MultiGuard`]: several keys held together, from
+//! [`lock_all`](crate::LockManager::lock_all).
+
+use std::fmt;
+use std::time::Duration;
+
+use futures_util::future::{join_all, select_all};
+
+use crate::{LockError, LockGuard};
+
+/// Proof of holding every key of a [`lock_all`](crate::LockManager::lock_all) call, in
+/// sorted order; released (every key) when dropped.
+///
+/// Each key is a lease of its own, renewed by the watchdog: the guard is held while all
+/// of them are.
+///
+/// ```
+/// # async fn demo() -> Result<(), redlock_runtime::LockError> {
+/// use redlock_runtime::LockManager;
+/// let locks = LockManager::builder().in_memory().build().await?;
+/// let both = locks.lock_all(["account_{42}", "account_{17}"]).await?;
+/// assert_eq!(both.keys(), ["lock:account_{17}", "lock:account_{42}"]);
+/// assert!(both.is_held());
+/// both.release().await?;
+/// # Ok(()) }
+/// ```
+#[must_use = "dropping the guard releases every key at once"]
+pub struct MultiGuard {
+    guards: Vec<LockGuard>,
+}
+
+impl MultiGuard {
+    /// Holds `guards`, already sorted by key.
+    pub(crate) fn new(guards: Vec<LockGuard>) -> Self {
+        Self { guards }
+    }
+
+    /// The full keys (prefix included), in sorted order.
+    pub fn keys(&self) -> Vec<&str> {
+        self.guards.iter().map(LockGuard::key).collect()
+    }
+
+    /// One fencing token per key, in the order of [`keys`](Self::keys).
+    pub fn fencing_tokens(&self) -> Vec<u64> {
+        self.guards.iter().map(LockGuard::fencing_token).collect()
+    }
+
+    /// Whether every key is still held (see [`LockGuard::is_held`]).
+    pub fn is_held(&self) -> bool {
+        self.guards.iter().all(LockGuard::is_held)
+    }
+
+    /// Resolves when any key is lost.
+    pub async fn lost(&self) {
+        if self.guards.is_empty() {
+            return;
+        }
+        select_all(self.guards.iter().map(|g| Box::pin(g.lost()))).await;
+    }
+
+    /// Sets the remaining ttl of every key to `ttl`; `Err` when any key could not be
+    /// extended (the first such error).
+    pub async fn extend(&self, ttl: Duration) -> Result<(), LockError> {
+        join_all(self.guards.iter().map(|g| g.extend(ttl)))
+            .await
+            .into_iter()
+            .collect()
+    }
+
+    /// Releases every key; `Err` (the first error) when any was already lost or could
+    /// not be released; the others are released all the same.
+    pub async fn release(self) -> Result<(), LockError> {
+        join_all(self.guards.into_iter().map(LockGuard::release))
+            .await
+            .into_iter()
+            .collect()
+    }
+}
+
+impl fmt::Debug for MultiGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(&self.guards).finish()
+    }
+}
