@@ -5,6 +5,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use crate::key::LockKey;
+use crate::kind::Mode;
 use crate::{LockError, LockGuard, LockManager, LockOptions};
 
 pub use ::core;
@@ -93,7 +94,11 @@ pub async fn enter(
     lock_options.wait = options.wait;
     let resolved = manager.resolve(&lock_options)?;
     let guard = manager
-        .acquire(LockKey::new(manager.prefix(), full_key)?, resolved)
+        .acquire(
+            LockKey::new(manager.prefix(), full_key)?,
+            Mode::Exclusive,
+            resolved,
+        )
         .await?;
     Ok(Call {
         manager,

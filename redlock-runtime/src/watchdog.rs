@@ -24,6 +24,7 @@ use tracing::Instrument;
 
 use crate::backend::{Backend, LeaseRef, Renewal, Renewed};
 use crate::key::LockKey;
+use crate::kind::Mode;
 use crate::lease::{self, Lease};
 use crate::token::Token;
 use crate::waiters::Waiters;
@@ -33,7 +34,7 @@ pub(crate) enum Job {
     /// Release a lock whose guard was dropped.
     Release(Arc<Lease>),
     /// Release whatever an abandoned or failed acquisition may have taken.
-    Abandon(LockKey, Token),
+    Abandon(LockKey, Token, Mode),
     /// The local queue of this key emptied: drop its channel interest.
     Unsubscribe(String),
 }
@@ -366,8 +367,15 @@ pub(crate) async fn run(shared: Arc<Shared>, mut jobs: mpsc::UnboundedReceiver<J
 
 async fn handle(shared: Arc<Shared>, job: Job) -> bool {
     match job {
-        Job::Release(lease) => release(&shared, &lease.key, lease.token).await,
-        Job::Abandon(key, token) => release(&shared, &key, token).await,
+        Job::Release(lease) => release(&shared, lease.lease_ref(), || lease.keep()).await,
+        Job::Abandon(key, token, mode) => {
+            let lease = LeaseRef {
+                key: &key,
+                token,
+                mode,
+            };
+            release(&shared, lease, || Duration::ZERO).await;
+        }
         Job::Unsubscribe(key) => {
             if let Err(e) = shared.backend.unsubscribe(&key).await {
                 tracing::debug!(key, error = %e, "unsubscribe failed");
@@ -385,7 +393,10 @@ const RELEASE_RETRIES: [Duration; 3] = [
     Duration::from_secs(2),
 ];
 
-async fn release(shared: &Shared, key: &LockKey, token: Token) {
+/// Releases `lease`, keeping the key for `keep()` more when that is not zero
+/// (`hold_at_least`, measured again before each try).
+async fn release(shared: &Shared, lease: LeaseRef<'_>, keep: impl Fn() -> Duration) {
+    let key = lease.key;
     for pause in std::iter::once(None).chain(RELEASE_RETRIES.map(Some)) {
         if let Some(pause) = pause {
             tokio::time::sleep(pause).await;
@@ -397,7 +408,7 @@ async fn release(shared: &Shared, key: &LockKey, token: Token) {
         );
         match shared
             .backend
-            .release(LeaseRef { key, token })
+            .release(lease, keep())
             .instrument(span)
             .await
         {
@@ -420,6 +431,7 @@ async fn renew(shared: Arc<Shared>, due: Vec<Due>) -> bool {
             key: &d.lease.key,
             token: d.lease.token,
             ttl: d.ttl,
+            mode: d.lease.mode,
         })
         .collect();
     let span = tracing::debug_span!(

@@ -22,6 +22,7 @@ pub(crate) use server::Timeouts;
 pub(crate) use single::SingleBackend;
 
 use crate::key::LockKey;
+use crate::kind::Mode;
 use crate::token::Token;
 use crate::LockError;
 
@@ -60,6 +61,8 @@ pub(crate) struct Renewal<'a> {
     pub(crate) key: &'a LockKey,
     pub(crate) token: Token,
     pub(crate) ttl: Duration,
+    /// The key alone, or a shared holder's place in it.
+    pub(crate) mode: Mode,
 }
 
 /// What one renewal of a batch found.
@@ -95,6 +98,23 @@ pub(crate) struct Claim<'a> {
     pub(crate) ttl: Duration,
     /// What to `WAIT` for after acquiring, if anything.
     pub(crate) replicas: Option<ReplicaWait>,
+    /// The key alone, a reader's place, or one of `n` permits.
+    pub(crate) mode: Mode,
+    /// A writer's intent, kept by the server while readers hold the key (exclusive
+    /// claims only): readers arriving meanwhile queue behind the writer.
+    pub(crate) intent: Option<Intent>,
+}
+
+/// A waiting writer's intent: while it is registered, new readers are refused.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Intent {
+    /// The writer's wait (one per `lock` call, the same for all its attempts).
+    pub(crate) waiter: u64,
+    /// How long the intent holds: the writer's remaining wait.
+    pub(crate) until: Duration,
+    /// Whether an earlier attempt of this wait may have registered it (then a grant
+    /// withdraws it).
+    pub(crate) registered: bool,
 }
 
 /// A held lock, as its release and extends name it.
@@ -102,6 +122,8 @@ pub(crate) struct Claim<'a> {
 pub(crate) struct LeaseRef<'a> {
     pub(crate) key: &'a LockKey,
     pub(crate) token: Token,
+    /// The key alone, or a shared holder's place in it.
+    pub(crate) mode: Mode,
 }
 
 /// What every backend does, one signature per operation (see the module docs).
@@ -120,8 +142,13 @@ pub(crate) trait Store {
     fn acquire(&self, claim: &Claim<'_>)
         -> impl Future<Output = Result<Attempt, LockError>> + Send;
 
-    /// True when the lock was ours and is now deleted.
-    fn release(&self, lease: LeaseRef<'_>) -> impl Future<Output = Result<bool, LockError>> + Send;
+    /// True when the lock was ours and is now deleted, or, with a non-zero `keep`
+    /// (`hold_at_least`), kept only `keep` longer, without a wake-up.
+    fn release(
+        &self,
+        lease: LeaseRef<'_>,
+        keep: Duration,
+    ) -> impl Future<Output = Result<bool, LockError>> + Send;
 
     /// True when the lock was ours and now lives `ttl` longer.
     fn extend(
@@ -228,8 +255,12 @@ impl Backend {
         dispatch!(self, b => b.acquire(claim).await)
     }
 
-    pub(crate) async fn release(&self, lease: LeaseRef<'_>) -> Result<bool, LockError> {
-        dispatch!(self, b => b.release(lease).await)
+    pub(crate) async fn release(
+        &self,
+        lease: LeaseRef<'_>,
+        keep: Duration,
+    ) -> Result<bool, LockError> {
+        dispatch!(self, b => b.release(lease, keep).await)
     }
 
     pub(crate) async fn extend(

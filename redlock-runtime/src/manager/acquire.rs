@@ -9,14 +9,15 @@ use std::time::{Duration, Instant};
 use tracing::{field, Instrument};
 
 use super::LockManager;
-use crate::backend::{jitter, Attempt, Claim, LeaseRef, ReplicaWait};
+use crate::backend::{jitter, Attempt, Claim, Intent, LeaseRef, ReplicaWait};
 use crate::key::LockKey;
+use crate::kind::Mode;
 use crate::lease::{self, Lease};
 use crate::options::Resolved;
 use crate::token::Token;
 use crate::waiters::Subscription;
 use crate::watchdog::Job;
-use crate::{LockError, LockGuard};
+use crate::{LockError, LockGuard, MultiGuard};
 
 /// How often a head polls while it cannot hear releases.
 const POLL_UNSUBSCRIBED: Duration = Duration::from_millis(100);
@@ -36,6 +37,15 @@ fn retried_while_waiting(e: &LockError) -> bool {
     )
 }
 
+/// One acquisition: what is asked for, and how.
+#[derive(Clone, Copy)]
+struct Request<'a> {
+    key: &'a LockKey,
+    mode: Mode,
+    opts: &'a Resolved,
+    replicas: Option<ReplicaWait>,
+}
+
 /// How an attempt ended when it did not fail.
 enum Outcome {
     Acquired(LockGuard),
@@ -48,6 +58,7 @@ pub(super) struct PendingAttempt<'a> {
     pub(super) manager: &'a LockManager,
     pub(super) key: &'a LockKey,
     pub(super) token: Token,
+    pub(super) mode: Mode,
     pub(super) armed: bool,
 }
 
@@ -58,7 +69,7 @@ impl Drop for PendingAttempt<'_> {
                 .manager
                 .0
                 .jobs
-                .send(Job::Abandon(self.key.clone(), self.token));
+                .send(Job::Abandon(self.key.clone(), self.token, self.mode));
         }
     }
 }
@@ -68,11 +79,13 @@ impl LockManager {
     pub(crate) async fn acquire(
         &self,
         key: LockKey,
+        mode: Mode,
         opts: Resolved,
     ) -> Result<LockGuard, LockError> {
         let span = tracing::debug_span!(
             "redlock.acquire",
             key = key.full(),
+            kind = %mode.kind(),
             backend = self.backend_name(),
             fencing_token = field::Empty,
         );
@@ -82,9 +95,15 @@ impl LockManager {
                 replicas: opts.min_replicas,
                 timeout: opts.replica_wait(),
             });
+            let request = Request {
+                key: &key,
+                mode,
+                opts: &opts,
+                replicas,
+            };
             let mut first_error = None;
             if opts.wait.is_zero() || !self.0.shared.waiters.is_queued(key.full()) {
-                match self.bounded_attempt(&key, &opts, replicas).await {
+                match self.bounded_attempt(&request, None).await {
                     Ok(Outcome::Acquired(guard)) => return Ok(guard),
                     Ok(Outcome::Held(_)) if opts.wait.is_zero() => {
                         return Err(LockError::Timeout {
@@ -100,9 +119,7 @@ impl LockManager {
                 }
             }
             let wait = tracing::debug_span!("redlock.wait", key = key.full());
-            self.wait_for(&key, &opts, replicas, first_error)
-                .instrument(wait)
-                .await
+            self.wait_for(&request, first_error).instrument(wait).await
         }
         .instrument(span.clone())
         .await;
@@ -116,6 +133,30 @@ impl LockManager {
         result
     }
 
+    /// Takes every key (sorted, distinct) exclusively: one after the other in sorted
+    /// order, each waiting within the one deadline. Everyone takes keys in the same
+    /// order, so no two callers can each hold a key the other waits for. When a key
+    /// cannot be had, those already taken are released and the error returned.
+    pub(crate) async fn acquire_all(
+        &self,
+        keys: Vec<LockKey>,
+        opts: Resolved,
+    ) -> Result<MultiGuard, LockError> {
+        let mut guards = Vec::with_capacity(keys.len());
+        for key in keys {
+            match self.acquire(key, Mode::Exclusive, opts).await {
+                Ok(guard) => guards.push(guard),
+                Err(e) => {
+                    // Released whatever happens: a guard dropped (this future cancelled
+                    // mid-way) releases in the background.
+                    let _ = MultiGuard::new(guards).release().await;
+                    return Err(e);
+                }
+            }
+        }
+        Ok(MultiGuard::new(guards))
+    }
+
     /// One round trip: acquired, or held (with the holder's remaining ttl).
     ///
     /// Every attempt draws a fresh token. What an earlier attempt may have left on the
@@ -124,10 +165,15 @@ impl LockManager {
     /// attempt's grant, and its background release can never delete this attempt's lock.
     async fn attempt(
         &self,
-        key: &LockKey,
-        opts: &Resolved,
-        replicas: Option<ReplicaWait>,
+        request: &Request<'_>,
+        intent: Option<Intent>,
     ) -> Result<Outcome, LockError> {
+        let Request {
+            key,
+            mode,
+            opts,
+            replicas,
+        } = *request;
         #[cfg(test)]
         self.0.attempts.fetch_add(1, Ordering::Relaxed);
         let shared = &self.0.shared;
@@ -137,6 +183,7 @@ impl LockManager {
             manager: self,
             key,
             token,
+            mode,
             armed: true,
         };
         let attempt = shared
@@ -146,6 +193,8 @@ impl LockManager {
                 token,
                 ttl: opts.ttl,
                 replicas,
+                mode,
+                intent,
             })
             .await;
         // A backend that undoes its own failed attempts does so without waking anyone
@@ -164,7 +213,8 @@ impl LockManager {
                 if let (Some(want), Some(acked)) = (replicas, acked) {
                     if acked < want.replicas {
                         pending.armed = true;
-                        shared.backend.release(LeaseRef { key, token }).await?;
+                        let lease = LeaseRef { key, token, mode };
+                        shared.backend.release(lease, Duration::ZERO).await?;
                         pending.armed = false;
                         return Err(LockError::ReplicasUnavailable {
                             key: key.full().to_owned(),
@@ -177,7 +227,10 @@ impl LockManager {
             }
         };
         let id = self.0.next_id.fetch_add(1, Ordering::Relaxed);
-        let lease = Arc::new(Lease::new(id, key.clone(), token, fence, opts.ttl, sent));
+        let lease = Lease::new(id, key.clone(), token, fence, opts.ttl, sent)
+            .with_mode(mode)
+            .held_at_least(lease::now(), opts.hold_at_least);
+        let lease = Arc::new(lease);
         if opts.watchdog {
             shared.watch(&lease);
         }
@@ -191,15 +244,14 @@ impl LockManager {
     /// taken is released in the background, as for any dropped attempt.
     async fn bounded_attempt(
         &self,
-        key: &LockKey,
-        opts: &Resolved,
-        replicas: Option<ReplicaWait>,
+        request: &Request<'_>,
+        intent: Option<Intent>,
     ) -> Result<Outcome, LockError> {
-        let request = self.0.shared.backend.request_timeout(opts.ttl)
-            + replicas.map_or(Duration::ZERO, |r| r.timeout);
+        let one = self.0.shared.backend.request_timeout(request.opts.ttl)
+            + request.replicas.map_or(Duration::ZERO, |r| r.timeout);
         let now = tokio::time::Instant::now();
-        let bound = (now + request).max(tokio::time::Instant::from_std(opts.deadline));
-        tokio::time::timeout_at(bound, self.attempt(key, opts, replicas))
+        let bound = (now + one).max(tokio::time::Instant::from_std(request.opts.deadline));
+        tokio::time::timeout_at(bound, self.attempt(request, intent))
             .await
             .unwrap_or_else(|_| Err(LockError::timed_out("acquire", bound - now)))
     }
@@ -209,12 +261,18 @@ impl LockManager {
     /// [`LockError::Timeout`].
     async fn wait_for(
         &self,
-        key: &LockKey,
-        opts: &Resolved,
-        replicas: Option<ReplicaWait>,
+        request: &Request<'_>,
         mut last_error: Option<LockError>,
     ) -> Result<LockGuard, LockError> {
+        let Request { key, mode, opts, .. } = *request;
         let shared = &self.0.shared;
+        // A writer's intent keeps new readers out while it waits for the readers it
+        // found (one id for the whole wait; see `Intent`).
+        let mut intent = (mode == Mode::Exclusive).then(|| Intent {
+            waiter: getrandom::u64().unwrap_or_else(|_| lease::now()),
+            until: Duration::ZERO,
+            registered: false,
+        });
         let timeout = || LockError::Timeout {
             key: key.full().to_owned(),
         };
@@ -286,9 +344,17 @@ impl LockManager {
             }
             let mut notified = pin!(place.queue.wake.notified());
             notified.as_mut().enable();
-            let pause = match self.bounded_attempt(key, opts, replicas).await {
+            if let Some(intent) = &mut intent {
+                intent.until = deadline
+                    .saturating_duration_since(tokio::time::Instant::now())
+                    .max(Duration::from_millis(1));
+            }
+            let pause = match self.bounded_attempt(request, intent).await {
                 Ok(Outcome::Acquired(guard)) => return Ok(guard),
                 Ok(Outcome::Held(remaining)) => {
+                    if let Some(intent) = &mut intent {
+                        intent.registered = true;
+                    }
                     last_error = None;
                     let fallback =
                         remaining.unwrap_or(Duration::from_secs(1)) + Duration::from_millis(1);

@@ -15,6 +15,7 @@ use tokio::sync::mpsc;
 use tracing::Instrument;
 
 use crate::key::LockKey;
+use crate::kind::Mode;
 use crate::lease::{self, Lease};
 use crate::options::{check_ttl, Resolved};
 use crate::watchdog::{Job, Shared};
@@ -187,7 +188,7 @@ impl LockManager {
     pub async fn lock_with(&self, key: &str, options: LockOptions) -> Result<LockGuard, LockError> {
         let key = LockKey::prefixed(&self.0.prefix, key)?;
         let resolved = options.resolve(self.0.default_ttl, self.0.default_wait)?;
-        self.acquire(key, resolved).await
+        self.acquire(key, Mode::Exclusive, resolved).await
     }
 
     /// Whether anyone holds `key` now.
@@ -237,6 +238,7 @@ impl LockManager {
             manager: self,
             key: &lease.key,
             token: lease.token,
+            mode: lease.mode,
             armed: true,
         };
         let span = tracing::debug_span!(
@@ -247,7 +249,7 @@ impl LockManager {
         );
         let released = shared
             .backend
-            .release(lease.lease_ref())
+            .release(lease.lease_ref(), lease.keep())
             .instrument(span)
             .await;
         // A failed request is retried in the background (compare-token, so harmless).
