@@ -1,0 +1,54 @@
+-- Acquire several exclusive locks at once, all or nothing (lock_all, when every key is
+-- on one server: one slot in a cluster), each with a fencing token of its own.
+-- KEYS[1..n] lock keys K_1..K_n, KEYS[n+1..2n] the fencing counter F_i of each K_i's
+-- slot (keys of one slot name the same counter)
+-- ARGV[1] owner token, ARGV[2] ttl in milliseconds (a positive integer)
+-- Returns {1, fence_1, ..., fence_n} when all are acquired: each fence an INCR of F_i,
+-- in key order, so keys sharing a counter get distinct increasing fences; an integer
+-- below 2^53, else the counter read back as its decimal digits right after that INCR. A
+-- K_i already holding this token (a retried call) is taken again: its expiry reset to
+-- the ttl, a fresh fence issued.
+-- Returns {0, i, pttl, holder} when K_i (the first such i) is held by another value
+-- (pttl and holder as in acquire.lua; a read/permit marker counts as another holder);
+-- nothing is written then.
+-- Fails (error reply, every K_i given back) when the arguments are malformed or a counter
+-- does not yield a positive integer.
+local n = #KEYS / 2
+if n < 1 or n ~= math.floor(n) then
+  return redis.error_reply('ERR acquire_all takes lock keys then as many counters')
+end
+if not string.match(ARGV[2] or '', '^[1-9][0-9]*$') then
+  return redis.error_reply('ERR ttl is not a positive integer')
+end
+for i = 1, n do
+  local held = redis.call('GET', KEYS[i])
+  if held and held ~= ARGV[1] then
+    return {0, i, redis.call('PTTL', KEYS[i]), string.sub(redis.sha1hex(held), 1, 16)}
+  end
+end
+-- Every K_i given back and an error.
+local function fail(f, msg)
+  for i = 1, n do
+    redis.call('DEL', KEYS[i])
+  end
+  return redis.error_reply('ERR fencing counter ' .. f .. msg)
+end
+for i = 1, n do
+  redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2])
+end
+local out = {1}
+for i = 1, n do
+  local f = KEYS[n + i]
+  local fence = redis.pcall('INCR', f)
+  if type(fence) == 'table' then
+    return fail(f, ': ' .. fence.err)
+  end
+  if fence < 1 or fence >= 9007199254740992 then
+    fence = redis.pcall('GET', f)
+    if type(fence) ~= 'string' or not string.match(fence, '^[1-9][0-9]*$') then
+      return fail(f, ' holds no positive integer')
+    end
+  end
+  out[i + 1] = fence
+end
+return out

@@ -1,0 +1,98 @@
+-- Acquire a shared place in a lock: a read lock's reader, or one of a lock's permits.
+-- KEYS[1] lock key K, KEYS[2] its holders zset H, KEYS[3] fencing counter of the key's
+-- hash slot (never expires), KEYS[4] its writer-intent zset W (all in one slot)
+-- ARGV[1] owner token, ARGV[2] ttl in milliseconds (a positive integer), ARGV[3] marker
+-- ('~read' or '~permit'), ARGV[4] limit (0 = unlimited, as for readers), ARGV[5] '1' to
+-- refuse while a writer intent is unexpired (readers)
+-- While shared holders exist, K holds the marker (so the exclusive SET NX fails), H maps
+-- each holder's token to its expiry in the server's milliseconds (TIME, never the
+-- client's clock), and K and H both expire with the last holder: PTTL = max(score) - now.
+-- Expired holders (score <= now) are reclaimed before anything is counted.
+-- Returns the fencing token when granted (INCR of KEYS[3]): an integer below 2^53, else
+-- the counter read back as its decimal digits. A retried call that finds its own token
+-- unexpired is granted again (expiry reset to now + ttl, the counter read back, no
+-- intent or limit check: it already holds its place).
+-- Returns {ms, holder} when refused, holder being 16 hex digits of a SHA1, the same on
+-- every node for the same situation:
+--   K holds anything but the marker: {PTTL of K, digest of K's value} as acquire.lua;
+--   a writer intent is unexpired (ARGV[5] = '1'): {ms until the earliest intent expires,
+--   or K's PTTL when that is sooner, digest of '~write-intent'};
+--   limit > 0 and at least limit live holders: {ms until the earliest holder expires,
+--   digest of the marker}.
+-- Fails (error reply, nothing granted) when the ttl or limit is not a number, when a key
+-- has the wrong type, or when the counter does not yield a positive integer (the place
+-- given back).
+local function digest(s)
+  return string.sub(redis.sha1hex(s), 1, 16)
+end
+local ttl, limit = tonumber(ARGV[2]), tonumber(ARGV[4])
+if not ttl or ttl < 1 or ttl ~= math.floor(ttl) then
+  return redis.error_reply('ERR ttl is not a positive integer')
+end
+if not limit then
+  return redis.error_reply('ERR limit is not a number')
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local marker = ARGV[3]
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+local held = redis.call('GET', KEYS[1])
+if held and held ~= marker then
+  return {redis.call('PTTL', KEYS[1]), digest(held)}
+end
+local mine = redis.call('ZSCORE', KEYS[2], ARGV[1])
+if not mine then
+  if ARGV[5] == '1' then
+    redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+    local first = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
+    if first[1] then
+      local wait = tonumber(first[2]) - now
+      local pttl = redis.call('PTTL', KEYS[1])
+      if pttl > 0 and pttl < wait then
+        wait = pttl
+      end
+      return {wait, digest('~write-intent')}
+    end
+  end
+  if limit > 0 and redis.call('ZCARD', KEYS[2]) >= limit then
+    local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+    return {tonumber(first[2]) - now, digest(marker)}
+  end
+end
+-- K and H expire with the latest holder.
+local function expire_with_latest()
+  local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
+  if not last[1] then
+    redis.call('DEL', KEYS[1], KEYS[2])
+    return
+  end
+  local ms = tonumber(last[2]) - now
+  redis.call('PEXPIRE', KEYS[1], ms)
+  redis.call('PEXPIRE', KEYS[2], ms)
+end
+-- The place given back and an error.
+local function fail(msg)
+  redis.call('ZREM', KEYS[2], ARGV[1])
+  expire_with_latest()
+  return redis.error_reply('ERR fencing counter ' .. KEYS[3] .. msg)
+end
+redis.call('ZADD', KEYS[2], now + ttl, ARGV[1])
+redis.call('SET', KEYS[1], marker)
+expire_with_latest()
+if not mine then
+  local n = redis.pcall('INCR', KEYS[3])
+  if type(n) == 'table' then
+    return fail(': ' .. n.err)
+  end
+  if n >= 1 and n < 9007199254740992 then
+    return n
+  end
+end
+local fence = redis.pcall('GET', KEYS[3])
+if type(fence) == 'string' and string.match(fence, '^[1-9][0-9]*$') then
+  return fence
+end
+if type(fence) == 'table' and fence.err then
+  return fail(': ' .. fence.err)
+end
+return fail(' holds no positive integer')

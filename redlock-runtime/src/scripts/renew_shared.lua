@@ -1,0 +1,39 @@
+-- Renew many shared places (readers, permits) in one call: the watchdog's batch, or one
+-- extend.
+-- KEYS[2i-1] lock key K_i, KEYS[2i] its holders zset H_i
+-- ARGV[3i-2] owner token of place i, ARGV[3i-1] its ttl in milliseconds (a positive
+-- integer), ARGV[3i] its marker ('~read' or '~permit')
+-- A place is renewed while its token is in H_i unexpired (score > the server's now) and
+-- K_i holds the marker: its score becomes now + ttl, and K_i and H_i expire with the
+-- latest holder (PTTL = max(score) - now), so shortening one holder never cuts another
+-- holder's time.
+-- Returns one integer per place: 1 renewed, 0 lost (gone, expired, K_i not holding the
+-- marker, or a wrong type). Fails (nothing renewed) when the arguments do not come in
+-- triples or a ttl is not a positive integer.
+if #KEYS % 2 ~= 0 or #ARGV ~= 3 * #KEYS / 2 then
+  return redis.error_reply('ERR renew_shared takes key pairs and argument triples')
+end
+for i = 2, #ARGV, 3 do
+  local ttl = tonumber(ARGV[i])
+  if not ttl or ttl < 1 or ttl ~= math.floor(ttl) then
+    return redis.error_reply('ERR ttl is not a positive integer')
+  end
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local out = {}
+for i = 1, #KEYS / 2 do
+  local k, h = KEYS[2 * i - 1], KEYS[2 * i]
+  local token, ttl, marker = ARGV[3 * i - 2], tonumber(ARGV[3 * i - 1]), ARGV[3 * i]
+  local score = redis.pcall('ZSCORE', h, token)
+  out[i] = 0
+  if type(score) == 'string' and tonumber(score) > now and redis.pcall('GET', k) == marker then
+    redis.call('ZADD', h, now + ttl, token)
+    local last = redis.call('ZRANGE', h, -1, -1, 'WITHSCORES')
+    local ms = tonumber(last[2]) - now
+    redis.call('PEXPIRE', k, ms)
+    redis.call('PEXPIRE', h, ms)
+    out[i] = 1
+  end
+end
+return out

@@ -1,0 +1,620 @@
+//! The Lua scripts run directly on a real redis-server (`EVAL` of each body), rule by rule:
+//! read/write locks with writer intents, leased permits, `hold_at_least`, `lock_all`, and
+//! fencing tokens that never pass through a Lua double.
+
+use std::thread::sleep;
+use std::time::Duration;
+
+use redis::{Commands, Connection, FromRedisValue, PubSub, RedisResult, ToRedisArgs, Value};
+use redlock_testkit::RedisServer;
+
+const ACQUIRE: &str = include_str!("../redlock-runtime/src/scripts/acquire.lua");
+const RELEASE: &str = include_str!("../redlock-runtime/src/scripts/release.lua");
+const ACQUIRE_SHARED: &str = include_str!("../redlock-runtime/src/scripts/acquire_shared.lua");
+const RELEASE_SHARED: &str = include_str!("../redlock-runtime/src/scripts/release_shared.lua");
+const RENEW_SHARED: &str = include_str!("../redlock-runtime/src/scripts/renew_shared.lua");
+const ACQUIRE_ALL: &str = include_str!("../redlock-runtime/src/scripts/acquire_all.lua");
+const RELEASE_ALL: &str = include_str!("../redlock-runtime/src/scripts/release_all.lua");
+
+/// The keys of one lock, all in slot `{7}`.
+const K: &str = "lock:report_{7}";
+const H: &str = "lock:report_{7}:holders";
+const F: &str = "lock:fence:{7}";
+const W: &str = "lock:report_{7}:writers";
+
+const READ: &str = "~read";
+const PERMIT: &str = "~permit";
+
+/// 2^53 + 5: above what a Lua number holds exactly.
+const BIG: &str = "9007199254740997";
+
+/// A 16-byte token, as the library makes them (raw bytes, not text).
+fn token(n: u8) -> Vec<u8> {
+    let mut t = vec![0xA5u8; 16];
+    t[0] = n;
+    t[15] = 0xFF - n;
+    t
+}
+
+struct Redis {
+    server: RedisServer,
+    con: Connection,
+}
+
+fn redis() -> Redis {
+    let server = RedisServer::start();
+    let con = server.client().get_connection().expect("connect");
+    Redis { server, con }
+}
+
+impl Redis {
+    fn eval<T: FromRedisValue>(
+        &mut self,
+        script: &str,
+        keys: &[&str],
+        args: impl ToRedisArgs,
+    ) -> RedisResult<T> {
+        redis::cmd("EVAL")
+            .arg(script)
+            .arg(keys.len())
+            .arg(keys)
+            .arg(args)
+            .query(&mut self.con)
+    }
+
+    /// acquire.lua for writer `tok` (no writer intent when `waiter` is empty).
+    fn write(&mut self, tok: &[u8], ttl: u64, waiter: &str, intent: u64, had: bool) -> Value {
+        let had = if had { "1" } else { "0" };
+        self.eval(ACQUIRE, &[K, F, W], (tok, ttl, waiter, intent, had))
+            .expect("acquire")
+    }
+
+    fn shared(&mut self, tok: &[u8], ttl: u64, marker: &str, limit: u32) -> Value {
+        let honour = if marker == READ { "1" } else { "0" };
+        self.eval(
+            ACQUIRE_SHARED,
+            &[K, H, F, W],
+            (tok, ttl, marker, limit, honour),
+        )
+        .expect("acquire_shared")
+    }
+
+    fn release_shared(&mut self, tok: &[u8], marker: &str, keep: u64) -> i64 {
+        self.eval(RELEASE_SHARED, &[K, H], (tok, "PUBLISH", marker, keep))
+            .expect("release_shared")
+    }
+
+    fn renew_shared(&mut self, tok: &[u8], ttl: u64, marker: &str) -> Vec<i64> {
+        self.eval(RENEW_SHARED, &[K, H], (tok, ttl, marker))
+            .expect("renew_shared")
+    }
+
+    fn digest(&mut self, value: &[u8]) -> String {
+        self.eval(
+            "return string.sub(redis.sha1hex(ARGV[1]), 1, 16)",
+            &[],
+            value,
+        )
+        .expect("digest")
+    }
+
+    fn exists(&mut self, key: &str) -> bool {
+        self.con.exists(key).expect("EXISTS")
+    }
+
+    fn pttl(&mut self, key: &str) -> i64 {
+        self.con.pttl(key).expect("PTTL")
+    }
+
+    fn zcard(&mut self, key: &str) -> u64 {
+        self.con.zcard(key).expect("ZCARD")
+    }
+
+    /// A connection for a subscriber ([`listen`]).
+    fn subscriber(&self) -> Connection {
+        self.server.client().get_connection().expect("connect")
+    }
+}
+
+/// Subscribes `con` to `channel`, reading with a short timeout.
+fn listen<'a>(con: &'a mut Connection, channel: &str) -> PubSub<'a> {
+    let mut sub = con.as_pubsub();
+    sub.subscribe(channel).expect("SUBSCRIBE");
+    sub.set_read_timeout(Some(Duration::from_millis(150)))
+        .expect("timeout");
+    sub
+}
+
+/// The payloads received until a read times out (at most 10).
+fn messages(sub: &mut PubSub<'_>) -> Vec<String> {
+    let mut out = Vec::new();
+    for _ in 0..10 {
+        match sub.get_message() {
+            Ok(msg) => out.push(msg.get_payload().expect("payload")),
+            Err(e) if e.is_timeout() => break,
+            Err(e) => panic!("pubsub: {e}"),
+        }
+    }
+    out
+}
+
+/// A granted fence (an integer or decimal digits), as a u64.
+fn fence(v: &Value) -> u64 {
+    match v {
+        Value::Int(n) => u64::try_from(*n).expect("positive fence"),
+        Value::BulkString(b) => std::str::from_utf8(b).unwrap().parse().unwrap(),
+        other => panic!("not granted: {other:?}"),
+    }
+}
+
+/// A granted fence sent as decimal digits (above 2^53).
+fn digits(v: &Value) -> String {
+    match v {
+        Value::BulkString(b) => String::from_utf8(b.clone()).unwrap(),
+        other => panic!("not digits: {other:?}"),
+    }
+}
+
+/// A refusal `{ms, holder digest}`.
+fn refused(v: &Value) -> (i64, String) {
+    match v {
+        Value::Array(items) => match items.as_slice() {
+            [Value::Int(ms), Value::BulkString(d)] => (*ms, String::from_utf8(d.clone()).unwrap()),
+            _ => panic!("odd refusal: {v:?}"),
+        },
+        other => panic!("not refused: {other:?}"),
+    }
+}
+
+#[test]
+fn readers_share_and_exclude_a_writer() {
+    let mut r = redis();
+    let f1 = fence(&r.shared(&token(1), 30_000, READ, 0));
+    let f2 = fence(&r.shared(&token(2), 30_000, READ, 0));
+    assert!(f2 > f1, "each reader gets a fencing token of its own");
+    assert_eq!(r.zcard(H), 2);
+    let read = r.digest(READ.as_bytes());
+    let (pttl, holder) = refused(&r.write(&token(3), 30_000, "", 0, false));
+    assert_eq!(holder, read);
+    assert!(pttl > 25_000 && pttl <= 30_000, "{pttl}");
+    // No waiter id: no intent.
+    assert!(!r.exists(W));
+}
+
+#[test]
+fn a_writer_excludes_readers_and_permits() {
+    let mut r = redis();
+    fence(&r.write(&token(1), 30_000, "", 0, false));
+    let writer = r.digest(&token(1));
+    let (pttl, holder) = refused(&r.shared(&token(2), 30_000, READ, 0));
+    assert_eq!(holder, writer);
+    assert!(pttl > 25_000, "{pttl}");
+    let (_, holder) = refused(&r.shared(&token(3), 30_000, PERMIT, 4));
+    assert_eq!(holder, writer);
+    assert!(!r.exists(H), "a refusal writes nothing");
+}
+
+#[test]
+fn a_permit_key_refuses_readers_and_the_reverse() {
+    let mut r = redis();
+    fence(&r.shared(&token(1), 30_000, PERMIT, 2));
+    let (_, holder) = refused(&r.shared(&token(2), 30_000, READ, 0));
+    assert_eq!(holder, r.digest(PERMIT.as_bytes()));
+}
+
+#[test]
+fn writer_intent_blocks_new_readers_and_is_removed_on_the_writers_success() {
+    let mut r = redis();
+    fence(&r.shared(&token(1), 30_000, READ, 0));
+    let (_, holder) = refused(&r.write(&token(9), 30_000, "waiter-9", 5_000, false));
+    assert_eq!(holder, r.digest(READ.as_bytes()));
+    assert_eq!(r.zcard(W), 1);
+    let w_pttl = r.pttl(W);
+    assert!(
+        w_pttl > 4_000 && w_pttl <= 5_000,
+        "W expires with its intent: {w_pttl}"
+    );
+    // A new reader queues behind the writer...
+    let (wait, holder) = refused(&r.shared(&token(2), 30_000, READ, 0));
+    assert_eq!(holder, r.digest(b"~write-intent"));
+    assert!(wait > 4_000 && wait <= 5_000, "{wait}");
+    // ...permits do not honour intents, and a retry of the reader already in is granted.
+    fence(&r.shared(&token(1), 30_000, READ, 0));
+    assert_eq!(r.zcard(H), 1);
+    assert_eq!(r.release_shared(&token(1), READ, 0), 1);
+    // The writer's next attempt takes the lock and removes its intent.
+    fence(&r.write(&token(9), 30_000, "waiter-9", 4_000, true));
+    assert!(!r.exists(W), "intent removed");
+    let mut raw: Vec<u8> = r.con.get(K).unwrap();
+    assert_eq!(raw, token(9));
+    // Released: readers come in again.
+    let released: i64 = r.eval(RELEASE, &[K], (&token(9)[..], "PUBLISH")).unwrap();
+    assert_eq!(released, 1);
+    fence(&r.shared(&token(2), 30_000, READ, 0));
+    raw = r.con.get(K).unwrap();
+    assert_eq!(raw, READ.as_bytes());
+}
+
+#[test]
+fn a_writer_waiting_behind_a_writer_keeps_readers_out_after_it() {
+    let mut r = redis();
+    fence(&r.write(&token(1), 30_000, "", 0, false));
+    refused(&r.write(&token(2), 30_000, "waiter-2", 5_000, false));
+    assert_eq!(r.zcard(W), 1, "an intent whoever holds the lock");
+    let released: i64 = r.eval(RELEASE, &[K], (&token(1)[..], "PUBLISH")).unwrap();
+    assert_eq!(released, 1);
+    let (_, holder) = refused(&r.shared(&token(3), 30_000, READ, 0));
+    assert_eq!(holder, r.digest(b"~write-intent"));
+    fence(&r.write(&token(2), 30_000, "waiter-2", 4_000, true));
+    assert!(!r.exists(W));
+}
+
+#[test]
+fn writer_intent_expires_on_its_own() {
+    let mut r = redis();
+    fence(&r.shared(&token(1), 30_000, READ, 0));
+    refused(&r.write(&token(9), 30_000, "waiter-9", 150, false));
+    let (wait, _) = refused(&r.shared(&token(2), 30_000, READ, 0));
+    assert!(wait <= 150, "{wait}");
+    sleep(Duration::from_millis(250));
+    fence(&r.shared(&token(2), 30_000, READ, 0));
+    assert!(!r.exists(W), "the writer gave up: nothing lasting");
+    // An intent of 0 ms (a writer that does not wait) registers nothing.
+    refused(&r.write(&token(9), 30_000, "waiter-9", 0, false));
+    assert!(!r.exists(W));
+}
+
+#[test]
+fn at_most_limit_permit_holders() {
+    let mut r = redis();
+    fence(&r.shared(&token(1), 30_000, PERMIT, 2));
+    fence(&r.shared(&token(2), 10_000, PERMIT, 2));
+    let (wait, holder) = refused(&r.shared(&token(3), 30_000, PERMIT, 2));
+    assert_eq!(holder, r.digest(PERMIT.as_bytes()));
+    assert!(
+        wait > 5_000 && wait <= 10_000,
+        "until the earliest holder expires: {wait}"
+    );
+    assert_eq!(r.zcard(H), 2);
+    // A retry of a holder at the limit keeps its place.
+    fence(&r.shared(&token(2), 10_000, PERMIT, 2));
+    assert_eq!(r.release_shared(&token(2), PERMIT, 0), 1);
+    fence(&r.shared(&token(3), 30_000, PERMIT, 2));
+    assert_eq!(r.zcard(H), 2);
+}
+
+#[test]
+fn an_expired_permit_holder_frees_its_place_by_the_servers_clock() {
+    let mut r = redis();
+    fence(&r.shared(&token(1), 100, PERMIT, 2));
+    fence(&r.shared(&token(2), 30_000, PERMIT, 2));
+    let (wait, _) = refused(&r.shared(&token(3), 30_000, PERMIT, 2));
+    assert!(wait <= 100, "{wait}");
+    sleep(Duration::from_millis(200));
+    fence(&r.shared(&token(3), 30_000, PERMIT, 2));
+    assert_eq!(r.zcard(H), 2, "the expired holder was reclaimed");
+    let score: Option<f64> = r.con.zscore(H, &token(1)[..]).unwrap();
+    assert_eq!(score, None);
+    // Its renewal and release find nothing.
+    assert_eq!(r.renew_shared(&token(1), 30_000, PERMIT), vec![0]);
+    assert_eq!(r.release_shared(&token(1), PERMIT, 0), 0);
+}
+
+#[test]
+fn shrinking_one_readers_ttl_keeps_the_others_time() {
+    let mut r = redis();
+    fence(&r.shared(&token(1), 30_000, READ, 0));
+    fence(&r.shared(&token(2), 30_000, READ, 0));
+    assert_eq!(r.renew_shared(&token(2), 100, READ), vec![1]);
+    let (k, h) = (r.pttl(K), r.pttl(H));
+    assert!(k > 25_000 && h > 25_000, "K {k} H {h}");
+    // The other one shrinks too: the key now ends with the latest of them.
+    assert_eq!(r.renew_shared(&token(1), 200, READ), vec![1]);
+    let k = r.pttl(K);
+    assert!(k > 0 && k <= 200, "{k}");
+    // Growing again works, and a batch answers per place.
+    let renewed: Vec<i64> = r
+        .eval(
+            RENEW_SHARED,
+            &[K, H, K, H],
+            (&token(1)[..], 30_000, READ, &token(7)[..], 30_000, READ),
+        )
+        .unwrap();
+    assert_eq!(renewed, vec![1, 0]);
+    assert!(r.pttl(K) > 25_000);
+    // Wrong marker: lost.
+    assert_eq!(r.renew_shared(&token(1), 30_000, PERMIT), vec![0]);
+}
+
+#[test]
+fn releasing_the_last_reader_deletes_the_key_and_its_holders_and_publishes_free() {
+    let mut r = redis();
+    let mut con = r.subscriber();
+    let mut sub = listen(&mut con, K);
+    fence(&r.shared(&token(1), 30_000, READ, 0));
+    fence(&r.shared(&token(2), 10_000, READ, 0));
+    assert_eq!(r.release_shared(&token(1), READ, 0), 1);
+    assert!(r.exists(K) && r.exists(H));
+    let k = r.pttl(K);
+    assert!(
+        k <= 10_000 && k > 5_000,
+        "K now ends with the other reader: {k}"
+    );
+    assert_eq!(messages(&mut sub), Vec::<String>::new(), "readers remain");
+    assert_eq!(r.release_shared(&token(2), READ, 0), 1);
+    assert!(!r.exists(K) && !r.exists(H));
+    assert_eq!(messages(&mut sub), vec![String::new()], "'' = free");
+    assert_eq!(r.release_shared(&token(2), READ, 0), 0, "a double release");
+    assert_eq!(messages(&mut sub), Vec::<String>::new());
+}
+
+#[test]
+fn a_permit_release_publishes_the_places_freed() {
+    let mut r = redis();
+    let mut con = r.subscriber();
+    let mut sub = listen(&mut con, K);
+    fence(&r.shared(&token(1), 100, PERMIT, 3));
+    fence(&r.shared(&token(2), 30_000, PERMIT, 3));
+    fence(&r.shared(&token(3), 30_000, PERMIT, 3));
+    sleep(Duration::from_millis(200));
+    assert_eq!(r.release_shared(&token(2), PERMIT, 0), 1);
+    assert_eq!(
+        messages(&mut sub),
+        vec!["2".to_owned()],
+        "itself + one expired"
+    );
+    assert_eq!(r.release_shared(&token(3), PERMIT, 0), 1);
+    assert_eq!(messages(&mut sub), vec!["1".to_owned()]);
+    assert!(!r.exists(K) && !r.exists(H));
+}
+
+#[test]
+fn a_shared_release_never_touches_a_key_someone_else_took() {
+    let mut r = redis();
+    fence(&r.shared(&token(1), 30_000, READ, 0));
+    // Force-released (e.g. by an operator), then taken by a writer.
+    let _: () = r.con.del(K).unwrap();
+    fence(&r.write(&token(9), 30_000, "", 0, false));
+    assert_eq!(r.renew_shared(&token(1), 30_000, READ), vec![0]);
+    assert_eq!(r.release_shared(&token(1), READ, 0), 1);
+    let held: Vec<u8> = r.con.get(K).unwrap();
+    assert_eq!(held, token(9));
+    assert!(r.pttl(K) > 25_000);
+    assert!(!r.exists(H));
+}
+
+#[test]
+fn hold_at_least_keeps_the_key() {
+    let mut r = redis();
+    let mut con = r.subscriber();
+    let mut sub = listen(&mut con, K);
+    fence(&r.write(&token(1), 200, "", 0, false));
+    let released: i64 = r
+        .eval(RELEASE, &[K], (&token(1)[..], "PUBLISH", 5_000))
+        .unwrap();
+    assert_eq!(released, 1);
+    let pttl = r.pttl(K);
+    assert!(pttl > 4_000 && pttl <= 5_000, "{pttl}");
+    assert_eq!(messages(&mut sub), Vec::<String>::new(), "not free yet");
+    refused(&r.write(&token(2), 30_000, "", 0, false));
+    // '0' deletes as before.
+    let released: i64 = r
+        .eval(RELEASE, &[K], (&token(1)[..], "PUBLISH", 0))
+        .unwrap();
+    assert_eq!(released, 1);
+    assert!(!r.exists(K));
+    assert_eq!(messages(&mut sub), vec![String::new()]);
+    // A malformed keep is an error, the lock untouched.
+    fence(&r.write(&token(1), 30_000, "", 0, false));
+    let err = r.eval::<i64>(RELEASE, &[K], (&token(1)[..], "PUBLISH", "soon"));
+    assert!(err.is_err());
+    assert!(r.pttl(K) > 25_000);
+}
+
+#[test]
+fn hold_at_least_keeps_a_permit_counted() {
+    let mut r = redis();
+    let mut con = r.subscriber();
+    let mut sub = listen(&mut con, K);
+    fence(&r.shared(&token(1), 200, PERMIT, 1));
+    assert_eq!(r.release_shared(&token(1), PERMIT, 5_000), 1);
+    assert_eq!(messages(&mut sub), Vec::<String>::new(), "nothing freed");
+    let (wait, _) = refused(&r.shared(&token(2), 30_000, PERMIT, 1));
+    assert!(wait > 4_000 && wait <= 5_000, "{wait}");
+    let pttl = r.pttl(K);
+    assert!(pttl > 4_000 && pttl <= 5_000, "{pttl}");
+}
+
+#[test]
+fn acquire_all_is_all_or_nothing() {
+    let mut r = redis();
+    let (a, b, c) = ("lock:a_{7}", "lock:b_{7}", "lock:c_{7}");
+    let other = token(2);
+    let _: () = r.con.set_ex(b, &other[..], 30).unwrap();
+    let reply: Value = r
+        .eval(ACQUIRE_ALL, &[a, b, c, F, F, F], (&token(1)[..], 30_000))
+        .unwrap();
+    let expected_holder = r.digest(&other);
+    match reply {
+        Value::Array(items) => match items.as_slice() {
+            [Value::Int(0), Value::Int(2), Value::Int(pttl), Value::BulkString(d)] => {
+                assert!(*pttl > 25_000, "{pttl}");
+                assert_eq!(String::from_utf8(d.clone()).unwrap(), expected_holder);
+            }
+            _ => panic!("odd miss: {items:?}"),
+        },
+        other => panic!("odd miss: {other:?}"),
+    }
+    assert!(!r.exists(a) && !r.exists(c), "no key left behind");
+    assert!(!r.exists(F), "no fence issued");
+    let _: () = r.con.del(b).unwrap();
+    let grant: Vec<u64> = r
+        .eval(ACQUIRE_ALL, &[a, b, c, F, F, F], (&token(1)[..], 30_000))
+        .unwrap();
+    assert_eq!(
+        grant,
+        vec![1, 1, 2, 3],
+        "distinct increasing fences on one counter"
+    );
+    // A retry (reply lost) is granted again with fresh fences, its expiry reset.
+    let _: () = r.con.pexpire(a, 1_000).unwrap();
+    let grant: Vec<u64> = r
+        .eval(ACQUIRE_ALL, &[a, b, c, F, F, F], (&token(1)[..], 30_000))
+        .unwrap();
+    assert_eq!(grant, vec![1, 4, 5, 6]);
+    assert!(r.pttl(a) > 25_000);
+    // A reader on one key is another holder.
+    let released: Vec<i64> = r
+        .eval(RELEASE_ALL, &[a, b, c], (&token(1)[..], "PUBLISH"))
+        .unwrap();
+    assert_eq!(released, vec![1, 1, 1]);
+    fence(&r.shared(&token(5), 30_000, READ, 0));
+    let reply: Value = r
+        .eval(ACQUIRE_ALL, &[a, K, F, F], (&token(1)[..], 30_000))
+        .unwrap();
+    let read = r.digest(READ.as_bytes());
+    assert!(
+        matches!(&reply, Value::Array(i) if i.len() == 4 && i[3] == Value::BulkString(read.into_bytes())),
+        "{reply:?}"
+    );
+    assert!(!r.exists(a));
+}
+
+#[test]
+fn release_all_releases_only_its_own_keys() {
+    let mut r = redis();
+    let (a, b, c) = ("lock:a_{7}", "lock:b_{7}", "lock:c_{7}");
+    let mut con = r.subscriber();
+    let mut sub = listen(&mut con, a);
+    let _: Vec<u64> = r
+        .eval(ACQUIRE_ALL, &[a, b, F, F], (&token(1)[..], 30_000))
+        .unwrap();
+    let _: () = r.con.set_ex(c, &token(2)[..], 30).unwrap();
+    let released: Vec<i64> = r
+        .eval(
+            RELEASE_ALL,
+            &[a, b, c, "lock:d_{7}"],
+            (&token(1)[..], "PUBLISH"),
+        )
+        .unwrap();
+    assert_eq!(released, vec![1, 1, -1, 0]);
+    assert!(!r.exists(a) && !r.exists(b) && r.exists(c));
+    assert_eq!(messages(&mut sub), vec![String::new()]);
+    // hold_at_least on all of them.
+    let _: Vec<u64> = r
+        .eval(ACQUIRE_ALL, &[a, b, F, F], (&token(1)[..], 200))
+        .unwrap();
+    let released: Vec<i64> = r
+        .eval(RELEASE_ALL, &[a, b], (&token(1)[..], "PUBLISH", 5_000))
+        .unwrap();
+    assert_eq!(released, vec![1, 1]);
+    assert!(r.pttl(a) > 4_000 && r.pttl(b) > 4_000);
+    assert_eq!(messages(&mut sub), Vec::<String>::new());
+}
+
+#[test]
+fn retries_are_idempotent() {
+    let mut r = redis();
+    let f1 = fence(&r.shared(&token(1), 1_000, READ, 0));
+    let again = fence(&r.shared(&token(1), 30_000, READ, 0));
+    assert_eq!(again, f1, "a retry reads the counter back, issues nothing");
+    assert_eq!(r.zcard(H), 1);
+    assert!(r.pttl(K) > 25_000, "expiry reset");
+    assert_eq!(r.release_shared(&token(1), READ, 0), 1);
+    let w = fence(&r.write(&token(9), 1_000, "waiter-9", 1_000, false));
+    assert_eq!(
+        fence(&r.write(&token(9), 30_000, "waiter-9", 1_000, true)),
+        w
+    );
+    assert!(r.pttl(K) > 25_000, "expiry reset");
+    assert_eq!(r.release_shared(&token(9), READ, 0), 0, "not a reader");
+}
+
+#[test]
+fn fences_above_2_pow_53_are_exact_digits() {
+    let mut r = redis();
+    let _: () = r.con.set(F, BIG).unwrap();
+    assert_eq!(
+        digits(&r.shared(&token(1), 30_000, READ, 0)),
+        "9007199254740998"
+    );
+    assert_eq!(
+        digits(&r.shared(&token(2), 30_000, READ, 0)),
+        "9007199254740999"
+    );
+    // A retry reads back the exact digits.
+    assert_eq!(
+        digits(&r.shared(&token(2), 30_000, READ, 0)),
+        "9007199254740999"
+    );
+    r.release_shared(&token(1), READ, 0);
+    r.release_shared(&token(2), READ, 0);
+    assert_eq!(
+        digits(&r.write(&token(3), 30_000, "w", 1_000, true)),
+        "9007199254741000"
+    );
+    let grant: Value = r
+        .eval(
+            ACQUIRE_ALL,
+            &["lock:a_{7}", "lock:b_{7}", F, F],
+            (&token(4)[..], 30_000),
+        )
+        .unwrap();
+    assert_eq!(
+        grant,
+        Value::Array(vec![
+            Value::Int(1),
+            Value::BulkString(b"9007199254741001".to_vec()),
+            Value::BulkString(b"9007199254741002".to_vec()),
+        ])
+    );
+}
+
+#[test]
+fn a_failing_counter_gives_the_place_back() {
+    let mut r = redis();
+    let _: () = r.con.set(F, "not a number").unwrap();
+    let err = r
+        .eval::<Value>(
+            ACQUIRE_SHARED,
+            &[K, H, F, W],
+            (&token(1)[..], 30_000, READ, 0, 1),
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("fencing counter"), "{err}");
+    assert!(!r.exists(K) && !r.exists(H));
+    let err = r
+        .eval::<Value>(
+            ACQUIRE_ALL,
+            &["lock:a_{7}", "lock:b_{7}", F, F],
+            (&token(1)[..], 30_000),
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("fencing counter"), "{err}");
+    assert!(!r.exists("lock:a_{7}") && !r.exists("lock:b_{7}"));
+}
+
+#[test]
+fn bad_arguments_are_errors_and_write_nothing() {
+    let mut r = redis();
+    for (ttl, limit) in [("0", "0"), ("soon", "0"), ("100", "x")] {
+        let err = r.eval::<Value>(
+            ACQUIRE_SHARED,
+            &[K, H, F, W],
+            (&token(1)[..], ttl, READ, limit, 1),
+        );
+        assert!(err.is_err(), "ttl {ttl} limit {limit}");
+    }
+    let err = r.eval::<Value>(
+        ACQUIRE_ALL,
+        &["lock:a_{7}", "lock:b_{7}", F],
+        (&token(1)[..], 30_000),
+    );
+    assert!(err.is_err(), "odd key count");
+    let err = r.eval::<Value>(ACQUIRE_ALL, &["lock:a_{7}", F], (&token(1)[..], "-1"));
+    assert!(err.is_err(), "bad ttl");
+    let err = r.eval::<Value>(RENEW_SHARED, &[K, H], (&token(1)[..], 100));
+    assert!(err.is_err(), "not a triple");
+    let keys: Vec<String> = r.con.keys("*").unwrap();
+    assert_eq!(keys, Vec::<String>::new());
+}
