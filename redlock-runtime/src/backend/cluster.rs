@@ -54,13 +54,14 @@ use redis::{FromRedisValue, IntoConnectionInfo, ProtocolVersion, PushInfo, PushK
 use tokio::sync::mpsc;
 
 use super::server::{
-    chunk_outcomes, decode_acquire, parse_eviction_policy, renew_args, ttl_ms, Timeouts,
-    WaitAttempt, WaitPool, MAX_REPLICA_WAIT,
+    acquire_call, chunk_outcomes, decode_acquire, extend_shared_call, parse_eviction_policy,
+    release_call, renew_call, script_loads, ttl_ms, ScriptCall, Timeouts, WaitAttempt, WaitPool,
+    MAX_REPLICA_WAIT,
 };
 use super::{Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Store};
 use crate::key::{key_slot, LockKey, SLOTS};
 use crate::notify::{channel_of, ChannelLocks, Interest};
-use crate::scripts::{ACQUIRE, EXTEND, RELEASE, RENEW};
+use crate::scripts::{ACQUIRE, EXTEND};
 use crate::waiters::Waiters;
 use crate::LockError;
 
@@ -144,8 +145,9 @@ impl SlotMap {
 }
 
 /// The arguments of the `renew.lua` call for the locks of `batch` at `indices`.
-fn slot_renew_args(batch: &[Renewal<'_>], indices: &[usize]) -> Vec<Vec<u8>> {
-    renew_args(indices.iter().filter_map(|&i| batch.get(i)))
+fn slot_renew_call(batch: &[Renewal<'_>], indices: &[usize]) -> ScriptCall {
+    let renewals: Vec<Renewal<'_>> = indices.iter().filter_map(|&i| batch.get(i).copied()).collect();
+    renew_call(&renewals)
 }
 
 /// A Redis Cluster.
@@ -223,16 +225,22 @@ impl ClusterBackend {
         }) else {
             return Ok(Vec::new());
         };
+        let scripts: Vec<ScriptCall> = calls
+            .iter()
+            .map(|(_, indices)| slot_renew_call(batch, indices))
+            .collect();
+        let loads = script_loads(&scripts);
         let mut pipe = redis::pipe();
-        pipe.add_command(RENEW.load());
-        for (_, indices) in &calls {
-            let keys: Vec<&str> = indices.iter().map(|&i| batch[i].key.full()).collect();
-            pipe.add_command(RENEW.evalsha(&keys, slot_renew_args(batch, indices)));
+        for load in &loads {
+            pipe.add_command(load.clone());
+        }
+        for script in &scripts {
+            pipe.add_command(script.evalsha());
         }
         match self
             .con
             .clone()
-            .route_pipeline(pipe, 1, calls.len(), route)
+            .route_pipeline(pipe, loads.len(), calls.len(), route)
             .await
         {
             Ok(replies) if replies.len() == calls.len() => Ok(calls
@@ -305,7 +313,15 @@ impl Store for ClusterBackend {
             token,
             ttl,
             replicas,
+            ..
         } = *claim;
+        if claim.mode.is_shared() || claim.intent.is_some() {
+            let reply: Value = acquire_call(claim)
+                .invoke(&self.con)
+                .await
+                .map_err(LockError::backend("acquire"))?;
+            return decode_acquire(reply, None);
+        }
         let keys = [key.full(), key.fence()];
         let args = (token.as_bytes(), ttl_ms(ttl));
         let Some(rw) = replicas else {
@@ -349,17 +365,23 @@ impl Store for ClusterBackend {
         decode_acquire(reply, Some(acked))
     }
 
-    async fn release(&self, lease: LeaseRef<'_>) -> Result<bool, LockError> {
-        let LeaseRef { key, token } = lease;
-        let released: i64 = RELEASE
-            .invoke(&self.con, &[key.full()], (token.as_bytes(), "SPUBLISH"))
+    async fn release(&self, lease: LeaseRef<'_>, keep: Duration) -> Result<bool, LockError> {
+        let released: i64 = release_call(lease, keep, "SPUBLISH")
+            .invoke(&self.con)
             .await
             .map_err(LockError::backend("release"))?;
         Ok(released == 1)
     }
 
     async fn extend(&self, lease: LeaseRef<'_>, ttl: Duration) -> Result<bool, LockError> {
-        let LeaseRef { key, token } = lease;
+        let LeaseRef { key, token, mode } = lease;
+        if mode.is_shared() {
+            let renewed: Vec<i64> = extend_shared_call(lease, ttl)
+                .invoke(&self.con)
+                .await
+                .map_err(LockError::backend("extend"))?;
+            return Ok(renewed == [1]);
+        }
         EXTEND
             .invoke(&self.con, &[key.full()], (token.as_bytes(), ttl_ms(ttl)))
             .await
@@ -379,14 +401,16 @@ impl Store for ClusterBackend {
     /// so a call applied twice is harmless. A call that failed leaves its locks
     /// [`Renewed::Unknown`]; the batch fails as a whole only when every call failed.
     async fn renew(&self, batch: &[Renewal<'_>]) -> Result<Vec<Renewed>, LockError> {
-        let mut groups: HashMap<u16, Vec<usize>> = HashMap::new();
+        // One script per kind: exclusive and shared locks of a slot go in separate calls.
+        let mut groups: HashMap<(u16, bool), Vec<usize>> = HashMap::new();
         for (i, r) in batch.iter().enumerate() {
-            groups.entry(key_slot(r.key.full())).or_default().push(i);
+            let group = (key_slot(r.key.full()), r.mode.is_shared());
+            groups.entry(group).or_default().push(i);
         }
         let map = self.slot_map().await;
         let mut by_master: HashMap<u16, Vec<SlotCall>> = HashMap::new();
         let mut alone: Vec<SlotCall> = Vec::new();
-        for (slot, indices) in groups {
+        for ((slot, _), indices) in groups {
             let master = map.as_ref().and_then(|m| m.master(slot));
             for chunk in indices.chunks(RENEW_CHUNK) {
                 let call = (slot, chunk.to_vec());
@@ -411,14 +435,8 @@ impl Store for ClusterBackend {
             }
         }
         let renew_slot = |(_, indices): SlotCall| async move {
-            let keys: Vec<&str> = indices.iter().map(|&i| batch[i].key.full()).collect();
-            let reply: Result<Vec<i64>, _> = RENEW
-                .invoke(
-                    &self.con,
-                    &keys,
-                    slot_renew_args(batch, &indices).as_slice(),
-                )
-                .await;
+            let reply: Result<Vec<i64>, _> =
+                slot_renew_call(batch, &indices).invoke(&self.con).await;
             (indices, reply)
         };
         results.extend(
@@ -498,6 +516,8 @@ impl Store for ClusterBackend {
         let mut pipe = redis::pipe();
         pipe.cmd("DEL")
             .arg(key.full())
+            .arg(key.holders())
+            .arg(key.intents())
             .cmd("SPUBLISH")
             .arg(key.full())
             .arg("");
@@ -511,7 +531,7 @@ impl Store for ClusterBackend {
             .into_iter()
             .next()
             .ok_or_else(|| unexpected("force_unlock", 0))?;
-        decode(deleted, "force_unlock")
+        decode::<u32>(deleted, "force_unlock").map(|n| n > 0)
     }
 
     async fn subscribe(&self, key: &str, register: bool) -> Result<(), LockError> {

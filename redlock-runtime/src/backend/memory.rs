@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use super::{Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Store};
 use crate::key::LockKey;
+use crate::kind::{LockKind, Mode};
 use crate::token::Token;
 use crate::waiters::Waiters;
 use crate::LockError;
@@ -35,6 +36,8 @@ fn counter_error(key: &LockKey, what: &'static str) -> LockError {
 #[derive(Default)]
 struct Table {
     locks: HashMap<String, Held>,
+    /// Writers waiting for a key's readers: waiter id → when the intent runs out.
+    intents: HashMap<String, HashMap<u64, Instant>>,
     /// Fencing counters, by counter key (one per prefix and hash slot).
     fences: HashMap<String, u64>,
     listeners: Vec<Weak<Waiters>>,
@@ -51,14 +54,235 @@ impl Table {
         if self.locks.len() < self.sweep_at.max(MIN_SWEEP_AT) {
             return;
         }
-        self.locks.retain(|_, held| held.expires > now);
+        self.locks.retain(|_, held| held.live(now));
+        self.intents.retain(|_, intents| {
+            intents.retain(|_, until| *until > now);
+            !intents.is_empty()
+        });
         self.sweep_at = self.locks.len().saturating_mul(2);
     }
 }
 
-struct Held {
-    token: Token,
-    expires: Instant,
+/// What the store holds for a key.
+enum Held {
+    /// One holder: an exclusive lock (or a write lock).
+    One { token: Token, expires: Instant },
+    /// Shared holders of one kind (readers, or permit holders), each with its expiry.
+    Many {
+        kind: LockKind,
+        holders: HashMap<Token, Instant>,
+    },
+}
+
+impl Held {
+    /// Drops expired shared holders; whether anyone still holds the key.
+    fn live(&mut self, now: Instant) -> bool {
+        match self {
+            Self::One { expires, .. } => *expires > now,
+            Self::Many { holders, .. } => {
+                holders.retain(|_, expires| *expires > now);
+                !holders.is_empty()
+            }
+        }
+    }
+
+    /// When the last holder's time runs out.
+    fn expires(&self, now: Instant) -> Instant {
+        match self {
+            Self::One { expires, .. } => *expires,
+            Self::Many { holders, .. } => holders.values().copied().max().unwrap_or(now),
+        }
+    }
+
+    /// The expiry of `token`'s hold, if it holds the key.
+    fn expiry_of(&mut self, token: Token) -> Option<&mut Instant> {
+        match self {
+            Self::One { token: t, expires } => (*t == token).then_some(expires),
+            Self::Many { holders, .. } => holders.get_mut(&token),
+        }
+    }
+}
+
+impl Table {
+    /// The live entry of `key`, after dropping it if nobody holds it any more.
+    fn live(&mut self, key: &str, now: Instant) -> Option<&mut Held> {
+        if !self.locks.get_mut(key)?.live(now) {
+            self.locks.remove(key);
+            return None;
+        }
+        self.locks.get_mut(key)
+    }
+
+    /// When the earliest live intent of a writer waiting for `key`'s readers runs out.
+    fn first_intent(&mut self, key: &str, now: Instant) -> Option<Instant> {
+        let intents = self.intents.get_mut(key)?;
+        intents.retain(|_, until| *until > now);
+        let first = intents.values().copied().min();
+        if first.is_none() {
+            self.intents.remove(key);
+        }
+        first
+    }
+
+    /// The next fencing token of `key`'s slot, taken.
+    fn next_fence(&mut self, key: &LockKey) -> Result<u64, LockError> {
+        let counter = self.fences.get(key.fence()).copied().unwrap_or(0);
+        let fence = counter
+            .checked_add(1)
+            .ok_or_else(|| counter_error(key, "overflows"))?;
+        self.fences.insert(key.fence().to_owned(), fence);
+        Ok(fence)
+    }
+
+    /// The fence a retry finding its own token gets: the counter as it is. Every grant
+    /// set the counter to at least 1; an operator cannot reach it, unlike a Redis key,
+    /// but a missing one is still no token 0.
+    fn current_fence(&mut self, key: &LockKey) -> Result<u64, LockError> {
+        match self.fences.get(key.fence()) {
+            Some(&fence) => Ok(fence),
+            None => {
+                self.locks.remove(key.full());
+                Err(counter_error(key, "is missing"))
+            }
+        }
+    }
+
+    /// As `acquire.lua` and `acquire_shared.lua`.
+    fn acquire(&mut self, claim: &Claim<'_>, now: Instant) -> Result<Attempt, LockError> {
+        let key = claim.key;
+        let expires = now
+            .checked_add(claim.ttl)
+            .unwrap_or(now + Duration::from_secs(1 << 32));
+        let held = |until: Instant| {
+            Ok(Attempt::Held {
+                remaining: Some(until.saturating_duration_since(now)),
+                holder: None,
+            })
+        };
+        let shared = match claim.mode {
+            Mode::Exclusive => None,
+            Mode::Read | Mode::Permit(_) => Some(claim.mode.kind()),
+        };
+        if let Some(entry) = self.live(key.full(), now) {
+            if let Some(own) = entry.expiry_of(claim.token) {
+                *own = expires;
+                return self.current_fence(key).map(|fence| Attempt::Acquired {
+                    fence,
+                    replicas: None,
+                });
+            }
+            let until = entry.expires(now);
+            match (entry, shared) {
+                (Held::Many { kind, holders }, Some(want)) if *kind == want => {
+                    if let Mode::Permit(n) = claim.mode {
+                        if holders.len() >= n as usize {
+                            let first = holders.values().copied().min().unwrap_or(now);
+                            return held(first);
+                        }
+                    }
+                }
+                (Held::Many { kind: LockKind::Read, .. }, None) => {
+                    if let Some(intent) = claim.intent {
+                        let until = now + intent.until;
+                        self.intents
+                            .entry(key.full().to_owned())
+                            .or_default()
+                            .insert(intent.waiter, until);
+                    }
+                    return held(until);
+                }
+                _ => return held(until),
+            }
+        }
+        if shared == Some(LockKind::Read) {
+            if let Some(first) = self.first_intent(key.full(), now) {
+                return held(first);
+            }
+        }
+        let fence = self.next_fence(key)?;
+        self.sweep(now);
+        match shared {
+            None => {
+                if let Some(intent) = claim.intent.filter(|i| i.registered) {
+                    self.withdraw(key.full(), intent.waiter);
+                }
+                self.locks.insert(
+                    key.full().to_owned(),
+                    Held::One {
+                        token: claim.token,
+                        expires,
+                    },
+                );
+            }
+            Some(kind) => {
+                let entry = self
+                    .locks
+                    .entry(key.full().to_owned())
+                    .or_insert_with(|| Held::Many {
+                        kind,
+                        holders: HashMap::new(),
+                    });
+                if let Held::Many { holders, .. } = entry {
+                    holders.insert(claim.token, expires);
+                }
+            }
+        }
+        Ok(Attempt::Acquired {
+            fence,
+            replicas: None,
+        })
+    }
+
+    /// Removes a writer's intent.
+    fn withdraw(&mut self, key: &str, waiter: u64) {
+        if let Some(intents) = self.intents.get_mut(key) {
+            intents.remove(&waiter);
+            if intents.is_empty() {
+                self.intents.remove(key);
+            }
+        }
+    }
+
+    /// As `release.lua` / `release_shared.lua`: whether `lease` held the key (and now
+    /// does not, or only until `keep` from now), and whether waiters should be woken.
+    fn release(&mut self, lease: LeaseRef<'_>, keep: Duration, now: Instant) -> (bool, bool) {
+        let key = lease.key.full();
+        let Some(entry) = self.live(key, now) else {
+            return (false, false);
+        };
+        let Some(own) = entry.expiry_of(lease.token) else {
+            return (false, false);
+        };
+        if !keep.is_zero() {
+            *own = now.checked_add(keep).unwrap_or(*own);
+            return (true, false);
+        }
+        let (wake, emptied) = match entry {
+            Held::One { .. } => (true, true),
+            Held::Many { kind, holders } => {
+                holders.remove(&lease.token);
+                (*kind == LockKind::Permit || holders.is_empty(), holders.is_empty())
+            }
+        };
+        if emptied {
+            self.locks.remove(key);
+        }
+        (true, wake)
+    }
+
+    /// As `extend.lua` / `renew_shared.lua`.
+    fn extend(&mut self, lease: LeaseRef<'_>, ttl: Duration, now: Instant) -> bool {
+        match self
+            .live(lease.key.full(), now)
+            .and_then(|entry| entry.expiry_of(lease.token))
+        {
+            Some(own) if *own > now => {
+                *own = now.checked_add(ttl).unwrap_or(*own);
+                true
+            }
+            _ => false,
+        }
+    }
 }
 
 static STORE: LazyLock<Mutex<Table>> = LazyLock::new(Mutex::default);
@@ -79,103 +303,36 @@ impl MemoryBackend {
         Self(())
     }
 
-    /// As `acquire.lua`: a grant takes the next value of the slot's counter; a retry
-    /// that finds its own token gets the counter's current value and a fresh expiry; a
-    /// counter at `u64::MAX` is an error (nothing is taken).
-    fn acquire_now(
-        &self,
-        key: &LockKey,
-        token: Token,
-        ttl: Duration,
-    ) -> Result<Attempt, LockError> {
-        let now = Instant::now();
-        let expires = now
-            .checked_add(ttl)
-            .unwrap_or(now + Duration::from_secs(1 << 32));
-        let mut s = store();
-        if let Some(held) = s.locks.get_mut(key.full()) {
-            if held.expires > now {
-                if held.token != token {
-                    return Ok(Attempt::Held {
-                        remaining: Some(held.expires - now),
-                        holder: None,
-                    });
-                }
-                held.expires = expires;
-                // Every grant set the counter to at least 1; an operator cannot
-                // reach it, unlike a Redis key, but a missing one is still no token 0.
-                return match s.fences.get(key.fence()) {
-                    Some(&fence) => Ok(Attempt::Acquired {
-                        fence,
-                        replicas: None,
-                    }),
-                    None => {
-                        s.locks.remove(key.full());
-                        Err(counter_error(key, "is missing"))
-                    }
-                };
-            }
-        }
-        let counter = s.fences.get(key.fence()).copied().unwrap_or(0);
-        let fence = counter
-            .checked_add(1)
-            .ok_or_else(|| counter_error(key, "overflows"))?;
-        s.fences.insert(key.fence().to_owned(), fence);
-        s.sweep(now);
-        s.locks
-            .insert(key.full().to_owned(), Held { token, expires });
-        Ok(Attempt::Acquired {
-            fence,
-            replicas: None,
-        })
+    /// One attempt: see [`Table::acquire`].
+    fn acquire_now(&self, claim: &Claim<'_>) -> Result<Attempt, LockError> {
+        store().acquire(claim, Instant::now())
     }
 
-    fn release_now(&self, key: &LockKey, token: Token) -> bool {
-        let listeners = {
+    /// A release: see [`Table::release`]; wakes every manager's waiters of the key
+    /// when places were freed.
+    fn release_now(&self, lease: LeaseRef<'_>, keep: Duration) -> bool {
+        let (released, listeners) = {
             let mut s = store();
-            let ours = s
-                .locks
-                .get(key.full())
-                .is_some_and(|h| h.token == token && h.expires > Instant::now());
-            // An expired entry of anyone is garbage either way.
-            if ours
-                || s.locks
-                    .get(key.full())
-                    .is_some_and(|h| h.expires <= Instant::now())
-            {
-                s.locks.remove(key.full());
-            }
-            if !ours {
-                return false;
-            }
-            s.listeners.clone()
+            let (released, wake) = s.release(lease, keep, Instant::now());
+            (released, wake.then(|| s.listeners.clone()))
         };
-        for w in listeners.iter().filter_map(Weak::upgrade) {
-            w.wake(key.full());
+        for w in listeners.iter().flatten().filter_map(Weak::upgrade) {
+            w.wake(lease.key.full());
         }
-        true
+        released
     }
 
-    fn extend_now(&self, key: &LockKey, token: Token, ttl: Duration) -> bool {
-        let now = Instant::now();
-        let mut s = store();
-        match s.locks.get_mut(key.full()) {
-            Some(h) if h.token == token && h.expires > now => {
-                h.expires = now.checked_add(ttl).unwrap_or(h.expires);
-                true
-            }
-            _ => false,
-        }
+    fn extend_now(&self, lease: LeaseRef<'_>, ttl: Duration) -> bool {
+        store().extend(lease, ttl, Instant::now())
     }
 
     /// Deletes a lock whoever holds it; true when a live one was there.
     fn force_unlock_now(&self, key: &LockKey) -> bool {
         let (live, listeners) = {
             let mut s = store();
-            let live = s
-                .locks
-                .remove(key.full())
-                .is_some_and(|h| h.expires > Instant::now());
+            let live = s.live(key.full(), Instant::now()).is_some();
+            s.locks.remove(key.full());
+            s.intents.remove(key.full());
             (live, s.listeners.clone())
         };
         for w in listeners.iter().filter_map(Weak::upgrade) {
@@ -186,10 +343,7 @@ impl MemoryBackend {
 
     /// Whether anyone holds the lock.
     fn is_locked_now(&self, key: &LockKey) -> bool {
-        store()
-            .locks
-            .get(key.full())
-            .is_some_and(|h| h.expires > Instant::now())
+        store().live(key.full(), Instant::now()).is_some()
     }
 }
 
@@ -207,11 +361,15 @@ impl Store for MemoryBackend {
         &self,
         claim: &Claim<'_>,
     ) -> impl Future<Output = Result<Attempt, LockError>> + Send {
-        ready(self.acquire_now(claim.key, claim.token, claim.ttl))
+        ready(self.acquire_now(claim))
     }
 
-    fn release(&self, lease: LeaseRef<'_>) -> impl Future<Output = Result<bool, LockError>> + Send {
-        ready(Ok(self.release_now(lease.key, lease.token)))
+    fn release(
+        &self,
+        lease: LeaseRef<'_>,
+        keep: Duration,
+    ) -> impl Future<Output = Result<bool, LockError>> + Send {
+        ready(Ok(self.release_now(lease, keep)))
     }
 
     fn extend(
@@ -219,7 +377,7 @@ impl Store for MemoryBackend {
         lease: LeaseRef<'_>,
         ttl: Duration,
     ) -> impl Future<Output = Result<bool, LockError>> + Send {
-        ready(Ok(self.extend_now(lease.key, lease.token, ttl)))
+        ready(Ok(self.extend_now(lease, ttl)))
     }
 
     fn renew(
@@ -228,7 +386,14 @@ impl Store for MemoryBackend {
     ) -> impl Future<Output = Result<Vec<Renewed>, LockError>> + Send {
         let renewed = batch
             .iter()
-            .map(|r| self.extend_now(r.key, r.token, r.ttl).into())
+            .map(|r| {
+                let lease = LeaseRef {
+                    key: r.key,
+                    token: r.token,
+                    mode: r.mode,
+                };
+                self.extend_now(lease, r.ttl).into()
+            })
             .collect();
         ready(Ok(renewed))
     }
@@ -283,6 +448,25 @@ mod tests {
         )
     }
 
+    fn exclusive(key: &LockKey, token: Token, ttl: Duration) -> Claim<'_> {
+        Claim {
+            key,
+            token,
+            ttl,
+            replicas: None,
+            mode: Mode::Exclusive,
+            intent: None,
+        }
+    }
+
+    fn lease(key: &LockKey, token: Token) -> LeaseRef<'_> {
+        LeaseRef {
+            key,
+            token,
+            mode: Mode::Exclusive,
+        }
+    }
+
     fn key(prefix: &str, name: &str) -> LockKey {
         LockKey::prefixed(prefix, name).unwrap()
     }
@@ -305,15 +489,15 @@ mod tests {
         for i in 0..2000 {
             let k = key(prefix, &format!("order_{{{}}}:{i}", i % 4));
             let token = Token::random();
-            first.push(fence(b.acquire_now(&k, token, ttl)));
-            assert!(b.release_now(&k, token));
+            first.push(fence(b.acquire_now(&exclusive(&k, token, ttl))));
+            assert!(b.release_now(lease(&k, token), Duration::ZERO));
         }
         assert_eq!(count(prefix), (0, 4), "2 000 keys in 4 slots");
         for i in (0..2000).step_by(97) {
             let k = key(prefix, &format!("order_{{{}}}:{i}", i % 4));
             let token = Token::random();
-            assert!(fence(b.acquire_now(&k, token, ttl)) > first[i], "key {i}");
-            assert!(b.release_now(&k, token));
+            assert!(fence(b.acquire_now(&exclusive(&k, token, ttl))) > first[i], "key {i}");
+            assert!(b.release_now(lease(&k, token), Duration::ZERO));
         }
     }
 
@@ -326,7 +510,7 @@ mod tests {
         for batch in 0..10 {
             for i in 0..1000 {
                 let k = key(prefix, &format!("{batch}-{i}"));
-                fence(b.acquire_now(&k, Token::random(), Duration::from_millis(1)));
+                fence(b.acquire_now(&exclusive(&k, Token::random(), Duration::from_millis(1))));
             }
             std::thread::sleep(Duration::from_millis(3));
         }
@@ -341,12 +525,12 @@ mod tests {
         store().fences.insert(k.fence().to_owned(), u64::MAX - 1);
         let token = Token::random();
         assert_eq!(
-            fence(b.acquire_now(&k, token, Duration::from_secs(5))),
+            fence(b.acquire_now(&exclusive(&k, token, Duration::from_secs(5)))),
             u64::MAX
         );
-        assert!(b.release_now(&k, token));
+        assert!(b.release_now(lease(&k, token), Duration::ZERO));
         let err = b
-            .acquire_now(&k, Token::random(), Duration::from_secs(5))
+            .acquire_now(&exclusive(&k, Token::random(), Duration::from_secs(5)))
             .unwrap_err();
         assert!(matches!(err, LockError::Backend { .. }), "{err}");
         assert!(!b.is_locked_now(&k));
@@ -364,14 +548,14 @@ mod tests {
         for _ in 0..5 {
             let token = Token::random();
             let granted = Instant::now();
-            let first = fence(b.acquire_now(&k, token, TTL));
+            let first = fence(b.acquire_now(&exclusive(&k, token, TTL)));
             std::thread::sleep(TTL / 2);
             let retried = Instant::now();
-            assert_eq!(fence(b.acquire_now(&k, token, TTL)), first);
+            assert_eq!(fence(b.acquire_now(&exclusive(&k, token, TTL))), first);
             std::thread::sleep((granted + TTL * 5 / 4).saturating_duration_since(Instant::now()));
             let locked = b.is_locked_now(&k);
             let conclusive = retried.elapsed() < TTL;
-            b.release_now(&k, token);
+            b.release_now(lease(&k, token), Duration::ZERO);
             if conclusive {
                 assert!(locked, "the retry reset the expiry to its ttl");
                 return;

@@ -108,12 +108,14 @@ use futures_util::future::join_all;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio_util::sync::CancellationToken;
 
+use super::server::release_call;
 use super::single::SingleBackend;
 use super::{jitter, Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Store, Timeouts};
 use crate::key::LockKey;
+use crate::kind::Mode;
 use crate::lease::drift;
 use crate::notify::Hearing;
-use crate::scripts::{FENCE_FLOOR, RELEASE};
+use crate::scripts::FENCE_FLOOR;
 use crate::token::Token;
 use crate::waiters::Waiters;
 use crate::LockError;
@@ -174,10 +176,19 @@ struct Settling {
 }
 
 /// What becomes of the requests of a quorum vote still in flight when it is decided.
+/// What a release or undo on a node names: the token, its kind of place, and how long
+/// to keep the key (`hold_at_least`; zero for an undo).
+#[derive(Debug, Clone, Copy)]
+struct Stake {
+    token: Token,
+    mode: Mode,
+    keep: Duration,
+}
+
 enum Stragglers {
     /// A release: each is retried in the background until confirmed, as is every node
     /// whose request failed before the vote was decided.
-    Retry(Token),
+    Retry(Stake),
     /// An extend of this lock: driven until the per-node deadline, then cut, so that the
     /// next extend of the lock can wait for them (see [`RedlockBackend::settle`]).
     Settle(Token),
@@ -546,7 +557,7 @@ impl RedlockBackend {
         .await;
         let vote = self.vote_of(&answers);
         match stragglers {
-            Stragglers::Retry(token) => {
+            Stragglers::Retry(stake) => {
                 let shared_key = Arc::new(key.clone());
                 let nodes = self.nodes.clone();
                 // A node whose release failed before the vote was decided (a dropped
@@ -560,7 +571,7 @@ impl RedlockBackend {
                     let (nodes, key) = (nodes.clone(), shared_key.clone());
                     tokio::spawn(async move {
                         join_all(failed.into_iter().filter_map(|i| nodes.get(i)).map(|node| {
-                            release_until_confirmed(node, &key, token, PUBLISH, &UNDO_PAUSES[1..])
+                            release_until_confirmed(node, &key, stake, PUBLISH, &UNDO_PAUSES[1..])
                         }))
                         .await;
                     });
@@ -569,7 +580,7 @@ impl RedlockBackend {
                     let (nodes, key) = (nodes.clone(), shared_key.clone());
                     async move {
                         if let (Err(_), Some(node)) = (answer, nodes.get(i)) {
-                            release_until_confirmed(node, &key, token, PUBLISH, &UNDO_PAUSES[1..])
+                            release_until_confirmed(node, &key, stake, PUBLISH, &UNDO_PAUSES[1..])
                                 .await;
                         }
                     }
@@ -607,7 +618,7 @@ impl RedlockBackend {
     fn keep_late_grants(
         &self,
         key: &Arc<LockKey>,
-        token: Token,
+        stake: Stake,
         fence: u64,
         (deadline, cut): (tokio::time::Instant, CancellationToken),
         in_flight: InFlight<Attempt>,
@@ -615,6 +626,7 @@ impl RedlockBackend {
         if in_flight.is_empty() {
             return;
         }
+        let token = stake.token;
         lock(&self.landing).insert(token, false);
         let (nodes, key, landing) = (self.nodes.clone(), key.clone(), self.landing.clone());
         let mut unanswered = in_flight.len();
@@ -635,12 +647,12 @@ impl RedlockBackend {
                 let (nodes, key) = (nodes.clone(), key.clone());
                 // Its own task: the next answers (and the end of `settle`) do not wait for it.
                 if released {
-                    tokio::spawn(undo(nodes, key, token, i));
+                    tokio::spawn(undo(nodes, key, stake, i));
                 } else if behind {
                     tokio::spawn(async move {
                         if let Some(node) = nodes.get(i) {
                             // Compare-token: a no-op if the lock is gone meanwhile.
-                            let _ = raise_fence(node, &key, token, fence).await;
+                            let _ = raise_fence(node, &key, stake, fence).await;
                         }
                     });
                 }
@@ -663,7 +675,7 @@ impl RedlockBackend {
     fn undo_in_background(
         &self,
         key: &Arc<LockKey>,
-        token: Token,
+        stake: Stake,
         won: Vec<usize>,
         pending: Vec<usize>,
         in_flight: InFlight<Attempt>,
@@ -676,18 +688,18 @@ impl RedlockBackend {
             let (nodes, key) = (nodes.clone(), key.clone());
             async move {
                 if let Some(node) = nodes.get(i) {
-                    release_until_confirmed(node, &key, token, NO_PUBLISH, &[Duration::ZERO]).await;
+                    release_until_confirmed(node, &key, stake, NO_PUBLISH, &[Duration::ZERO]).await;
                 }
             }
         }));
         let at_once = join_all(
             won.into_iter()
-                .map(|i| undo(nodes.clone(), key.clone(), token, i)),
+                .map(|i| undo(nodes.clone(), key.clone(), stake, i)),
         );
         let at_once = futures_util::future::join(ahead, at_once);
         let stragglers = in_flight.for_each_concurrent(None, move |(i, answer)| {
             let held = matches!(answer, Ok(Attempt::Held { .. }));
-            let undo = (!held).then(|| undo(nodes.clone(), key.clone(), token, i));
+            let undo = (!held).then(|| undo(nodes.clone(), key.clone(), stake, i));
             async move {
                 if let Some(undo) = undo {
                     undo.await;
@@ -703,7 +715,7 @@ impl RedlockBackend {
     async fn settle_fence(
         &self,
         key: &LockKey,
-        token: Token,
+        stake: Stake,
         granted: &[(usize, u64)],
         timeout: Duration,
     ) -> Option<u64> {
@@ -722,7 +734,7 @@ impl RedlockBackend {
             let key = shared_key.clone();
             async move {
                 match nodes.get(i) {
-                    Some(node) => raise_fence(node, &key, token, fence).await,
+                    Some(node) => raise_fence(node, &key, stake, fence).await,
                     None => Err(LockError::invalid_option("no such redlock node")),
                 }
             }
@@ -801,7 +813,15 @@ impl Store for RedlockBackend {
             token,
             ttl,
             replicas,
+            mode,
+            intent,
         } = *claim;
+        // An attempt's undo deletes its place at once, whatever `hold_at_least` says.
+        let stake = Stake {
+            token,
+            mode,
+            keep: Duration::ZERO,
+        };
         if replicas.is_some() {
             return Err(LockError::invalid_option(
                 "min_replicas is not available with the redlock backend (its quorum of masters replaces it)",
@@ -828,6 +848,8 @@ impl Store for RedlockBackend {
                                 token,
                                 ttl,
                                 replicas: None,
+                                mode,
+                                intent,
                             };
                             node.acquire(&claim).await
                         }
@@ -844,13 +866,13 @@ impl Store for RedlockBackend {
         })
         .await;
         if tally.granted.len() >= quorum {
-            if let Some(fence) = self.settle_fence(key, token, &tally.granted, timeout).await {
+            if let Some(fence) = self.settle_fence(key, stake, &tally.granted, timeout).await {
                 // Measured from before the requests were sent, after the last grant counted.
                 let validity = ttl
                     .saturating_sub(started.elapsed())
                     .saturating_sub(drift(ttl));
                 if !validity.is_zero() {
-                    self.keep_late_grants(&shared_key, token, fence, (deadline, cut), in_flight);
+                    self.keep_late_grants(&shared_key, stake, fence, (deadline, cut), in_flight);
                     return Ok(Attempt::Acquired {
                         fence,
                         replicas: None,
@@ -867,7 +889,7 @@ impl Store for RedlockBackend {
         let undone = tally.granted.iter().map(|&(i, _)| i);
         let undone = undone.chain(tally.failed.iter().copied()).collect();
         let pending = (0..nodes).filter(|i| !tally.answered_by(*i)).collect();
-        self.undo_in_background(&shared_key, token, undone, pending, in_flight);
+        self.undo_in_background(&shared_key, stake, undone, pending, in_flight);
         if tally.answered() < quorum {
             return Err(self.unavailable(key, tally.answered(), tally.last_error.as_ref()));
         }
@@ -880,8 +902,9 @@ impl Store for RedlockBackend {
     /// Releases on every node; true when a quorum deleted our token. Returns once a
     /// quorum decided; the other nodes' requests finish in the background (and are
     /// retried there if they fail).
-    async fn release(&self, lease: LeaseRef<'_>) -> Result<bool, LockError> {
-        let LeaseRef { key, token } = lease;
+    async fn release(&self, lease: LeaseRef<'_>, keep: Duration) -> Result<bool, LockError> {
+        let LeaseRef { key, token, mode } = lease;
+        let stake = Stake { token, mode, keep };
         if let Some(released) = lock(&self.landing).get_mut(&token) {
             *released = true;
         }
@@ -889,12 +912,12 @@ impl Store for RedlockBackend {
         self.decide(
             key,
             self.node_timeout,
-            Stragglers::Retry(token),
+            Stragglers::Retry(stake),
             |nodes, i| {
                 let key = shared_key.clone();
                 async move {
                     match nodes.get(i) {
-                        Some(node) => release_on(node, &key, token, PUBLISH).await,
+                        Some(node) => release_on(node, &key, stake, PUBLISH).await,
                         None => Err(LockError::invalid_option("no such redlock node")),
                     }
                 }
@@ -908,7 +931,7 @@ impl Store for RedlockBackend {
     /// per-node timeout, and the next extend of the lock cuts them (and waits for the
     /// late grants of its acquisition) before sending: see [`settled`](Self::settled).
     async fn extend(&self, lease: LeaseRef<'_>, ttl: Duration) -> Result<bool, LockError> {
-        let LeaseRef { key, token } = lease;
+        let LeaseRef { key, token, mode } = lease;
         self.settled(token).await;
         let shared_key = Arc::new(key.clone());
         self.decide(
@@ -919,7 +942,14 @@ impl Store for RedlockBackend {
                 let key = shared_key.clone();
                 async move {
                     match nodes.get(i) {
-                        Some(node) => node.extend(LeaseRef { key: &key, token }, ttl).await,
+                        Some(node) => {
+                            let lease = LeaseRef {
+                                key: &key,
+                                token,
+                                mode,
+                            };
+                            node.extend(lease, ttl).await
+                        }
                         None => Err(LockError::invalid_option("no such redlock node")),
                     }
                 }
@@ -1239,11 +1269,16 @@ async fn resubscribe(nodes: Arc<[SingleBackend]>, i: usize, channel: Arc<str>) {
 async fn release_on(
     node: &SingleBackend,
     key: &LockKey,
-    token: Token,
+    stake: Stake,
     publish: &str,
 ) -> Result<bool, LockError> {
-    let released: i64 = RELEASE
-        .eval(&[key.full()], (token.as_bytes(), publish))
+    let lease = LeaseRef {
+        key,
+        token: stake.token,
+        mode: stake.mode,
+    };
+    let released: i64 = release_call(lease, stake.keep, publish)
+        .eval()
         .query_async(&mut node.connection())
         .await
         .map_err(LockError::backend("release"))?;
@@ -1255,15 +1290,15 @@ async fn release_on(
 async fn raise_fence(
     node: &SingleBackend,
     key: &LockKey,
-    token: Token,
+    stake: Stake,
     fence: u64,
 ) -> Result<bool, LockError> {
+    let mut keys = vec![key.full().to_owned(), key.fence().to_owned()];
+    if stake.mode.is_shared() {
+        keys.push(key.holders());
+    }
     FENCE_FLOOR
-        .invoke(
-            &node.connection(),
-            &[key.full(), key.fence()],
-            (token.as_bytes(), fence),
-        )
+        .invoke(&node.connection(), &keys, (stake.token.as_bytes(), fence))
         .await
         .map_err(LockError::backend("fence_floor"))
 }
@@ -1271,9 +1306,9 @@ async fn raise_fence(
 /// Undoes an attempt on node `i`: compare-token delete, without waking anyone (the
 /// waiters there would include this attempt's own caller, which retries by its own
 /// timer), retried for a few seconds while unconfirmed; after that the ttl frees it.
-async fn undo(nodes: Arc<[SingleBackend]>, key: Arc<LockKey>, token: Token, i: usize) {
+async fn undo(nodes: Arc<[SingleBackend]>, key: Arc<LockKey>, stake: Stake, i: usize) {
     if let Some(node) = nodes.get(i) {
-        release_until_confirmed(node, &key, token, NO_PUBLISH, &UNDO_PAUSES).await;
+        release_until_confirmed(node, &key, stake, NO_PUBLISH, &UNDO_PAUSES).await;
     }
 }
 
@@ -1288,7 +1323,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 async fn release_until_confirmed(
     node: &SingleBackend,
     key: &LockKey,
-    token: Token,
+    stake: Stake,
     publish: &str,
     pauses: &[Duration],
 ) {
@@ -1296,7 +1331,7 @@ async fn release_until_confirmed(
         if !pause.is_zero() {
             tokio::time::sleep(pause).await;
         }
-        if release_on(node, key, token, publish).await.is_ok() {
+        if release_on(node, key, stake, publish).await.is_ok() {
             return;
         }
     }

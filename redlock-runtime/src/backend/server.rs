@@ -11,9 +11,14 @@ use std::time::Duration;
 use redis::aio::{ConnectionLike, ConnectionManagerConfig};
 use redis::Value;
 
-use super::{Attempt, Renewal, Renewed};
+use redis::Cmd;
+
+use super::{Attempt, Claim, LeaseRef, Renewal, Renewed};
 use crate::key::LockKey;
-use crate::scripts::RELEASE;
+use crate::kind::Mode;
+use crate::scripts::{
+    LuaScript, ACQUIRE, ACQUIRE_SHARED, RELEASE, RELEASE_SHARED, RENEW, RENEW_SHARED,
+};
 use crate::token::Token;
 use crate::LockError;
 
@@ -298,6 +303,217 @@ where
             }
         });
     }
+}
+
+/// The marker a shared holder kind writes into the lock key (`acquire_shared.lua`).
+fn marker(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Read => "~read",
+        Mode::Permit(_) | Mode::Exclusive => "~permit",
+    }
+}
+
+/// One script call: which script, with which keys and arguments.
+///
+/// The exclusive lock's uncontended calls build their requests directly, without
+/// one; the other kinds' calls, and an exclusive attempt carrying a writer's intent,
+/// go through here.
+pub(crate) struct ScriptCall {
+    script: &'static LuaScript,
+    keys: Vec<String>,
+    args: Vec<Vec<u8>>,
+}
+
+impl ScriptCall {
+    /// `EVALSHA`, then `EVAL` on `NOSCRIPT` (see [`LuaScript::invoke`]).
+    pub(crate) async fn invoke<T, C>(&self, con: &C) -> redis::RedisResult<T>
+    where
+        T: redis::FromRedisValue,
+        C: ConnectionLike + Clone,
+    {
+        self.script.invoke(con, &self.keys, &self.args).await
+    }
+
+    /// The call as `EVALSHA`, for a pipeline led by a `SCRIPT LOAD` ([`load`](Self::load)).
+    pub(crate) fn evalsha(&self) -> Cmd {
+        self.script.evalsha(&self.keys, &self.args)
+    }
+
+    /// The call as a self-contained `EVAL` (never answered `NOSCRIPT`).
+    pub(crate) fn eval(&self) -> Cmd {
+        self.script.eval(&self.keys, &self.args)
+    }
+}
+
+/// An acquisition attempt: `acquire_shared.lua` for a reader or a permit,
+/// `acquire.lua` with the writer's intent for an exclusive claim.
+pub(crate) fn acquire_call(claim: &Claim<'_>) -> ScriptCall {
+    let key = claim.key;
+    let token = claim.token.as_bytes().to_vec();
+    let ttl = ttl_ms(claim.ttl).to_string().into_bytes();
+    match claim.mode {
+        Mode::Exclusive => {
+            let mut keys = vec![key.full().to_owned(), key.fence().to_owned()];
+            let mut args = vec![token, ttl];
+            if let Some(intent) = claim.intent {
+                keys.push(key.intents());
+                args.push(intent.waiter.to_string().into_bytes());
+                args.push(ttl_ms(intent.until).to_string().into_bytes());
+                args.push(if intent.registered { b"1".to_vec() } else { b"0".to_vec() });
+            }
+            ScriptCall {
+                script: &ACQUIRE,
+                keys,
+                args,
+            }
+        }
+        Mode::Read | Mode::Permit(_) => {
+            let (limit, honour_intents) = match claim.mode {
+                Mode::Permit(n) => (n, "0"),
+                _ => (0, "1"),
+            };
+            ScriptCall {
+                script: &ACQUIRE_SHARED,
+                keys: vec![
+                    key.full().to_owned(),
+                    key.holders(),
+                    key.fence().to_owned(),
+                    key.intents(),
+                ],
+                args: vec![
+                    token,
+                    ttl,
+                    marker(claim.mode).as_bytes().to_vec(),
+                    limit.to_string().into_bytes(),
+                    honour_intents.as_bytes().to_vec(),
+                ],
+            }
+        }
+    }
+}
+
+/// A release: compare-token delete (or keep, with `keep` > 0) and a wake-up with
+/// `publish` (`PUBLISH`, `SPUBLISH`, or `""` for none).
+pub(crate) fn release_call(lease: LeaseRef<'_>, keep: Duration, publish: &str) -> ScriptCall {
+    let key = lease.key;
+    let token = lease.token.as_bytes().to_vec();
+    let keep = ttl_ms_or_zero(keep).to_string().into_bytes();
+    if lease.mode.is_shared() {
+        ScriptCall {
+            script: &RELEASE_SHARED,
+            keys: vec![key.full().to_owned(), key.holders()],
+            args: vec![
+                token,
+                publish.as_bytes().to_vec(),
+                marker(lease.mode).as_bytes().to_vec(),
+                keep,
+            ],
+        }
+    } else {
+        ScriptCall {
+            script: &RELEASE,
+            keys: vec![key.full().to_owned()],
+            args: vec![token, publish.as_bytes().to_vec(), keep],
+        }
+    }
+}
+
+/// A shared holder's extend: `renew_shared.lua` for one place.
+pub(crate) fn extend_shared_call(lease: LeaseRef<'_>, ttl: Duration) -> ScriptCall {
+    let renewal = Renewal {
+        key: lease.key,
+        token: lease.token,
+        ttl,
+        mode: lease.mode,
+    };
+    renew_call(std::slice::from_ref(&renewal))
+}
+
+/// One renewal call over `renewals`, all of one kind (exclusive, or shared): see
+/// [`renew_groups`].
+pub(crate) fn renew_call(renewals: &[Renewal<'_>]) -> ScriptCall {
+    let shared = renewals.first().is_some_and(|r| r.mode.is_shared());
+    if !shared {
+        return ScriptCall {
+            script: &RENEW,
+            keys: renewals.iter().map(|r| r.key.full().to_owned()).collect(),
+            args: renew_args(renewals),
+        };
+    }
+    let mut keys = Vec::with_capacity(renewals.len() * 2);
+    let mut args = Vec::with_capacity(renewals.len() * 3);
+    for r in renewals {
+        keys.push(r.key.full().to_owned());
+        keys.push(r.key.holders());
+        args.push(r.token.as_bytes().to_vec());
+        args.push(ttl_ms(r.ttl).to_string().into_bytes());
+        args.push(marker(r.mode).as_bytes().to_vec());
+    }
+    ScriptCall {
+        script: &RENEW_SHARED,
+        keys,
+        args,
+    }
+}
+
+/// The batch indices of a renewal batch split by kind, exclusive first, then shared,
+/// each in chunks of at most `chunk` locks: one renewal call per group.
+pub(crate) fn renew_groups(batch: &[Renewal<'_>], chunk: usize) -> Vec<Vec<usize>> {
+    let (shared, exclusive): (Vec<usize>, Vec<usize>) =
+        (0..batch.len()).partition(|&i| batch[i].mode.is_shared());
+    let chunk = chunk.max(1);
+    exclusive
+        .chunks(chunk)
+        .chain(shared.chunks(chunk))
+        .map(<[usize]>::to_vec)
+        .collect()
+}
+
+/// One renewal call per group of [`renew_groups`].
+pub(crate) fn renew_calls(batch: &[Renewal<'_>], groups: &[Vec<usize>]) -> Vec<ScriptCall> {
+    groups
+        .iter()
+        .map(|group| {
+            let renewals: Vec<Renewal<'_>> =
+                group.iter().filter_map(|&i| batch.get(i).copied()).collect();
+            renew_call(&renewals)
+        })
+        .collect()
+}
+
+/// The `SCRIPT LOAD`s leading a pipeline of `calls` (one per script), so that a
+/// flushed script cache cannot fail their `EVALSHA`s.
+pub(crate) fn script_loads(calls: &[ScriptCall]) -> Vec<Cmd> {
+    let mut scripts: Vec<&'static LuaScript> = Vec::new();
+    for call in calls {
+        if !scripts.iter().any(|s| std::ptr::eq(*s, call.script)) {
+            scripts.push(call.script);
+        }
+    }
+    scripts.into_iter().map(LuaScript::load).collect()
+}
+
+/// Outcomes listed group after group (see [`renew_groups`]) put back in batch order; a
+/// lock without an outcome is unknown.
+pub(crate) fn in_batch_order(
+    len: usize,
+    groups: &[Vec<usize>],
+    outcomes: Vec<Renewed>,
+) -> Vec<Renewed> {
+    let mut ordered = vec![Renewed::Unknown; len];
+    for (&i, outcome) in groups.iter().flatten().zip(outcomes) {
+        if let Some(slot) = ordered.get_mut(i) {
+            *slot = outcome;
+        }
+    }
+    ordered
+}
+
+/// `d` in whole milliseconds, rounded up (a keep is never cut short), 0 for zero (a
+/// keep of 0 deletes at once).
+fn ttl_ms_or_zero(d: Duration) -> u64 {
+    let partial = d.subsec_nanos() % 1_000_000 != 0;
+    u64::try_from(d.as_millis() + u128::from(partial)).unwrap_or(u64::MAX)
 }
 
 /// The arguments of a `renew.lua` call: token and ttl of each lock.

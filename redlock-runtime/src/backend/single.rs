@@ -13,13 +13,14 @@ use redis::io::tcp::TcpSettings;
 use redis::{AsyncConnectionConfig, Client, IntoConnectionInfo, ProtocolVersion, Value};
 
 use super::server::{
-    chunk_outcomes, decode_acquire, is_dropped, parse_eviction_policy, reconnecting, renew_args,
-    ttl_ms, Timeouts, WaitAttempt, WaitPool, MAX_REPLICA_WAIT,
+    acquire_call, chunk_outcomes, decode_acquire, extend_shared_call, in_batch_order,
+    is_dropped, parse_eviction_policy, reconnecting, release_call, renew_calls, renew_groups,
+    script_loads, ttl_ms, Timeouts, WaitAttempt, WaitPool, MAX_REPLICA_WAIT,
 };
 use super::{Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Store};
 use crate::key::LockKey;
 use crate::notify::{push_handler, Channels, Subscriber};
-use crate::scripts::{ACQUIRE, EXTEND, RELEASE, RENEW};
+use crate::scripts::{ACQUIRE, EXTEND};
 use crate::waiters::Waiters;
 use crate::LockError;
 
@@ -133,7 +134,15 @@ impl Store for SingleBackend {
             token,
             ttl,
             replicas,
+            ..
         } = *claim;
+        if claim.mode.is_shared() || claim.intent.is_some() {
+            let call = acquire_call(claim);
+            let reply: Value = reconnecting(|| call.invoke(&self.con))
+                .await
+                .map_err(LockError::backend("acquire"))?;
+            return decode_acquire(reply, None);
+        }
         let keys = [key.full(), key.fence()];
         let args = (token.as_bytes(), ttl_ms(ttl));
         let Some(rw) = replicas else {
@@ -179,11 +188,9 @@ impl Store for SingleBackend {
     /// When the connection dropped under the first request, it may have been applied with
     /// its reply lost; the retry then finds the key gone, which means released (a lock
     /// the caller still held cannot have expired), not lost.
-    async fn release(&self, lease: LeaseRef<'_>) -> Result<bool, LockError> {
-        let LeaseRef { key, token } = lease;
-        let keys = [key.full()];
-        let request =
-            || RELEASE.invoke::<i64, _, _, _>(&self.con, &keys, (token.as_bytes(), "PUBLISH"));
+    async fn release(&self, lease: LeaseRef<'_>, keep: Duration) -> Result<bool, LockError> {
+        let call = release_call(lease, keep, "PUBLISH");
+        let request = || call.invoke::<i64, _>(&self.con);
         let released = match request().await {
             Err(e) if is_dropped(&e) => request().await.map(|again| match again {
                 // Gone: the first request released it.
@@ -197,7 +204,14 @@ impl Store for SingleBackend {
     }
 
     async fn extend(&self, lease: LeaseRef<'_>, ttl: Duration) -> Result<bool, LockError> {
-        let LeaseRef { key, token } = lease;
+        let LeaseRef { key, token, mode } = lease;
+        if mode.is_shared() {
+            let call = extend_shared_call(lease, ttl);
+            let renewed: Vec<i64> = reconnecting(|| call.invoke(&self.con))
+                .await
+                .map_err(LockError::backend("extend"))?;
+            return Ok(renewed == [1]);
+        }
         let keys = [key.full()];
         reconnecting(|| EXTEND.invoke(&self.con, &keys, (token.as_bytes(), ttl_ms(ttl))))
             .await
@@ -208,18 +222,21 @@ impl Store for SingleBackend {
     /// `SCRIPT LOAD` so a flushed script cache cannot fail it. Each chunk's reply is
     /// decoded on its own ([`chunk_outcomes`]).
     async fn renew(&self, batch: &[Renewal<'_>]) -> Result<Vec<Renewed>, LockError> {
+        let groups = renew_groups(batch, RENEW_CHUNK);
+        let calls = renew_calls(batch, &groups);
         let mut pipe = redis::pipe();
-        pipe.add_command(RENEW.load()).ignore();
-        let chunks = batch.chunks(RENEW_CHUNK);
-        for chunk in chunks.clone() {
-            let keys: Vec<&str> = chunk.iter().map(|r| r.key.full()).collect();
-            pipe.add_command(RENEW.evalsha(&keys, renew_args(chunk)));
+        for load in script_loads(&calls) {
+            pipe.add_command(load).ignore();
+        }
+        for call in &calls {
+            pipe.add_command(call.evalsha());
         }
         let replies: Vec<Value> = pipe
             .query_async(&mut self.con.clone())
             .await
             .map_err(LockError::backend("renew"))?;
-        Ok(decode_renewals(chunks.map(<[_]>::len), replies))
+        let outcomes = decode_renewals(groups.iter().map(Vec::len), replies);
+        Ok(in_batch_order(batch.len(), &groups, outcomes))
     }
 
     async fn is_locked(&self, key: &LockKey) -> Result<bool, LockError> {
@@ -231,9 +248,11 @@ impl Store for SingleBackend {
     }
 
     async fn force_unlock(&self, key: &LockKey) -> Result<bool, LockError> {
-        let (deleted,): (bool,) = redis::pipe()
+        let (deleted,): (u32,) = redis::pipe()
             .cmd("DEL")
             .arg(key.full())
+            .arg(key.holders())
+            .arg(key.intents())
             .cmd("PUBLISH")
             .arg(key.full())
             .arg("")
@@ -241,7 +260,7 @@ impl Store for SingleBackend {
             .query_async(&mut self.con.clone())
             .await
             .map_err(LockError::backend("force_unlock"))?;
-        Ok(deleted)
+        Ok(deleted > 0)
     }
 
     async fn eviction_policies(&self) -> Result<Policies, LockError> {
@@ -286,6 +305,7 @@ mod tests {
 
     use super::*;
     use crate::backend::ReplicaWait;
+    use crate::kind::Mode;
     use crate::token::Token;
 
     /// Review finding 8: the undo of an acquire + `WAIT` attempt cut short went on the
@@ -329,6 +349,8 @@ mod tests {
                 token,
                 ttl,
                 replicas: Some(wait),
+                mode: Mode::Exclusive,
+                intent: None,
             }),
         )
         .await;
@@ -337,7 +359,14 @@ mod tests {
         // `Job::Abandon`): release its token on the command connection. It is applied
         // first and finds nothing.
         assert!(!backend
-            .release(LeaseRef { key: &key, token })
+            .release(
+                LeaseRef {
+                    key: &key,
+                    token,
+                    mode: Mode::Exclusive,
+                },
+                Duration::ZERO,
+            )
             .await
             .unwrap());
 
