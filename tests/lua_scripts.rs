@@ -14,6 +14,7 @@ const ACQUIRE_SHARED: &str = include_str!("../redlock-runtime/src/scripts/acquir
 const RELEASE_SHARED: &str = include_str!("../redlock-runtime/src/scripts/release_shared.lua");
 const RENEW_SHARED: &str = include_str!("../redlock-runtime/src/scripts/renew_shared.lua");
 const ACQUIRE_ALL: &str = include_str!("../redlock-runtime/src/scripts/acquire_all.lua");
+const FENCE_FLOOR: &str = include_str!("../redlock-runtime/src/scripts/fence_floor.lua");
 const RELEASE_ALL: &str = include_str!("../redlock-runtime/src/scripts/release_all.lua");
 
 /// The keys of one lock, all in slot `{7}`.
@@ -588,6 +589,33 @@ fn fences_above_2_pow_53_are_exact_digits() {
             Value::BulkString(b"9007199254741002".to_vec()),
         ])
     );
+}
+
+#[test]
+fn fence_floor_raises_the_counter_for_a_shared_holder_only() {
+    let mut r = redis();
+    fence(&r.shared(&token(1), 30_000, READ, 0));
+    let floor = "9007199254740999";
+    let raised: i64 = r
+        .eval(FENCE_FLOOR, &[K, F, H], (&token(2)[..], floor, READ))
+        .unwrap();
+    assert_eq!(raised, 0, "not a holder");
+    let raised: i64 = r
+        .eval(FENCE_FLOOR, &[K, F, H], (&token(1)[..], floor, PERMIT))
+        .unwrap();
+    assert_eq!(raised, 0, "another kind of place");
+    let raised: i64 = r
+        .eval(FENCE_FLOOR, &[K, F], (&token(1)[..], floor))
+        .unwrap();
+    assert_eq!(raised, 0, "not the exclusive holder");
+    let counter: String = r.con.get(F).unwrap();
+    assert_eq!(counter, "1");
+    let raised: i64 = r
+        .eval(FENCE_FLOOR, &[K, F, H], (&token(1)[..], floor, READ))
+        .unwrap();
+    assert_eq!(raised, 1);
+    let counter: String = r.con.get(F).unwrap();
+    assert_eq!(counter, floor);
 }
 
 #[test]

@@ -1,8 +1,12 @@
 -- Raise the fencing counter of a lock's slot to at least a floor, while the caller holds
 -- the lock (Redlock: the nodes of a quorum catch up with the token issued, see
 -- backend/redlock.rs).
--- KEYS[1] lock key, KEYS[2] fencing counter of the key's hash slot (never expires)
--- ARGV[1] owner token, ARGV[2] floor (the fencing token issued, a decimal string)
+-- KEYS[1] lock key, KEYS[2] fencing counter of the key's hash slot (never expires),
+-- KEYS[3] the key's holders zset (shared holders only, see acquire_shared.lua)
+-- ARGV[1] owner token, ARGV[2] floor (the fencing token issued, a decimal string),
+-- ARGV[3] marker of a shared holder ('~read' or '~permit'; absent: exclusive holder)
+-- The caller holds the lock when KEYS[1] holds its token, or (shared, ARGV[3] given) when
+-- KEYS[1] holds the marker and the token is in KEYS[3] unexpired (the server's clock).
 -- Returns 1 when the counter is now at least the floor, 0 when the lock is not ours, an
 -- error when the floor or the counter is not a decimal integer (the counter untouched).
 -- Counters are compared as decimal strings, never as Lua numbers: doubles are inexact
@@ -23,7 +27,17 @@ local function less(a, b)
   end
   return false
 end
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+if ARGV[3] then
+  if redis.call('GET', KEYS[1]) ~= ARGV[3] then
+    return 0
+  end
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local score = redis.call('ZSCORE', KEYS[3], ARGV[1])
+  if not score or tonumber(score) <= now then
+    return 0
+  end
+elseif redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
 local floor = ARGV[2]
