@@ -14,6 +14,7 @@ const ACQUIRE_SHARED: &str = include_str!("../redlock-runtime/src/scripts/acquir
 const RELEASE_SHARED: &str = include_str!("../redlock-runtime/src/scripts/release_shared.lua");
 const RENEW_SHARED: &str = include_str!("../redlock-runtime/src/scripts/renew_shared.lua");
 const ACQUIRE_ALL: &str = include_str!("../redlock-runtime/src/scripts/acquire_all.lua");
+const FENCE_FLOOR: &str = include_str!("../redlock-runtime/src/scripts/fence_floor.lua");
 const RELEASE_ALL: &str = include_str!("../redlock-runtime/src/scripts/release_all.lua");
 
 /// The keys of one lock, all in slot `{7}`.
@@ -184,7 +185,8 @@ fn readers_share_and_exclude_a_writer() {
 #[test]
 fn a_writer_excludes_readers_and_permits() {
     let mut r = redis();
-    fence(&r.write(&token(1), 30_000, "", 0, false));
+    fence(&r.write(&token(1), 30_000, "waiter-1", 5_000, false));
+    assert!(!r.exists(W), "an uncontended writer registers no intent");
     let writer = r.digest(&token(1));
     let (pttl, holder) = refused(&r.shared(&token(2), 30_000, READ, 0));
     assert_eq!(holder, writer);
@@ -218,7 +220,7 @@ fn writer_intent_blocks_new_readers_and_is_removed_on_the_writers_success() {
     let (wait, holder) = refused(&r.shared(&token(2), 30_000, READ, 0));
     assert_eq!(holder, r.digest(b"~write-intent"));
     assert!(wait > 4_000 && wait <= 5_000, "{wait}");
-    // ...permits do not honour intents, and a retry of the reader already in is granted.
+    // ...while a retry of the reader already in is granted.
     fence(&r.shared(&token(1), 30_000, READ, 0));
     assert_eq!(r.zcard(H), 1);
     assert_eq!(r.release_shared(&token(1), READ, 0), 1);
@@ -253,9 +255,15 @@ fn a_writer_waiting_behind_a_writer_keeps_readers_out_after_it() {
 fn writer_intent_expires_on_its_own() {
     let mut r = redis();
     fence(&r.shared(&token(1), 30_000, READ, 0));
-    refused(&r.write(&token(9), 30_000, "waiter-9", 150, false));
+    refused(&r.write(&token(9), 30_000, "waiter-9", 5_000, false));
+    let (wait, _) = refused(&r.shared(&token(2), 30_000, READ, 0));
+    assert!(wait > 4_000 && wait <= 5_000, "{wait}");
+    // The writer's next attempt refreshes its intent to its remaining wait, shorter now.
+    refused(&r.write(&token(9), 30_000, "waiter-9", 150, true));
+    assert_eq!(r.zcard(W), 1);
     let (wait, _) = refused(&r.shared(&token(2), 30_000, READ, 0));
     assert!(wait <= 150, "{wait}");
+    assert!(r.pttl(W) <= 150);
     sleep(Duration::from_millis(250));
     fence(&r.shared(&token(2), 30_000, READ, 0));
     assert!(!r.exists(W), "the writer gave up: nothing lasting");
@@ -276,6 +284,12 @@ fn at_most_limit_permit_holders() {
         "until the earliest holder expires: {wait}"
     );
     assert_eq!(r.zcard(H), 2);
+    // Scores are expiries on the server's clock (TIME), in milliseconds.
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query(&mut r.con).unwrap();
+    let now = secs * 1_000 + micros / 1_000;
+    let score: f64 = r.con.zscore(H, &token(2)[..]).unwrap();
+    let left = score as i64 - now as i64;
+    assert!(left > 5_000 && left <= 10_000, "{left}");
     // A retry of a holder at the limit keeps its place.
     fence(&r.shared(&token(2), 10_000, PERMIT, 2));
     assert_eq!(r.release_shared(&token(2), PERMIT, 0), 1);
@@ -286,8 +300,11 @@ fn at_most_limit_permit_holders() {
 #[test]
 fn an_expired_permit_holder_frees_its_place_by_the_servers_clock() {
     let mut r = redis();
-    fence(&r.shared(&token(1), 100, PERMIT, 2));
+    fence(&r.shared(&token(1), 30_000, PERMIT, 2));
     fence(&r.shared(&token(2), 30_000, PERMIT, 2));
+    refused(&r.shared(&token(3), 30_000, PERMIT, 2));
+    // Holder 1 dies after its last renewal (to 100 ms).
+    assert_eq!(r.renew_shared(&token(1), 100, PERMIT), vec![1]);
     let (wait, _) = refused(&r.shared(&token(3), 30_000, PERMIT, 2));
     assert!(wait <= 100, "{wait}");
     sleep(Duration::from_millis(200));
@@ -309,9 +326,9 @@ fn shrinking_one_readers_ttl_keeps_the_others_time() {
     let (k, h) = (r.pttl(K), r.pttl(H));
     assert!(k > 25_000 && h > 25_000, "K {k} H {h}");
     // The other one shrinks too: the key now ends with the latest of them.
-    assert_eq!(r.renew_shared(&token(1), 200, READ), vec![1]);
+    assert_eq!(r.renew_shared(&token(1), 2_000, READ), vec![1]);
     let k = r.pttl(K);
-    assert!(k > 0 && k <= 200, "{k}");
+    assert!(k > 1_000 && k <= 2_000, "{k}");
     // Growing again works, and a batch answers per place.
     let renewed: Vec<i64> = r
         .eval(
@@ -353,9 +370,10 @@ fn a_permit_release_publishes_the_places_freed() {
     let mut r = redis();
     let mut con = r.subscriber();
     let mut sub = listen(&mut con, K);
-    fence(&r.shared(&token(1), 100, PERMIT, 3));
+    fence(&r.shared(&token(1), 30_000, PERMIT, 3));
     fence(&r.shared(&token(2), 30_000, PERMIT, 3));
     fence(&r.shared(&token(3), 30_000, PERMIT, 3));
+    assert_eq!(r.renew_shared(&token(1), 100, PERMIT), vec![1]);
     sleep(Duration::from_millis(200));
     assert_eq!(r.release_shared(&token(2), PERMIT, 0), 1);
     assert_eq!(
@@ -388,7 +406,7 @@ fn hold_at_least_keeps_the_key() {
     let mut r = redis();
     let mut con = r.subscriber();
     let mut sub = listen(&mut con, K);
-    fence(&r.write(&token(1), 200, "", 0, false));
+    fence(&r.write(&token(1), 30_000, "", 0, false));
     let released: i64 = r
         .eval(RELEASE, &[K], (&token(1)[..], "PUBLISH", 5_000))
         .unwrap();
@@ -416,7 +434,7 @@ fn hold_at_least_keeps_a_permit_counted() {
     let mut r = redis();
     let mut con = r.subscriber();
     let mut sub = listen(&mut con, K);
-    fence(&r.shared(&token(1), 200, PERMIT, 1));
+    fence(&r.shared(&token(1), 30_000, PERMIT, 1));
     assert_eq!(r.release_shared(&token(1), PERMIT, 5_000), 1);
     assert_eq!(messages(&mut sub), Vec::<String>::new(), "nothing freed");
     let (wait, _) = refused(&r.shared(&token(2), 30_000, PERMIT, 1));
@@ -502,26 +520,29 @@ fn release_all_releases_only_its_own_keys() {
     assert_eq!(messages(&mut sub), vec![String::new()]);
     // hold_at_least on all of them.
     let _: Vec<u64> = r
-        .eval(ACQUIRE_ALL, &[a, b, F, F], (&token(1)[..], 200))
+        .eval(ACQUIRE_ALL, &[a, b, F, F], (&token(1)[..], 30_000))
         .unwrap();
     let released: Vec<i64> = r
         .eval(RELEASE_ALL, &[a, b], (&token(1)[..], "PUBLISH", 5_000))
         .unwrap();
     assert_eq!(released, vec![1, 1]);
-    assert!(r.pttl(a) > 4_000 && r.pttl(b) > 4_000);
+    for key in [a, b] {
+        let pttl = r.pttl(key);
+        assert!(pttl > 4_000 && pttl <= 5_000, "{pttl}");
+    }
     assert_eq!(messages(&mut sub), Vec::<String>::new());
 }
 
 #[test]
 fn retries_are_idempotent() {
     let mut r = redis();
-    let f1 = fence(&r.shared(&token(1), 1_000, READ, 0));
+    let f1 = fence(&r.shared(&token(1), 10_000, READ, 0));
     let again = fence(&r.shared(&token(1), 30_000, READ, 0));
     assert_eq!(again, f1, "a retry reads the counter back, issues nothing");
     assert_eq!(r.zcard(H), 1);
     assert!(r.pttl(K) > 25_000, "expiry reset");
     assert_eq!(r.release_shared(&token(1), READ, 0), 1);
-    let w = fence(&r.write(&token(9), 1_000, "waiter-9", 1_000, false));
+    let w = fence(&r.write(&token(9), 10_000, "waiter-9", 1_000, false));
     assert_eq!(
         fence(&r.write(&token(9), 30_000, "waiter-9", 1_000, true)),
         w
@@ -568,6 +589,33 @@ fn fences_above_2_pow_53_are_exact_digits() {
             Value::BulkString(b"9007199254741002".to_vec()),
         ])
     );
+}
+
+#[test]
+fn fence_floor_raises_the_counter_for_a_shared_holder_only() {
+    let mut r = redis();
+    fence(&r.shared(&token(1), 30_000, READ, 0));
+    let floor = "9007199254740999";
+    let raised: i64 = r
+        .eval(FENCE_FLOOR, &[K, F, H], (&token(2)[..], floor, READ))
+        .unwrap();
+    assert_eq!(raised, 0, "not a holder");
+    let raised: i64 = r
+        .eval(FENCE_FLOOR, &[K, F, H], (&token(1)[..], floor, PERMIT))
+        .unwrap();
+    assert_eq!(raised, 0, "another kind of place");
+    let raised: i64 = r
+        .eval(FENCE_FLOOR, &[K, F], (&token(1)[..], floor))
+        .unwrap();
+    assert_eq!(raised, 0, "not the exclusive holder");
+    let counter: String = r.con.get(F).unwrap();
+    assert_eq!(counter, "1");
+    let raised: i64 = r
+        .eval(FENCE_FLOOR, &[K, F, H], (&token(1)[..], floor, READ))
+        .unwrap();
+    assert_eq!(raised, 1);
+    let counter: String = r.con.get(F).unwrap();
+    assert_eq!(counter, floor);
 }
 
 #[test]

@@ -108,7 +108,7 @@ use futures_util::future::join_all;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio_util::sync::CancellationToken;
 
-use super::server::release_call;
+use super::server::{marker, release_call};
 use super::single::SingleBackend;
 use super::{jitter, Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Store, Timeouts};
 use crate::key::LockKey;
@@ -1293,14 +1293,18 @@ async fn raise_fence(
     stake: Stake,
     fence: u64,
 ) -> Result<bool, LockError> {
-    let mut keys = vec![key.full().to_owned(), key.fence().to_owned()];
-    if stake.mode.is_shared() {
-        keys.push(key.holders());
-    }
-    FENCE_FLOOR
-        .invoke(&node.connection(), &keys, (stake.token.as_bytes(), fence))
-        .await
-        .map_err(LockError::backend("fence_floor"))
+    let con = node.connection();
+    let token = stake.token.as_bytes();
+    let raised = if stake.mode.is_shared() {
+        let keys = [key.full().to_owned(), key.fence().to_owned(), key.holders()];
+        let args = (token, fence, marker(stake.mode));
+        FENCE_FLOOR.invoke(&con, &keys, args).await
+    } else {
+        FENCE_FLOOR
+            .invoke(&con, &[key.full(), key.fence()], (token, fence))
+            .await
+    };
+    raised.map_err(LockError::backend("fence_floor"))
 }
 
 /// Undoes an attempt on node `i`: compare-token delete, without waking anyone (the

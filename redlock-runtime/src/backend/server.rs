@@ -306,7 +306,7 @@ where
 }
 
 /// The marker a shared holder kind writes into the lock key (`acquire_shared.lua`).
-fn marker(mode: Mode) -> &'static str {
+pub(crate) fn marker(mode: Mode) -> &'static str {
     match mode {
         Mode::Read => "~read",
         Mode::Permit(_) | Mode::Exclusive => "~permit",

@@ -2,10 +2,11 @@
 -- the lock (Redlock: the nodes of a quorum catch up with the token issued, see
 -- backend/redlock.rs).
 -- KEYS[1] lock key, KEYS[2] fencing counter of the key's hash slot (never expires),
--- KEYS[3] (a shared place: reader or permit) the key's holders zset
--- ARGV[1] owner token, ARGV[2] floor (the fencing token issued, a decimal string)
--- The lock is ours when KEYS[1] holds the token, or, with KEYS[3], when the token has an
--- unexpired place in KEYS[3] (score above the server's now, in milliseconds).
+-- KEYS[3] the key's holders zset (shared holders only, see acquire_shared.lua)
+-- ARGV[1] owner token, ARGV[2] floor (the fencing token issued, a decimal string),
+-- ARGV[3] marker of a shared holder ('~read' or '~permit'; absent: exclusive holder)
+-- The caller holds the lock when KEYS[1] holds its token, or (shared, ARGV[3] given) when
+-- KEYS[1] holds the marker and the token is in KEYS[3] unexpired (the server's clock).
 -- Returns 1 when the counter is now at least the floor, 0 when the lock is not ours, an
 -- error when the floor or the counter is not a decimal integer (the counter untouched).
 -- Counters are compared as decimal strings, never as Lua numbers: doubles are inexact
@@ -26,11 +27,14 @@ local function less(a, b)
   end
   return false
 end
-if KEYS[3] then
-  local expires = redis.call('ZSCORE', KEYS[3], ARGV[1])
+if ARGV[3] then
+  if redis.call('GET', KEYS[1]) ~= ARGV[3] then
+    return 0
+  end
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  if not expires or tonumber(expires) <= now then
+  local score = redis.call('ZSCORE', KEYS[3], ARGV[1])
+  if not score or tonumber(score) <= now then
     return 0
   end
 elseif redis.call('GET', KEYS[1]) ~= ARGV[1] then
