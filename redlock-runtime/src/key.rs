@@ -28,6 +28,17 @@ const FENCE_INFIX: &str = "fence:";
 const HOLDERS_SUFFIX: &str = ":~holders";
 /// The end of a key's writer intents: writers waiting for its readers to leave.
 const INTENTS_SUFFIX: &str = ":~writers";
+/// What precedes the number of one of a key's permit places (Redlock, see
+/// [`LockKey::place`]).
+const PLACE_INFIX: &str = ":~permit:";
+
+/// Whether `full` names a key the lock kinds keep beside a lock key.
+fn is_reserved(full: &str) -> bool {
+    let place = full
+        .rsplit_once(PLACE_INFIX)
+        .is_some_and(|(_, n)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+    place || full.ends_with(HOLDERS_SUFFIX) || full.ends_with(INTENTS_SUFFIX)
+}
 
 /// A validated lock key and the fencing counter of its hash slot.
 ///
@@ -55,13 +66,10 @@ impl LockKey {
                 reason: "a key with '}' must contain a non-empty {hash tag}".into(),
             });
         }
-        if [HOLDERS_SUFFIX, INTENTS_SUFFIX]
-            .iter()
-            .any(|suffix| full.ends_with(suffix))
-        {
+        if is_reserved(&full) {
             return Err(LockError::InvalidKey {
                 reason: format!(
-                    "keys ending in {HOLDERS_SUFFIX:?} or {INTENTS_SUFFIX:?} are reserved for read/write locks and permits"
+                    "keys ending in {HOLDERS_SUFFIX:?}, {INTENTS_SUFFIX:?} or {PLACE_INFIX:?} and a number are reserved for read/write locks and permits"
                 ),
             });
         }
@@ -118,6 +126,18 @@ impl LockKey {
     /// writer's waiter id, score: when it gives up, in the server's milliseconds).
     pub(crate) fn intents(&self) -> String {
         self.companion(INTENTS_SUFFIX)
+    }
+
+    /// Permit place `i` of the key: on Redlock, a permit of `n` is one of `n` exclusive
+    /// locks, the key's places (a majority vote cannot bound a count above 1: each node
+    /// could grant its `n` places to a different set of callers). Same slot and
+    /// counter as the key.
+    pub(crate) fn place(&self, i: u32) -> LockKey {
+        LockKey {
+            full: self.companion(&format!("{PLACE_INFIX}{i}")),
+            fence: self.fence.clone(),
+            prefix_len: self.prefix_len,
+        }
     }
 
     /// A key of the lock's own, under the prefix and in the lock key's hash slot: the
@@ -287,7 +307,7 @@ mod tests {
             ("", "x"),
         ] {
             let k = LockKey::prefixed(prefix, key).unwrap();
-            for companion in [k.holders(), k.intents()] {
+            for companion in [k.holders(), k.intents(), k.place(7).full().to_owned()] {
                 assert!(companion.starts_with(prefix), "{companion:?}");
                 assert_eq!(key_slot(&companion), key_slot(k.full()), "{companion:?}");
                 assert_ne!(companion, k.full());

@@ -163,6 +163,9 @@ pub(crate) struct RedlockBackend {
     settling: Arc<Mutex<HashMap<Token, Settling>>>,
     /// Tells the entries of `settling` apart.
     settle_ids: AtomicU64,
+    /// The place of each permit held or being acquired, by token (see
+    /// [`LockKey::place`]).
+    places: Mutex<HashMap<Token, Arc<LockKey>>>,
 }
 
 /// The expiry-setting requests of one lock still in flight after their call returned.
@@ -175,7 +178,6 @@ struct Settling {
     done: CancellationToken,
 }
 
-/// What becomes of the requests of a quorum vote still in flight when it is decided.
 /// What a release or undo on a node names: the token, its kind of place, and how long
 /// to keep the key (`hold_at_least`; zero for an undo).
 #[derive(Debug, Clone, Copy)]
@@ -185,6 +187,7 @@ struct Stake {
     keep: Duration,
 }
 
+/// What becomes of the requests of a quorum vote still in flight when it is decided.
 enum Stragglers {
     /// A release: each is retried in the background until confirmed, as is every node
     /// whose request failed before the vote was decided.
@@ -317,6 +320,7 @@ impl RedlockBackend {
             nodes: nodes.into(),
             node_timeout,
             landing: Arc::default(),
+            places: Mutex::default(),
             settling: Arc::default(),
             settle_ids: AtomicU64::new(0),
         })
@@ -660,6 +664,27 @@ impl RedlockBackend {
         );
     }
 
+    /// Removes a writer's intent from every node once it won, in the background: the
+    /// nodes that refused this attempt registered it, and would keep new readers out
+    /// (a majority of such nodes, left by successive writers, would keep them out for
+    /// good) until it ran out by itself.
+    fn withdraw_intent(&self, key: &LockKey, waiter: u64) {
+        let (nodes, intents) = (self.nodes.clone(), key.intents());
+        tokio::spawn(async move {
+            join_all(nodes.iter().map(|node| {
+                let mut zrem = redis::cmd("ZREM");
+                zrem.arg(&intents).arg(waiter.to_string());
+                let mut con = node.connection();
+                async move {
+                    if let Err(e) = zrem.query_async::<i64>(&mut con).await {
+                        tracing::debug!(node = node.addr(), error = %e, "redlock: withdrawing a writer's intent failed; it runs out by itself");
+                    }
+                }
+            }))
+            .await;
+        });
+    }
+
     /// Undoes a lost attempt in a task of its own: at once on the nodes in `won` (those
     /// that granted, and those whose request failed), and on
     /// every node still in flight once it answers, unless it answered "held" (a grant
@@ -797,17 +822,82 @@ impl RedlockBackend {
     }
 }
 
-impl Store for RedlockBackend {
-    fn name(&self) -> &'static str {
-        "redlock"
+/// Permits on Redlock: the places of a key (see [`LockKey::place`]).
+impl RedlockBackend {
+    /// A permit of `n`: the first free place of the key, each an exclusive lock on a
+    /// quorum, tried from a random one. The place being tried is recorded under the
+    /// attempt's token first, so that an attempt cut short is undone where it was.
+    async fn acquire_place(&self, claim: &Claim<'_>, n: u32) -> Result<Attempt, LockError> {
+        let start = getrandom::u32().unwrap_or(0) % n;
+        let mut remaining: Option<Duration> = None;
+        let mut last_error = None;
+        for k in 0..n {
+            let place = Arc::new(claim.key.place((start + k) % n));
+            lock(&self.places).insert(claim.token, place.clone());
+            let attempt = Claim {
+                key: &place,
+                mode: Mode::Exclusive,
+                intent: None,
+                ..*claim
+            };
+            match self.acquire_quorum(&attempt).await {
+                Ok(Attempt::Acquired { fence, replicas }) => {
+                    return Ok(Attempt::Acquired { fence, replicas })
+                }
+                Ok(Attempt::Held { remaining: r, .. }) => {
+                    remaining = match (remaining, r) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    };
+                }
+                Err(e) => last_error = Some(e),
+            }
+        }
+        lock(&self.places).remove(&claim.token);
+        match last_error {
+            Some(e) if remaining.is_none() => Err(e),
+            _ => Ok(Attempt::Held {
+                remaining,
+                holder: None,
+            }),
+        }
     }
 
-    /// One attempt's bound: its acquire round, the fencing round and the undo round.
-    fn request_timeout(&self, ttl: Duration) -> Duration {
-        self.node_timeout(ttl) * 3
+    /// The place a permit's token holds (or is being tried), if any.
+    fn place_of(&self, token: Token) -> Option<Arc<LockKey>> {
+        lock(&self.places).get(&token).cloned()
     }
 
-    async fn acquire(&self, claim: &Claim<'_>) -> Result<Attempt, LockError> {
+    /// Wakes the permit waiters of `key` (they listen on the key's channel, not their
+    /// places'), on every node, in the background.
+    fn announce_place_freed(&self, key: &LockKey) {
+        let (nodes, channel) = (self.nodes.clone(), key.full().to_owned());
+        tokio::spawn(async move {
+            join_all(nodes.iter().map(|node| {
+                let mut publish = redis::cmd(PUBLISH);
+                publish.arg(&channel).arg("1");
+                let mut con = node.connection();
+                async move {
+                    let _ = publish.query_async::<i64>(&mut con).await;
+                }
+            }))
+            .await;
+        });
+    }
+}
+
+/// An exclusive lease on `key` with `token`: a permit's place.
+fn exclusive(key: &LockKey, token: Token) -> LeaseRef<'_> {
+    LeaseRef {
+        key,
+        token,
+        mode: Mode::Exclusive,
+    }
+}
+
+/// Quorum operations on one key.
+impl RedlockBackend {
+    async fn acquire_quorum(&self, claim: &Claim<'_>) -> Result<Attempt, LockError> {
         let Claim {
             key,
             token,
@@ -873,6 +963,9 @@ impl Store for RedlockBackend {
                     .saturating_sub(drift(ttl));
                 if !validity.is_zero() {
                     self.keep_late_grants(&shared_key, stake, fence, (deadline, cut), in_flight);
+                    if let Some(intent) = intent {
+                        self.withdraw_intent(key, intent.waiter);
+                    }
                     return Ok(Attempt::Acquired {
                         fence,
                         replicas: None,
@@ -902,7 +995,7 @@ impl Store for RedlockBackend {
     /// Releases on every node; true when a quorum deleted our token. Returns once a
     /// quorum decided; the other nodes' requests finish in the background (and are
     /// retried there if they fail).
-    async fn release(&self, lease: LeaseRef<'_>, keep: Duration) -> Result<bool, LockError> {
+    async fn release_quorum(&self, lease: LeaseRef<'_>, keep: Duration) -> Result<bool, LockError> {
         let LeaseRef { key, token, mode } = lease;
         let stake = Stake { token, mode, keep };
         if let Some(released) = lock(&self.landing).get_mut(&token) {
@@ -930,7 +1023,7 @@ impl Store for RedlockBackend {
     /// quorum decided; the other nodes' requests finish in the background until the
     /// per-node timeout, and the next extend of the lock cuts them (and waits for the
     /// late grants of its acquisition) before sending: see [`settled`](Self::settled).
-    async fn extend(&self, lease: LeaseRef<'_>, ttl: Duration) -> Result<bool, LockError> {
+    async fn extend_quorum(&self, lease: LeaseRef<'_>, ttl: Duration) -> Result<bool, LockError> {
         let LeaseRef { key, token, mode } = lease;
         self.settled(token).await;
         let shared_key = Arc::new(key.clone());
@@ -968,7 +1061,7 @@ impl Store for RedlockBackend {
     /// a group of long-lived locks by a short-lived lock of another group. The call
     /// returns as soon as a quorum has decided every lock: a frozen node costs nothing
     /// then (its requests were sent and are applied in order if it wakes).
-    async fn renew(&self, batch: &[Renewal<'_>]) -> Result<Vec<Renewed>, LockError> {
+    async fn renew_quorum(&self, batch: &[Renewal<'_>]) -> Result<Vec<Renewed>, LockError> {
         let groups: Vec<(Vec<usize>, Vec<Renewal<'_>>)> = ttl_groups(batch, self.node_timeout)
             .into_iter()
             .map(|indices| {
@@ -1049,6 +1142,91 @@ impl Store for RedlockBackend {
                 }
             })
             .collect())
+    }
+
+
+}
+
+impl Store for RedlockBackend {
+    fn name(&self) -> &'static str {
+        "redlock"
+    }
+
+    /// One attempt's bound: its acquire round, the fencing round and the undo round.
+    fn request_timeout(&self, ttl: Duration) -> Duration {
+        self.node_timeout(ttl) * 3
+    }
+
+    async fn acquire(&self, claim: &Claim<'_>) -> Result<Attempt, LockError> {
+        match claim.mode {
+            Mode::Permit(n) => self.acquire_place(claim, n).await,
+            Mode::Exclusive | Mode::Read => self.acquire_quorum(claim).await,
+        }
+    }
+
+    async fn release(&self, lease: LeaseRef<'_>, keep: Duration) -> Result<bool, LockError> {
+        if !matches!(lease.mode, Mode::Permit(_)) {
+            return self.release_quorum(lease, keep).await;
+        }
+        let Some(place) = self.place_of(lease.token) else {
+            return Ok(false);
+        };
+        let released = self
+            .release_quorum(exclusive(&place, lease.token), keep)
+            .await;
+        if released.is_ok() {
+            lock(&self.places).remove(&lease.token);
+        }
+        if matches!(released, Ok(true)) && keep.is_zero() {
+            self.announce_place_freed(lease.key);
+        }
+        released
+    }
+
+    async fn extend(&self, lease: LeaseRef<'_>, ttl: Duration) -> Result<bool, LockError> {
+        if !matches!(lease.mode, Mode::Permit(_)) {
+            return self.extend_quorum(lease, ttl).await;
+        }
+        match self.place_of(lease.token) {
+            Some(place) => self.extend_quorum(exclusive(&place, lease.token), ttl).await,
+            None => Ok(false),
+        }
+    }
+
+    /// Permits are renewed as the exclusive locks of their places.
+    async fn renew(&self, batch: &[Renewal<'_>]) -> Result<Vec<Renewed>, LockError> {
+        if !batch.iter().any(|r| matches!(r.mode, Mode::Permit(_))) {
+            return self.renew_quorum(batch).await;
+        }
+        let places: Vec<Option<Arc<LockKey>>> = batch
+            .iter()
+            .map(|r| match r.mode {
+                Mode::Permit(_) => self.place_of(r.token),
+                Mode::Exclusive | Mode::Read => None,
+            })
+            .collect();
+        let mut asked = Vec::with_capacity(batch.len());
+        let mut renewals = Vec::with_capacity(batch.len());
+        for (i, (r, place)) in batch.iter().zip(&places).enumerate() {
+            let renewal = match (r.mode, place) {
+                (Mode::Permit(_), Some(place)) => Renewal {
+                    key: place,
+                    mode: Mode::Exclusive,
+                    ..*r
+                },
+                // A permit without a place is no longer held.
+                (Mode::Permit(_), None) => continue,
+                _ => *r,
+            };
+            asked.push(i);
+            renewals.push(renewal);
+        }
+        let outcomes = self.renew_quorum(&renewals).await?;
+        let mut out = vec![Renewed::Lost; batch.len()];
+        for (i, outcome) in asked.into_iter().zip(outcomes) {
+            out[i] = outcome;
+        }
+        Ok(out)
     }
 
     /// Every node's `maxmemory-policy`, by node address.
