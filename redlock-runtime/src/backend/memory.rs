@@ -11,13 +11,12 @@
 
 use std::collections::HashMap;
 use std::future::{ready, Future};
-use std::sync::{LazyLock, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{LazyLock, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::{Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Store};
+use super::{Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Store, Wake};
 use crate::key::LockKey;
 use crate::token::Token;
-use crate::waiters::Waiters;
 use crate::LockError;
 
 /// A fencing counter that cannot issue another token.
@@ -37,7 +36,7 @@ struct Table {
     locks: HashMap<String, Held>,
     /// Fencing counters, by counter key (one per prefix and hash slot).
     fences: HashMap<String, u64>,
-    listeners: Vec<Weak<Waiters>>,
+    listeners: Vec<Wake>,
     /// Sweep expired locks once `locks` holds this many entries.
     sweep_at: usize,
 }
@@ -72,10 +71,10 @@ pub(crate) struct MemoryBackend(());
 
 impl MemoryBackend {
     /// Connects a manager's waiters to the store's wake-ups.
-    pub(crate) fn new(waiters: Weak<Waiters>) -> Self {
+    pub(crate) fn new(wake: Wake) -> Self {
         let mut s = store();
-        s.listeners.retain(|w| w.strong_count() > 0);
-        s.listeners.push(waiters);
+        s.listeners.retain(|w| !w.is_gone());
+        s.listeners.push(wake);
         Self(())
     }
 
@@ -150,7 +149,7 @@ impl MemoryBackend {
             }
             s.listeners.clone()
         };
-        for w in listeners.iter().filter_map(Weak::upgrade) {
+        for w in &listeners {
             w.wake(key.full());
         }
         true
@@ -178,7 +177,7 @@ impl MemoryBackend {
                 .is_some_and(|h| h.expires > Instant::now());
             (live, s.listeners.clone())
         };
-        for w in listeners.iter().filter_map(Weak::upgrade) {
+        for w in &listeners {
             w.wake(key.full());
         }
         live

@@ -101,7 +101,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
@@ -109,13 +109,12 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio_util::sync::CancellationToken;
 
 use super::single::SingleBackend;
-use super::{jitter, Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Store, Timeouts};
+use super::{jitter, Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Store, Timeouts, Wake};
 use crate::key::LockKey;
 use crate::lease::drift;
 use crate::notify::Hearing;
 use crate::scripts::{FENCE_FLOOR, RELEASE};
 use crate::token::Token;
-use crate::waiters::Waiters;
 use crate::LockError;
 
 /// The default bound on each node's reply.
@@ -278,7 +277,7 @@ impl RedlockBackend {
         urls: &[String],
         timeouts: Timeouts,
         node_timeout: Duration,
-        waiters: Weak<Waiters>,
+        wake: Wake,
     ) -> Result<Self, LockError> {
         if urls.is_empty() {
             return Err(LockError::invalid_option(
@@ -292,7 +291,7 @@ impl RedlockBackend {
         }
         let connected = join_all(
             urls.iter()
-                .map(|url| SingleBackend::connect(url, timeouts, waiters.clone())),
+                .map(|url| SingleBackend::connect(url, timeouts, wake.clone())),
         )
         .await;
         let nodes = connected.into_iter().collect::<Result<Vec<_>, _>>()?;
