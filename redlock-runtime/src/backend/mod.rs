@@ -109,7 +109,7 @@ pub(crate) struct LeaseRef<'a> {
 /// What every backend does, one signature per operation (see the module docs).
 ///
 /// Static dispatch only: [`Backend`] is a closed enum whose methods forward to this
-/// trait ([`dispatch!`]); the futures are the backends' own (no boxing).
+/// trait (`dispatch!`); the futures are the backends' own (no boxing).
 pub(crate) trait Store {
     /// The backend's name, for tracing.
     fn name(&self) -> &'static str;
