@@ -100,6 +100,7 @@ impl SingleBackend {
             .await
             .map_err(LockError::backend("connect"))
     }
+
     /// The server's address (no credentials), for messages.
     pub(crate) fn addr(&self) -> String {
         self.client.get_connection_info().addr().to_string()
