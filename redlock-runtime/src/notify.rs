@@ -28,7 +28,7 @@ use redis::aio::ConnectionManager;
 use redis::{PushInfo, PushKind, Value};
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
-use crate::waiters::Waiters;
+use crate::backend::Wake;
 use crate::LockError;
 
 /// One node's subscriber connection.
@@ -351,16 +351,18 @@ impl Subscriber {
     }
 }
 
-/// The push sender of a subscriber connection: turns each push into wake-ups for
-/// `waiters` where the connection manager hands it over (it only takes std mutexes and
+/// The push sender of a subscriber connection: turns each push into wake-ups (through
+/// `wake`) where the connection manager hands it over (it only takes std mutexes and
 /// notifies, so it never blocks the connection), and keeps `channels` up to date.
 /// Reports [`ManagerGone`] once the manager is dropped.
 pub(crate) fn push_handler(
-    waiters: Weak<Waiters>,
+    wake: Wake,
     channels: Arc<Channels>,
 ) -> impl Fn(PushInfo) -> Result<(), ManagerGone> + Send + Sync + 'static {
     move |push| {
-        let waiters = waiters.upgrade().ok_or(ManagerGone)?;
+        if wake.is_gone() {
+            return Err(ManagerGone);
+        }
         let hearing = channels.hearing.get();
         match push.kind {
             PushKind::Disconnection => {
@@ -378,18 +380,18 @@ pub(crate) fn push_handler(
                     lost
                 };
                 match hearing {
-                    None => waiters.wake_all(),
+                    None => wake.wake_all(),
                     // Only the heads whose channel this leaves unheard: the others still
                     // hear every release (on the members that listen).
                     Some(h) => lost
                         .iter()
                         .filter(|c| h.listeners(c) + 1 == h.needed)
-                        .for_each(|c| waiters.wake(c)),
+                        .for_each(|c| wake.wake(c)),
                 }
             }
             PushKind::Message | PushKind::SMessage => {
                 if let Some(msg) = redis::Msg::from_push_info(push) {
-                    waiters.wake(msg.get_channel_name());
+                    wake.wake(msg.get_channel_name());
                 }
             }
             PushKind::Subscribe => {
@@ -408,7 +410,7 @@ pub(crate) fn push_handler(
                     // Resubscribed: a release since the disconnection went unheard. (A
                     // first subscription's head is not waiting yet: it attempts once
                     // its `subscribe` returns, which is after this push.)
-                    waiters.wake(&channel);
+                    wake.wake(&channel);
                 }
             }
             _ => {}

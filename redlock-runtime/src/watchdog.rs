@@ -477,16 +477,14 @@ fn book(shared: &Shared, due: &[Due], outcomes: Vec<Renewed>, sent: u64, now: u6
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Weak;
-
     use futures_util::FutureExt;
 
     use super::*;
-    use crate::backend::MemoryBackend;
+    use crate::backend::{MemoryBackend, Wake};
 
     fn shared() -> Shared {
         let waiters = Arc::new(Waiters::new(1, Box::new(|_| {})));
-        let backend = Backend::Memory(MemoryBackend::new(Weak::new()));
+        let backend = Backend::Memory(MemoryBackend::new(Wake::default()));
         Shared::new(backend, waiters, Duration::from_secs(30))
     }
 

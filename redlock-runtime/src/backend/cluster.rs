@@ -58,11 +58,10 @@ use super::server::{
     release_call, renew_call, script_loads, ttl_ms, ScriptCall, Timeouts, WaitAttempt, WaitPool,
     MAX_REPLICA_WAIT,
 };
-use super::{Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Store};
+use super::{Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Store, Wake};
 use crate::key::{key_slot, LockKey, SLOTS};
 use crate::notify::{channel_of, ChannelLocks, Interest};
 use crate::scripts::{ACQUIRE, EXTEND};
-use crate::waiters::Waiters;
 use crate::LockError;
 
 /// Renewals per script call (one slot's locks per call).
@@ -166,7 +165,7 @@ impl ClusterBackend {
     pub(crate) async fn connect(
         urls: &[String],
         timeouts: Timeouts,
-        waiters: Weak<Waiters>,
+        wake: Wake,
     ) -> Result<Self, LockError> {
         if urls.is_empty() {
             return Err(LockError::invalid_option(
@@ -200,7 +199,7 @@ impl ClusterBackend {
         Ok(Self {
             urls: urls.to_vec(),
             con,
-            subscriber: ShardSubscriber::new(sub_con, rx, waiters, timeouts.response * 2),
+            subscriber: ShardSubscriber::new(sub_con, rx, wake, timeouts.response * 2),
             wait_pool: WaitPool::new(),
             timeouts,
             slot_map: StdMutex::new(None),
@@ -634,7 +633,7 @@ impl ShardSubscriber {
     fn new(
         con: ClusterConnection,
         pushes: mpsc::UnboundedReceiver<PushInfo>,
-        waiters: Weak<Waiters>,
+        wake: Wake,
         timeout: Duration,
     ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
@@ -645,8 +644,8 @@ impl ShardSubscriber {
             resubscribe: tx,
             timeout,
         });
-        tokio::spawn(dispatch(pushes, Arc::downgrade(&inner), waiters.clone()));
-        tokio::spawn(resubscriber(rx, Arc::downgrade(&inner), waiters));
+        tokio::spawn(dispatch(pushes, Arc::downgrade(&inner), wake.clone()));
+        tokio::spawn(resubscriber(rx, Arc::downgrade(&inner), wake));
         Self { inner }
     }
 
@@ -793,17 +792,20 @@ impl SubInner {
 async fn dispatch(
     mut pushes: mpsc::UnboundedReceiver<PushInfo>,
     inner: Weak<SubInner>,
-    waiters: Weak<Waiters>,
+    wake: Wake,
 ) {
     // Ends when the subscriber's connection is dropped (the sender goes with it).
     while let Some(push) = pushes.recv().await {
-        let (Some(waiters), Some(inner)) = (waiters.upgrade(), inner.upgrade()) else {
+        let Some(inner) = inner.upgrade() else {
             return;
         };
+        if wake.is_gone() {
+            return;
+        }
         match push.kind {
             PushKind::SMessage | PushKind::Message => {
                 if let Some(msg) = redis::Msg::from_push_info(push) {
-                    waiters.wake(msg.get_channel_name());
+                    wake.wake(msg.get_channel_name());
                 }
             }
             PushKind::Disconnection => {
@@ -811,7 +813,7 @@ async fn dispatch(
                     "cluster subscriber reconnecting: waking every waiter and resubscribing"
                 );
                 inner.lose_all();
-                waiters.wake_all();
+                wake.wake_all();
                 inner.resubscribe_all();
             }
             PushKind::SUnsubscribe => match channel_of(&push) {
@@ -822,14 +824,14 @@ async fn dispatch(
                             channel,
                             "shard channel unsubscribed by the server; resubscribing"
                         );
-                        waiters.wake(&channel);
+                        wake.wake(&channel);
                         let _ = inner.resubscribe.send(channel);
                     }
                 }
                 // Not the documented shape: assume the worst for every channel.
                 None => {
                     inner.lose_all();
-                    waiters.wake_all();
+                    wake.wake_all();
                     inner.resubscribe_all();
                 }
             },
@@ -841,7 +843,7 @@ async fn dispatch(
 async fn resubscriber(
     mut requests: mpsc::UnboundedReceiver<String>,
     inner: Weak<SubInner>,
-    waiters: Weak<Waiters>,
+    wake: Wake,
 ) {
     let (min, max) = RESUBSCRIBE_BACKOFF;
     let mut pending: HashSet<String> = HashSet::new();
@@ -870,9 +872,7 @@ async fn resubscriber(
             match sub.resubscribe(&channel).await {
                 Ok(true) => {
                     // A release between the loss and now went unheard: retry at once.
-                    if let Some(w) = waiters.upgrade() {
-                        w.wake(&channel);
-                    }
+                    wake.wake(&channel);
                 }
                 Ok(false) => {}
                 Err(e) => {
@@ -905,6 +905,7 @@ mod tests {
     use redlock_testkit::RedisCluster;
 
     use super::*;
+    use crate::waiters::Waiters;
 
     /// How many connections the master of `channel`'s slot has subscribed to it.
     async fn shard_numsub(cluster: &RedisCluster, channel: &str) -> i64 {
@@ -944,7 +945,7 @@ mod tests {
             connect: Duration::from_secs(3),
             response: Duration::from_secs(1),
         };
-        let backend = ClusterBackend::connect(&cluster.urls(), timeouts, Arc::downgrade(&waiters))
+        let backend = ClusterBackend::connect(&cluster.urls(), timeouts, Wake::new(&waiters))
             .await
             .unwrap();
         let sub = backend.subscriber();
@@ -998,7 +999,7 @@ mod tests {
             connect: Duration::from_secs(3),
             response: Duration::from_secs(1),
         };
-        let backend = ClusterBackend::connect(&cluster.urls(), timeouts, Arc::downgrade(&waiters))
+        let backend = ClusterBackend::connect(&cluster.urls(), timeouts, Wake::new(&waiters))
             .await
             .unwrap();
         let sub = backend.subscriber();

@@ -11,14 +11,13 @@
 
 use std::collections::HashMap;
 use std::future::{ready, Future};
-use std::sync::{LazyLock, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{LazyLock, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::{Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Store};
+use super::{Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Store, Wake};
 use crate::key::LockKey;
 use crate::kind::{LockKind, Mode};
 use crate::token::Token;
-use crate::waiters::Waiters;
 use crate::LockError;
 
 /// A fencing counter that cannot issue another token.
@@ -40,7 +39,7 @@ struct Table {
     intents: HashMap<String, HashMap<u64, Instant>>,
     /// Fencing counters, by counter key (one per prefix and hash slot).
     fences: HashMap<String, u64>,
-    listeners: Vec<Weak<Waiters>>,
+    listeners: Vec<Wake>,
     /// Sweep expired locks once `locks` holds this many entries.
     sweep_at: usize,
 }
@@ -296,10 +295,10 @@ pub(crate) struct MemoryBackend(());
 
 impl MemoryBackend {
     /// Connects a manager's waiters to the store's wake-ups.
-    pub(crate) fn new(waiters: Weak<Waiters>) -> Self {
+    pub(crate) fn new(wake: Wake) -> Self {
         let mut s = store();
-        s.listeners.retain(|w| w.strong_count() > 0);
-        s.listeners.push(waiters);
+        s.listeners.retain(|w| !w.is_gone());
+        s.listeners.push(wake);
         Self(())
     }
 
@@ -316,7 +315,7 @@ impl MemoryBackend {
             let (released, wake) = s.release(lease, keep, Instant::now());
             (released, wake.then(|| s.listeners.clone()))
         };
-        for w in listeners.iter().flatten().filter_map(Weak::upgrade) {
+        for w in listeners.iter().flatten() {
             w.wake(lease.key.full());
         }
         released
@@ -335,7 +334,7 @@ impl MemoryBackend {
             s.intents.remove(key.full());
             (live, s.listeners.clone())
         };
-        for w in listeners.iter().filter_map(Weak::upgrade) {
+        for w in &listeners {
             w.wake(key.full());
         }
         live

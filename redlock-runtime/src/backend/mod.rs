@@ -13,6 +13,7 @@ mod server;
 mod single;
 
 use std::future::Future;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 pub(crate) use cluster::ClusterBackend;
@@ -24,6 +25,7 @@ pub(crate) use single::SingleBackend;
 use crate::key::LockKey;
 use crate::kind::Mode;
 use crate::token::Token;
+use crate::waiters::Waiters;
 use crate::LockError;
 
 /// The outcome of one acquisition attempt.
@@ -129,7 +131,7 @@ pub(crate) struct LeaseRef<'a> {
 /// What every backend does, one signature per operation (see the module docs).
 ///
 /// Static dispatch only: [`Backend`] is a closed enum whose methods forward to this
-/// trait ([`dispatch!`]); the futures are the backends' own (no boxing).
+/// trait (`dispatch!`); the futures are the backends' own (no boxing).
 pub(crate) trait Store {
     /// The backend's name, for tracing.
     fn name(&self) -> &'static str;
@@ -209,6 +211,37 @@ pub(crate) trait Store {
     /// its waiters directly).
     fn has_channels(&self) -> bool {
         true
+    }
+}
+
+/// A backend's handle on the manager's waiters: all it may do is wake them. Weak, so
+/// that a backend's tasks (and the process-wide in-memory store) never keep a dropped
+/// manager's waiters alive; once the manager is gone, waking does nothing.
+#[derive(Clone, Default)]
+pub(crate) struct Wake(Weak<Waiters>);
+
+impl Wake {
+    pub(crate) fn new(waiters: &Arc<Waiters>) -> Self {
+        Self(Arc::downgrade(waiters))
+    }
+
+    /// Wakes the head waiting for `key`, if any (a release was heard).
+    pub(crate) fn wake(&self, key: &str) {
+        if let Some(waiters) = self.0.upgrade() {
+            waiters.wake(key);
+        }
+    }
+
+    /// Wakes every head (after a reconnect: notifications may have been lost).
+    pub(crate) fn wake_all(&self) {
+        if let Some(waiters) = self.0.upgrade() {
+            waiters.wake_all();
+        }
+    }
+
+    /// Whether the manager is gone (nobody is left to wake).
+    pub(crate) fn is_gone(&self) -> bool {
+        self.0.strong_count() == 0
     }
 }
 

@@ -101,7 +101,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
@@ -110,14 +110,13 @@ use tokio_util::sync::CancellationToken;
 
 use super::server::{marker, release_call};
 use super::single::SingleBackend;
-use super::{jitter, Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Store, Timeouts};
+use super::{jitter, Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Store, Timeouts, Wake};
 use crate::key::LockKey;
 use crate::kind::Mode;
 use crate::lease::drift;
 use crate::notify::Hearing;
 use crate::scripts::FENCE_FLOOR;
 use crate::token::Token;
-use crate::waiters::Waiters;
 use crate::LockError;
 
 /// The default bound on each node's reply.
@@ -292,7 +291,7 @@ impl RedlockBackend {
         urls: &[String],
         timeouts: Timeouts,
         node_timeout: Duration,
-        waiters: Weak<Waiters>,
+        wake: Wake,
     ) -> Result<Self, LockError> {
         if urls.is_empty() {
             return Err(LockError::invalid_option(
@@ -306,7 +305,7 @@ impl RedlockBackend {
         }
         let connected = join_all(
             urls.iter()
-                .map(|url| SingleBackend::connect(url, timeouts, waiters.clone())),
+                .map(|url| SingleBackend::connect(url, timeouts, wake.clone())),
         )
         .await;
         let nodes = connected.into_iter().collect::<Result<Vec<_>, _>>()?;

@@ -1,8 +1,8 @@
 //! What the Redis backends share: connection timeouts, acquire-reply decoding, renewal
 //! arguments and replies, the retry after a dropped connection, and the `WAIT`
 //! connections of acquisitions with `min_replicas` ([`WaitPool`], [`WaitAttempt`]).
-//! The single-server and cluster backends use it (Redlock through its single-server
-//! nodes); no backend imports from another.
+//! The single-server and cluster backends use it, so neither imports from the other
+//! (Redlock uses it through its nodes, which are single-server backends).
 
 use std::future::Future;
 use std::sync::{Mutex, PoisonError};

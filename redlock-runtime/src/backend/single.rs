@@ -5,7 +5,7 @@
 //! blocks the connection it runs on, so each acquisition with `min_replicas` runs on a
 //! connection of its own from a small pool ([`WaitPool`]).
 
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, MultiplexedConnection};
@@ -17,11 +17,10 @@ use super::server::{
     is_dropped, parse_eviction_policy, reconnecting, release_call, renew_calls, renew_groups,
     script_loads, ttl_ms, Timeouts, WaitAttempt, WaitPool, MAX_REPLICA_WAIT,
 };
-use super::{Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Store};
+use super::{Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Store, Wake};
 use crate::key::LockKey;
 use crate::notify::{push_handler, Channels, Subscriber};
 use crate::scripts::{ACQUIRE, EXTEND};
-use crate::waiters::Waiters;
 use crate::LockError;
 
 /// Renewals per script call: large batches, yet each call stays well under a millisecond
@@ -42,7 +41,7 @@ impl SingleBackend {
     pub(crate) async fn connect(
         url: &str,
         timeouts: Timeouts,
-        waiters: Weak<Waiters>,
+        wake: Wake,
     ) -> Result<Self, LockError> {
         let info = url
             .into_connection_info()
@@ -57,7 +56,7 @@ impl SingleBackend {
             Client::open(info.set_redis_settings(resp3)).map_err(LockError::backend("connect"))?;
 
         let channels = Arc::new(Channels::default());
-        let handler = push_handler(waiters, channels.clone());
+        let handler = push_handler(wake, channels.clone());
         let connect = async {
             let con = client
                 .get_connection_manager_with_config(timeouts.manager_config())
@@ -102,6 +101,7 @@ impl SingleBackend {
             .await
             .map_err(LockError::backend("connect"))
     }
+
     /// The server's address (no credentials), for messages.
     pub(crate) fn addr(&self) -> String {
         self.client.get_connection_info().addr().to_string()
@@ -324,7 +324,7 @@ mod tests {
             connect: Duration::from_secs(3),
             response: Duration::from_secs(1),
         };
-        let backend = SingleBackend::connect(&server.url(), timeouts, Weak::new())
+        let backend = SingleBackend::connect(&server.url(), timeouts, Wake::default())
             .await
             .unwrap();
         let held_up = Client::open(proxy.url())

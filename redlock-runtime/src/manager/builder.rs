@@ -8,7 +8,7 @@ use tokio::sync::mpsc;
 
 use super::{Inner, LockManager};
 use crate::backend::{
-    Backend, ClusterBackend, MemoryBackend, RedlockBackend, SingleBackend, Timeouts,
+    Backend, ClusterBackend, MemoryBackend, RedlockBackend, SingleBackend, Timeouts, Wake,
     DEFAULT_NODE_TIMEOUT,
 };
 use crate::key::check_prefix;
@@ -228,21 +228,21 @@ impl LockManagerBuilder {
         #[cfg(feature = "tls")]
         crate::tls::install_crypto_provider();
         let backend = match target {
-            Target::Memory => Backend::Memory(MemoryBackend::new(Arc::downgrade(&waiters))),
+            Target::Memory => Backend::Memory(MemoryBackend::new(Wake::new(&waiters))),
             Target::Cluster(urls) => Backend::Cluster(
-                ClusterBackend::connect(&urls, self.timeouts, Arc::downgrade(&waiters)).await?,
+                ClusterBackend::connect(&urls, self.timeouts, Wake::new(&waiters)).await?,
             ),
             Target::Redlock(urls) => Backend::Redlock(
                 RedlockBackend::connect(
                     &urls,
                     self.timeouts,
                     self.redlock_node_timeout,
-                    Arc::downgrade(&waiters),
+                    Wake::new(&waiters),
                 )
                 .await?,
             ),
             Target::Single(url) => Backend::Single(
-                SingleBackend::connect(&url, self.timeouts, Arc::downgrade(&waiters)).await?,
+                SingleBackend::connect(&url, self.timeouts, Wake::new(&waiters)).await?,
             ),
         };
         check_eviction(&backend, self.require_noeviction).await?;
