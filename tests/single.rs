@@ -587,3 +587,28 @@ async fn subscriber_reconnect_loses_no_wake_up() {
     )
     .await;
 }
+
+/// `lock_all` on one server takes every key in one script call (all or nothing), not
+/// one round trip per key; a miss takes nothing and is one call too.
+#[tokio::test]
+async fn lock_all_on_one_server_is_one_script_call() {
+    let h = Single::new();
+    let (a, b) = (manager(&h).await, manager(&h).await);
+    // One hash slot, so one fencing counter: each key still gets a token of its own.
+    let tag = unique("accounts");
+    let keys = [format!("{tag}:1"), format!("{tag}:2"), format!("{tag}:3")];
+    // The server learns the script (EVALSHA, NOSCRIPT, EVAL) once.
+    a.lock_all(&keys).await.unwrap().release().await.unwrap();
+    let before = h.server.command_calls(&["eval", "evalsha"]);
+    let all = a.lock_all(&keys).await.unwrap();
+    assert_eq!(h.server.command_calls(&["eval", "evalsha"]) - before, 1);
+    let before = h.server.command_calls(&["eval", "evalsha"]);
+    assert!(b.try_lock_all(&keys).await.unwrap().is_none());
+    assert_eq!(h.server.command_calls(&["eval", "evalsha"]) - before, 1);
+    let tokens = all.fencing_tokens();
+    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
+    all.release().await.unwrap();
+    for k in &keys {
+        assert!(!h.exists(&format!("lock:{k}")).await, "{k} left behind");
+    }
+}

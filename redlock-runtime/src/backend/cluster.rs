@@ -54,12 +54,13 @@ use redis::{FromRedisValue, IntoConnectionInfo, ProtocolVersion, PushInfo, PushK
 use tokio::sync::mpsc;
 
 use super::server::{
-    acquire_call, chunk_outcomes, decode_acquire, extend_shared_call, parse_eviction_policy,
+    acquire_all_call, acquire_call, decode_acquire_all, chunk_outcomes, decode_acquire, extend_shared_call, parse_eviction_policy,
     release_call, renew_call, script_loads, ttl_ms, ScriptCall, Timeouts, WaitAttempt, WaitPool,
     MAX_REPLICA_WAIT,
 };
-use super::{Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Store, Wake};
+use super::{Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Store, Together, Wake};
 use crate::key::{key_slot, LockKey, SLOTS};
+use crate::token::Token;
 use crate::notify::{channel_of, ChannelLocks, Interest};
 use crate::scripts::{ACQUIRE, EXTEND};
 use crate::LockError;
@@ -362,6 +363,24 @@ impl Store for ClusterBackend {
             Err(other) => return Err(unexpected("acquire", other.len())),
         };
         decode_acquire(reply, Some(acked))
+    }
+
+    /// Only when every key is in one slot (a script cannot span slots).
+    async fn acquire_together(
+        &self,
+        keys: &[&LockKey],
+        token: Token,
+        ttl: Duration,
+    ) -> Result<Option<Together>, LockError> {
+        let slot = keys.first().map(|k| key_slot(k.full()));
+        if keys.iter().any(|k| Some(key_slot(k.full())) != slot) {
+            return Ok(None);
+        }
+        let reply: Value = acquire_all_call(keys, token, ttl)
+            .invoke(&self.con)
+            .await
+            .map_err(LockError::backend("acquire"))?;
+        decode_acquire_all(reply, keys.len()).map(Some)
     }
 
     async fn release(&self, lease: LeaseRef<'_>, keep: Duration) -> Result<bool, LockError> {

@@ -14,7 +14,7 @@ use std::future::{ready, Future};
 use std::sync::{LazyLock, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::{Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Store, Wake};
+use super::{Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Store, Together, Wake};
 use crate::key::LockKey;
 use crate::kind::{LockKind, Mode};
 use crate::token::Token;
@@ -232,6 +232,43 @@ impl Table {
         })
     }
 
+    /// As `acquire_all.lua`: every key, or none.
+    fn acquire_together(
+        &mut self,
+        keys: &[&LockKey],
+        token: Token,
+        ttl: Duration,
+        now: Instant,
+    ) -> Result<Together, LockError> {
+        for key in keys {
+            if let Some(entry) = self.live(key.full(), now) {
+                if entry.expiry_of(token).is_none() {
+                    let until = entry.expires(now);
+                    return Ok(Together::Held(Some(until.saturating_duration_since(now))));
+                }
+            }
+        }
+        let expires = now
+            .checked_add(ttl)
+            .unwrap_or(now + Duration::from_secs(1 << 32));
+        let mut fences = Vec::with_capacity(keys.len());
+        for key in keys {
+            match self.next_fence(key) {
+                Ok(fence) => fences.push(fence),
+                Err(e) => {
+                    for taken in &keys[..fences.len()] {
+                        self.locks.remove(taken.full());
+                    }
+                    return Err(e);
+                }
+            }
+            self.locks
+                .insert(key.full().to_owned(), Held::One { token, expires });
+        }
+        self.sweep(now);
+        Ok(Together::Acquired(fences))
+    }
+
     /// Removes a writer's intent.
     fn withdraw(&mut self, key: &str, waiter: u64) {
         if let Some(intents) = self.intents.get_mut(key) {
@@ -361,6 +398,16 @@ impl Store for MemoryBackend {
         claim: &Claim<'_>,
     ) -> impl Future<Output = Result<Attempt, LockError>> + Send {
         ready(self.acquire_now(claim))
+    }
+
+    fn acquire_together(
+        &self,
+        keys: &[&LockKey],
+        token: Token,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Option<Together>, LockError>> + Send {
+        let taken = store().acquire_together(keys, token, ttl, Instant::now());
+        ready(taken.map(Some))
     }
 
     fn release(

@@ -43,6 +43,15 @@ pub(crate) enum Attempt {
     },
 }
 
+/// The outcome of one attempt at several keys at once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Together {
+    /// Every key is ours, with these fencing tokens (in key order).
+    Acquired(Vec<u64>),
+    /// A key is held by someone else for about this long; nothing was taken.
+    Held(Option<Duration>),
+}
+
 /// What to `WAIT` for after acquiring.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ReplicaWait {
@@ -143,6 +152,19 @@ pub(crate) trait Store {
     /// One acquisition attempt.
     fn acquire(&self, claim: &Claim<'_>)
         -> impl Future<Output = Result<Attempt, LockError>> + Send;
+
+    /// One attempt at every key of `keys` (distinct, exclusive, one `token`), all or
+    /// nothing in one step, where the backend can (one server; one slot of a
+    /// cluster); `Ok(None)` where it cannot, having sent nothing.
+    fn acquire_together(
+        &self,
+        keys: &[&LockKey],
+        token: Token,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Option<Together>, LockError>> + Send {
+        let _ = (keys, token, ttl);
+        std::future::ready(Ok(None))
+    }
 
     /// True when the lock was ours and is now deleted, or, with a non-zero `keep`
     /// (`hold_at_least`), kept only `keep` longer, without a wake-up.
@@ -286,6 +308,15 @@ impl Backend {
 
     pub(crate) async fn acquire(&self, claim: &Claim<'_>) -> Result<Attempt, LockError> {
         dispatch!(self, b => b.acquire(claim).await)
+    }
+
+    pub(crate) async fn acquire_together(
+        &self,
+        keys: &[&LockKey],
+        token: Token,
+        ttl: Duration,
+    ) -> Result<Option<Together>, LockError> {
+        dispatch!(self, b => b.acquire_together(keys, token, ttl).await)
     }
 
     pub(crate) async fn release(

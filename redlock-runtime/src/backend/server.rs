@@ -13,11 +13,11 @@ use redis::Value;
 
 use redis::Cmd;
 
-use super::{Attempt, Claim, LeaseRef, Renewal, Renewed};
+use super::{Attempt, Claim, LeaseRef, Renewal, Renewed, Together};
 use crate::key::LockKey;
 use crate::kind::Mode;
 use crate::scripts::{
-    LuaScript, ACQUIRE, ACQUIRE_SHARED, RELEASE, RELEASE_SHARED, RENEW, RENEW_SHARED,
+    LuaScript, ACQUIRE, ACQUIRE_ALL, ACQUIRE_SHARED, RELEASE, RELEASE_SHARED, RENEW, RENEW_SHARED,
 };
 use crate::token::Token;
 use crate::LockError;
@@ -103,6 +103,45 @@ pub(crate) fn decode_acquire(reply: Value, replicas: Option<u32>) -> Result<Atte
         remaining: u64::try_from(pttl).ok().map(Duration::from_millis),
         holder,
     })
+}
+
+/// The call of `acquire_all.lua` for `keys` (every key, then every key's counter).
+pub(crate) fn acquire_all_call(keys: &[&LockKey], token: Token, ttl: Duration) -> ScriptCall {
+    let full = keys.iter().map(|k| k.full().to_owned());
+    let fences = keys.iter().map(|k| k.fence().to_owned());
+    ScriptCall {
+        script: &ACQUIRE_ALL,
+        keys: full.chain(fences).collect(),
+        args: vec![
+            token.as_bytes().to_vec(),
+            ttl_ms(ttl).to_string().into_bytes(),
+        ],
+    }
+}
+
+/// An `acquire_all.lua` reply for `n` keys: `{1, fence..}` or `{0, i, pttl, holder}`.
+pub(crate) fn decode_acquire_all(reply: Value, n: usize) -> Result<Together, LockError> {
+    let Value::Array(items) = reply else {
+        return Err(bad_reply(format!("{reply:?} from acquire_all")));
+    };
+    let mut items = items.into_iter();
+    match items.next() {
+        Some(Value::Int(1)) => {
+            let fences = items.map(|f| parse_fence(&f)).collect::<Result<Vec<_>, _>>()?;
+            if fences.len() != n {
+                return Err(bad_reply(format!("{} fences for {n} keys", fences.len())));
+            }
+            Ok(Together::Acquired(fences))
+        }
+        Some(Value::Int(0)) => {
+            let pttl = items.nth(1).and_then(|p| redis::from_redis_value::<i64>(p).ok());
+            Ok(Together::Held(
+                pttl.and_then(|p| u64::try_from(p).ok())
+                    .map(Duration::from_millis),
+            ))
+        }
+        other => Err(bad_reply(format!("{other:?} leading an acquire_all reply"))),
+    }
 }
 
 /// The fencing token in a grant: an integer, or the counter's decimal digits, exactly.

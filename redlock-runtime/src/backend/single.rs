@@ -13,12 +13,13 @@ use redis::io::tcp::TcpSettings;
 use redis::{AsyncConnectionConfig, Client, IntoConnectionInfo, ProtocolVersion, Value};
 
 use super::server::{
-    acquire_call, chunk_outcomes, decode_acquire, extend_shared_call, in_batch_order,
+    acquire_all_call, acquire_call, decode_acquire_all, chunk_outcomes, decode_acquire, extend_shared_call, in_batch_order,
     is_dropped, parse_eviction_policy, reconnecting, release_call, renew_calls, renew_groups,
     script_loads, ttl_ms, Timeouts, WaitAttempt, WaitPool, MAX_REPLICA_WAIT,
 };
-use super::{Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Store, Wake};
+use super::{Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Store, Together, Wake};
 use crate::key::LockKey;
+use crate::token::Token;
 use crate::notify::{push_handler, Channels, Subscriber};
 use crate::scripts::{ACQUIRE, EXTEND};
 use crate::LockError;
@@ -181,6 +182,19 @@ impl Store for SingleBackend {
         let (reply, acked) = reply.map_err(LockError::backend("acquire"))?;
         self.wait_pool.put(attempt.finish());
         decode_acquire(reply, Some(acked))
+    }
+
+    async fn acquire_together(
+        &self,
+        keys: &[&LockKey],
+        token: Token,
+        ttl: Duration,
+    ) -> Result<Option<Together>, LockError> {
+        let call = acquire_all_call(keys, token, ttl);
+        let reply: Value = reconnecting(|| call.invoke(&self.con))
+            .await
+            .map_err(LockError::backend("acquire"))?;
+        decode_acquire_all(reply, keys.len()).map(Some)
     }
 
     /// True when our lock is gone because of this call.

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use tracing::{field, Instrument};
 
 use super::LockManager;
-use crate::backend::{jitter, Attempt, Claim, Intent, LeaseRef, ReplicaWait};
+use crate::backend::{jitter, Attempt, Claim, Intent, LeaseRef, ReplicaWait, Together};
 use crate::key::LockKey;
 use crate::kind::Mode;
 use crate::lease::{self, Lease};
@@ -142,6 +142,17 @@ impl LockManager {
         keys: Vec<LockKey>,
         opts: Resolved,
     ) -> Result<MultiGuard, LockError> {
+        // `WAIT` is sent per key, by the one-by-one path.
+        if keys.len() > 1 && opts.min_replicas == 0 {
+            match self.acquire_together(&keys, &opts).await {
+                Ok(Some(guards)) => return Ok(guards),
+                Ok(None) => {}
+                Err(e) if opts.wait.is_zero() => return Err(e),
+                // Taken one by one below, with waiting; a failed request is tried
+                // again there.
+                Err(_) => {}
+            }
+        }
         let mut guards = Vec::with_capacity(keys.len());
         for key in keys {
             match self.acquire(key, Mode::Exclusive, opts).await {
@@ -155,6 +166,66 @@ impl LockManager {
             }
         }
         Ok(MultiGuard::new(guards))
+    }
+
+    /// One attempt at every key in one step, where the backend can (see
+    /// [`Backend::acquire_together`]): `Ok(None)` when it cannot or a key is held and
+    /// the wait allows taking the keys one by one; `Err(Timeout)` when a key is held
+    /// and the wait is zero. As for any attempt, what a cut-short or failed request may
+    /// have taken is released in the background.
+    async fn acquire_together(
+        &self,
+        keys: &[LockKey],
+        opts: &Resolved,
+    ) -> Result<Option<MultiGuard>, LockError> {
+        let shared = &self.0.shared;
+        let token = Token::random();
+        let sent = lease::now();
+        let mut pending: Vec<PendingAttempt<'_>> = keys
+            .iter()
+            .map(|key| PendingAttempt {
+                manager: self,
+                key,
+                token,
+                mode: Mode::Exclusive,
+                armed: true,
+            })
+            .collect();
+        let refs: Vec<&LockKey> = keys.iter().collect();
+        let bound = shared.backend.request_timeout(opts.ttl);
+        let attempt = shared.backend.acquire_together(&refs, token, opts.ttl);
+        let outcome = tokio::time::timeout(bound, attempt)
+            .await
+            .unwrap_or_else(|_| Err(LockError::timed_out("acquire", bound)))?;
+        for p in &mut pending {
+            p.armed = false;
+        }
+        let fences = match outcome {
+            None => return Ok(None),
+            Some(Together::Held(_)) if opts.wait.is_zero() => {
+                return Err(LockError::Timeout {
+                    key: keys.first().map(|k| k.full().to_owned()).unwrap_or_default(),
+                })
+            }
+            Some(Together::Held(_)) => return Ok(None),
+            Some(Together::Acquired(fences)) => fences,
+        };
+        let received = lease::now();
+        let guards = keys
+            .iter()
+            .zip(fences)
+            .map(|(key, fence)| {
+                let id = self.0.next_id.fetch_add(1, Ordering::Relaxed);
+                let lease = Lease::new(id, key.clone(), token, fence, opts.ttl, sent)
+                    .held_at_least(received, opts.hold_at_least);
+                let lease = Arc::new(lease);
+                if opts.watchdog {
+                    shared.watch(&lease);
+                }
+                LockGuard::new(lease, self.clone())
+            })
+            .collect();
+        Ok(Some(MultiGuard::new(guards)))
     }
 
     /// One round trip: acquired, or held (with the holder's remaining ttl).
