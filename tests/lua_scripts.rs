@@ -15,7 +15,6 @@ const RELEASE_SHARED: &str = include_str!("../redlock-runtime/src/scripts/releas
 const RENEW_SHARED: &str = include_str!("../redlock-runtime/src/scripts/renew_shared.lua");
 const ACQUIRE_ALL: &str = include_str!("../redlock-runtime/src/scripts/acquire_all.lua");
 const FENCE_FLOOR: &str = include_str!("../redlock-runtime/src/scripts/fence_floor.lua");
-const RELEASE_ALL: &str = include_str!("../redlock-runtime/src/scripts/release_all.lua");
 
 /// The keys of one lock, all in slot `{7}`.
 const K: &str = "lock:report_{7}";
@@ -482,10 +481,10 @@ fn acquire_all_is_all_or_nothing() {
     assert_eq!(grant, vec![1, 4, 5, 6]);
     assert!(r.pttl(a) > 25_000);
     // A reader on one key is another holder.
-    let released: Vec<i64> = r
-        .eval(RELEASE_ALL, &[a, b, c], (&token(1)[..], "PUBLISH"))
-        .unwrap();
-    assert_eq!(released, vec![1, 1, 1]);
+    for key in [a, b, c] {
+        let released: i64 = r.eval(RELEASE, &[key], (&token(1)[..], "PUBLISH")).unwrap();
+        assert_eq!(released, 1);
+    }
     fence(&r.shared(&token(5), 30_000, READ, 0));
     let reply: Value = r
         .eval(ACQUIRE_ALL, &[a, K, F, F], (&token(1)[..], 30_000))
@@ -496,41 +495,6 @@ fn acquire_all_is_all_or_nothing() {
         "{reply:?}"
     );
     assert!(!r.exists(a));
-}
-
-#[test]
-fn release_all_releases_only_its_own_keys() {
-    let mut r = redis();
-    let (a, b, c) = ("lock:a_{7}", "lock:b_{7}", "lock:c_{7}");
-    let mut con = r.subscriber();
-    let mut sub = listen(&mut con, a);
-    let _: Vec<u64> = r
-        .eval(ACQUIRE_ALL, &[a, b, F, F], (&token(1)[..], 30_000))
-        .unwrap();
-    let _: () = r.con.set_ex(c, &token(2)[..], 30).unwrap();
-    let released: Vec<i64> = r
-        .eval(
-            RELEASE_ALL,
-            &[a, b, c, "lock:d_{7}"],
-            (&token(1)[..], "PUBLISH"),
-        )
-        .unwrap();
-    assert_eq!(released, vec![1, 1, -1, 0]);
-    assert!(!r.exists(a) && !r.exists(b) && r.exists(c));
-    assert_eq!(messages(&mut sub), vec![String::new()]);
-    // hold_at_least on all of them.
-    let _: Vec<u64> = r
-        .eval(ACQUIRE_ALL, &[a, b, F, F], (&token(1)[..], 30_000))
-        .unwrap();
-    let released: Vec<i64> = r
-        .eval(RELEASE_ALL, &[a, b], (&token(1)[..], "PUBLISH", 5_000))
-        .unwrap();
-    assert_eq!(released, vec![1, 1]);
-    for key in [a, b] {
-        let pttl = r.pttl(key);
-        assert!(pttl > 4_000 && pttl <= 5_000, "{pttl}");
-    }
-    assert_eq!(messages(&mut sub), Vec::<String>::new());
 }
 
 #[test]

@@ -312,7 +312,10 @@ mod tests {
                 assert_eq!(key_slot(&companion), key_slot(k.full()), "{companion:?}");
                 assert_ne!(companion, k.full());
                 // A companion is never another lock's key.
-                assert!(LockKey::new(prefix, companion.clone()).is_err(), "{companion:?}");
+                assert!(
+                    LockKey::new(prefix, companion.clone()).is_err(),
+                    "{companion:?}"
+                );
             }
         }
         let k = LockKey::prefixed("lock:", "export").unwrap();

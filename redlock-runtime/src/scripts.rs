@@ -29,26 +29,18 @@ pub(crate) static RENEW: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(include_str!("scripts/renew.lua")));
 /// A reader's or permit holder's place (holders zset + marker): see
 /// `scripts/acquire_shared.lua`.
-#[allow(dead_code)] // wired by the read/write and permit plumbing
 pub(crate) static ACQUIRE_SHARED: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(include_str!("scripts/acquire_shared.lua")));
 /// Release of a shared place + publish: see `scripts/release_shared.lua`.
-#[allow(dead_code)] // wired by the read/write and permit plumbing
 pub(crate) static RELEASE_SHARED: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(include_str!("scripts/release_shared.lua")));
 /// Batched renewal of shared places: see `scripts/renew_shared.lua`.
-#[allow(dead_code)] // wired by the read/write and permit plumbing
 pub(crate) static RENEW_SHARED: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(include_str!("scripts/renew_shared.lua")));
 /// All-or-nothing `SET` of several keys of one slot + a fence each: see
 /// `scripts/acquire_all.lua`.
-#[allow(dead_code)] // wired by lock_all
 pub(crate) static ACQUIRE_ALL: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(include_str!("scripts/acquire_all.lua")));
-/// Compare-token `DEL` of several keys + a publish each: see `scripts/release_all.lua`.
-#[allow(dead_code)] // wired by lock_all
-pub(crate) static RELEASE_ALL: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::new(include_str!("scripts/release_all.lua")));
 /// Compare-token raise of the fencing counter (Redlock): see `scripts/fence_floor.lua`.
 pub(crate) static FENCE_FLOOR: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(include_str!("scripts/fence_floor.lua")));

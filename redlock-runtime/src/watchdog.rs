@@ -406,12 +406,7 @@ async fn release(shared: &Shared, lease: LeaseRef<'_>, keep: impl Fn() -> Durati
             key = key.full(),
             backend = shared.backend.name()
         );
-        match shared
-            .backend
-            .release(lease, keep())
-            .instrument(span)
-            .await
-        {
+        match shared.backend.release(lease, keep()).instrument(span).await {
             Ok(true) => return shared.waiters.wake(key.full()),
             Ok(false) => return,
             Err(e) => tracing::debug!(key = key.full(), error = %e, "background release failed"),

@@ -49,7 +49,11 @@ fn fenced_in_grant_order(tokens: &[(u64, bool)], backend: &str) {
         let mut distinct: Vec<u64> = tokens.iter().map(|&(t, _)| t).collect();
         distinct.sort_unstable();
         distinct.dedup();
-        assert_eq!(distinct.len(), tokens.len(), "a fencing token was issued twice");
+        assert_eq!(
+            distinct.len(),
+            tokens.len(),
+            "a fencing token was issued twice"
+        );
     }
 }
 
@@ -81,7 +85,11 @@ pub async fn readers_share_writers_exclude<H: Harness>(h: &H) {
                         assert_eq!(guard.kind(), LockKind::Exclusive);
                         tokens.lock().unwrap().push((guard.fencing_token(), true));
                         assert_eq!(writers.fetch_add(1, Ordering::SeqCst), 0, "two writers");
-                        assert_eq!(readers.load(Ordering::SeqCst), 0, "a reader beside a writer");
+                        assert_eq!(
+                            readers.load(Ordering::SeqCst),
+                            0,
+                            "a reader beside a writer"
+                        );
                         let read = *counter.lock().unwrap();
                         tokio::time::sleep(Duration::from_micros(300)).await;
                         *counter.lock().unwrap() = read + 1;
@@ -93,9 +101,17 @@ pub async fn readers_share_writers_exclude<H: Harness>(h: &H) {
                         tokens.lock().unwrap().push((guard.fencing_token(), false));
                         let now = readers.fetch_add(1, Ordering::SeqCst) + 1;
                         high_water(&most_readers, now);
-                        assert_eq!(writers.load(Ordering::SeqCst), 0, "a writer beside a reader");
+                        assert_eq!(
+                            writers.load(Ordering::SeqCst),
+                            0,
+                            "a writer beside a reader"
+                        );
                         tokio::time::sleep(Duration::from_millis(3)).await;
-                        assert_eq!(writers.load(Ordering::SeqCst), 0, "a writer beside a reader");
+                        assert_eq!(
+                            writers.load(Ordering::SeqCst),
+                            0,
+                            "a writer beside a reader"
+                        );
                         readers.fetch_sub(1, Ordering::SeqCst);
                         guard.release().await.expect("release read");
                     }
@@ -113,7 +129,7 @@ pub async fn readers_share_writers_exclude<H: Harness>(h: &H) {
     assert_eq!(*counter.lock().unwrap(), writes as u64);
     let tokens = tokens.lock().unwrap().clone();
     assert_eq!(tokens.len(), MANAGERS * TASKS * ROUNDS);
-    fenced_in_grant_order(&tokens, &backend);
+    fenced_in_grant_order(&tokens, backend);
     assert!(
         most_readers.load(Ordering::SeqCst) > 1,
         "readers never overlapped"
@@ -199,13 +215,20 @@ pub async fn write_release_wakes_every_reader<H: Harness>(h: &H) {
         }
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(holding.load(Ordering::SeqCst), 0, "a reader got in beside the writer");
+    assert_eq!(
+        holding.load(Ordering::SeqCst),
+        0,
+        "a reader got in beside the writer"
+    );
     let released = Instant::now();
     guard.release().await.unwrap();
     for t in tasks {
         let at = t.await.expect("reader");
         let after = at.duration_since(released);
-        assert!(after < Duration::from_secs(5), "a reader got in {after:?} after the release");
+        assert!(
+            after < Duration::from_secs(5),
+            "a reader got in {after:?} after the release"
+        );
     }
 }
 
@@ -250,9 +273,13 @@ pub async fn at_most_n_permit_holders<H: Harness>(h: &H) {
         t.await.expect("task");
     }
     assert_eq!(done.load(Ordering::SeqCst), MANAGERS * TASKS * ROUNDS);
-    assert_eq!(most.load(Ordering::SeqCst), N as usize, "never {N} holders at once");
+    assert_eq!(
+        most.load(Ordering::SeqCst),
+        N as usize,
+        "never {N} holders at once"
+    );
     let tokens = tokens.lock().unwrap().clone();
-    fenced_in_grant_order(&tokens, &backend);
+    fenced_in_grant_order(&tokens, backend);
 }
 
 /// A permit holder that vanishes (no release, no watchdog) gives its permit back after
@@ -273,8 +300,14 @@ pub async fn killed_permit_holder_frees_after_ttl<H: Harness>(h: &H) {
         .await
         .expect("the vanished holder's permit came back");
     let waited = start.elapsed();
-    assert!(waited >= ttl - Duration::from_millis(50), "too early: {waited:?}");
-    assert!(waited < ttl + Duration::from_millis(1500), "too late: {waited:?}");
+    assert!(
+        waited >= ttl - Duration::from_millis(50),
+        "too early: {waited:?}"
+    );
+    assert!(
+        waited < ttl + Duration::from_millis(1500),
+        "too late: {waited:?}"
+    );
     assert!(kept.is_held(), "the live holder's permit was taken too");
     guard.release().await.unwrap();
     kept.release().await.unwrap();
@@ -286,7 +319,10 @@ pub async fn permit_release_wakes_a_waiter<H: Harness>(h: &H) {
     let key = unique("permit-wake");
     let first = a.permit(&key, 2).await.unwrap();
     let second = a.permit(&key, 2).await.unwrap();
-    assert!(b.try_permit(&key, 2).await.unwrap().is_none(), "a third permit of 2");
+    assert!(
+        b.try_permit(&key, 2).await.unwrap().is_none(),
+        "a third permit of 2"
+    );
     let waiter = {
         let (b, key) = (b.clone(), key.clone());
         tokio::spawn(async move {
@@ -299,7 +335,10 @@ pub async fn permit_release_wakes_a_waiter<H: Harness>(h: &H) {
     first.release().await.unwrap();
     let (at, guard) = waiter.await.unwrap();
     let after = at.duration_since(released);
-    assert!(after < Duration::from_secs(5), "woken {after:?} after the release");
+    assert!(
+        after < Duration::from_secs(5),
+        "woken {after:?} after the release"
+    );
     assert!(second.is_held());
     guard.release().await.unwrap();
     second.release().await.unwrap();
@@ -314,13 +353,25 @@ pub async fn watchdog_keeps_readers_and_permits<H: Harness>(h: &H) {
     let permit = a.permit_with(&pkey, 1, ttl).await.unwrap();
     let end = Instant::now() + Duration::from_millis(1200);
     while Instant::now() < end {
-        assert!(b.try_write(&rkey).await.unwrap().is_none(), "written over a reader");
-        assert!(b.try_permit(&pkey, 1).await.unwrap().is_none(), "a second permit of 1");
+        assert!(
+            b.try_write(&rkey).await.unwrap().is_none(),
+            "written over a reader"
+        );
+        assert!(
+            b.try_permit(&pkey, 1).await.unwrap().is_none(),
+            "a second permit of 1"
+        );
         assert!(reader.is_held() && permit.is_held());
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    reader.release().await.expect("reader still held after 4 ttls");
-    permit.release().await.expect("permit still held after 4 ttls");
+    reader
+        .release()
+        .await
+        .expect("reader still held after 4 ttls");
+    permit
+        .release()
+        .await
+        .expect("permit still held after 4 ttls");
 }
 
 /// Extending one reader, shorter or longer, never cuts another reader's time, and a
@@ -333,7 +384,12 @@ pub async fn extending_one_reader_keeps_the_others<H: Harness>(h: &H) {
         .await
         .unwrap();
     let short = b
-        .read_with(&key, LockOptions::new().ttl(Duration::from_secs(30)).watchdog(false))
+        .read_with(
+            &key,
+            LockOptions::new()
+                .ttl(Duration::from_secs(30))
+                .watchdog(false),
+        )
         .await
         .unwrap();
     short.extend(Duration::from_millis(200)).await.unwrap();
@@ -347,7 +403,11 @@ pub async fn extending_one_reader_keeps_the_others<H: Harness>(h: &H) {
     long.extend(Duration::from_secs(5)).await.unwrap();
     assert!(matches!(short.release().await, Err(LockError::Lost { .. })));
     long.release().await.unwrap();
-    let w = b.try_write(&key).await.unwrap().expect("free after the last reader");
+    let w = b
+        .try_write(&key)
+        .await
+        .unwrap()
+        .expect("free after the last reader");
     w.release().await.unwrap();
 }
 
@@ -371,7 +431,10 @@ pub async fn lock_all_in_opposite_orders_finishes<H: Harness>(h: &H) {
                 for r in 0..ROUNDS {
                     let forward = (m + t + r) % 2 == 0;
                     let keys = if forward { [&x, &y] } else { [&y, &x] };
-                    let guard = locks.lock_all_with(keys, waiting(30)).await.expect("lock_all");
+                    let guard = locks
+                        .lock_all_with(keys, waiting(30))
+                        .await
+                        .expect("lock_all");
                     assert_eq!(guard.keys().len(), 2);
                     assert!(guard.keys()[0] < guard.keys()[1], "keys not sorted");
                     assert_eq!(active.fetch_add(1, Ordering::SeqCst), 0, "two holders");
@@ -407,12 +470,18 @@ pub async fn lock_all_leaves_no_key_behind<H: Harness>(h: &H) {
     let held = a.lock(&y).await.unwrap();
     assert!(b.try_lock_all([&x, &y, &z]).await.unwrap().is_none());
     let err = b
-        .lock_all_with([&z, &y, &x], LockOptions::new().wait(Duration::from_millis(200)))
+        .lock_all_with(
+            [&z, &y, &x],
+            LockOptions::new().wait(Duration::from_millis(200)),
+        )
         .await
         .unwrap_err();
     assert!(matches!(err, LockError::Timeout { .. }), "{err}");
     for k in [&x, &z] {
-        assert!(!b.is_locked(k).await.unwrap(), "{k} left held by a failed lock_all");
+        assert!(
+            !b.is_locked(k).await.unwrap(),
+            "{k} left held by a failed lock_all"
+        );
     }
     held.release().await.unwrap();
     let all = b.lock_all([&x, &y, &z]).await.unwrap();
@@ -429,7 +498,10 @@ pub async fn lock_all_leaves_no_key_behind<H: Harness>(h: &H) {
     drop(dropped);
     for k in [&x, &z] {
         assert!(
-            eventually(Duration::from_secs(2), || async { !b.is_locked(k).await.unwrap() }).await,
+            eventually(Duration::from_secs(2), || async {
+                !b.is_locked(k).await.unwrap()
+            })
+            .await,
             "{k} left behind by drop"
         );
     }
@@ -451,22 +523,34 @@ pub async fn hold_at_least_keeps_the_key<H: Harness>(h: &H) {
         .await
         .unwrap();
     guard.release().await.unwrap();
-    assert!(b.try_lock(&key).await.unwrap().is_none(), "free before the period");
+    assert!(
+        b.try_lock(&key).await.unwrap().is_none(),
+        "free before the period"
+    );
     let again = b
         .lock_with(&key, waiting(5))
         .await
         .expect("free after the period");
     let waited = granted.elapsed();
-    assert!(waited >= hold - Duration::from_millis(20), "free after {waited:?}");
+    assert!(
+        waited >= hold - Duration::from_millis(20),
+        "free after {waited:?}"
+    );
     again.release().await.unwrap();
     // Released after the period: free at once.
     let late = a
-        .lock_with(&key, LockOptions::new().hold_at_least(Duration::from_millis(100)))
+        .lock_with(
+            &key,
+            LockOptions::new().hold_at_least(Duration::from_millis(100)),
+        )
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
     late.release().await.unwrap();
-    assert!(b.try_lock(&key).await.unwrap().is_some(), "kept past its period");
+    assert!(
+        b.try_lock(&key).await.unwrap().is_some(),
+        "kept past its period"
+    );
 }
 
 /// Bad input of the new calls is a clear error.
@@ -477,7 +561,10 @@ pub async fn kinds_reject_bad_input<H: Harness>(h: &H) {
         locks.permit(&key, 0).await,
         Err(LockError::InvalidOption { .. })
     ));
-    assert!(matches!(locks.read("").await, Err(LockError::InvalidKey { .. })));
+    assert!(matches!(
+        locks.read("").await,
+        Err(LockError::InvalidKey { .. })
+    ));
     assert!(matches!(
         locks.lock_all(["ok", ""]).await,
         Err(LockError::InvalidKey { .. })

@@ -54,15 +54,15 @@ use redis::{FromRedisValue, IntoConnectionInfo, ProtocolVersion, PushInfo, PushK
 use tokio::sync::mpsc;
 
 use super::server::{
-    acquire_all_call, acquire_call, decode_acquire_all, chunk_outcomes, decode_acquire, extend_shared_call, parse_eviction_policy,
-    release_call, renew_call, script_loads, ttl_ms, ScriptCall, Timeouts, WaitAttempt, WaitPool,
-    MAX_REPLICA_WAIT,
+    acquire_all_call, acquire_call, chunk_outcomes, decode_acquire, decode_acquire_all,
+    extend_shared_call, parse_eviction_policy, release_call, renew_call, script_loads, ttl_ms,
+    ScriptCall, Timeouts, WaitAttempt, WaitPool, MAX_REPLICA_WAIT,
 };
 use super::{Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Store, Together, Wake};
 use crate::key::{key_slot, LockKey, SLOTS};
-use crate::token::Token;
 use crate::notify::{channel_of, ChannelLocks, Interest};
 use crate::scripts::{ACQUIRE, EXTEND};
+use crate::token::Token;
 use crate::LockError;
 
 /// Renewals per script call (one slot's locks per call).
@@ -146,7 +146,10 @@ impl SlotMap {
 
 /// The arguments of the `renew.lua` call for the locks of `batch` at `indices`.
 fn slot_renew_call(batch: &[Renewal<'_>], indices: &[usize]) -> ScriptCall {
-    let renewals: Vec<Renewal<'_>> = indices.iter().filter_map(|&i| batch.get(i).copied()).collect();
+    let renewals: Vec<Renewal<'_>> = indices
+        .iter()
+        .filter_map(|&i| batch.get(i).copied())
+        .collect();
     renew_call(&renewals)
 }
 

@@ -180,7 +180,13 @@ impl Table {
                         }
                     }
                 }
-                (Held::Many { kind: LockKind::Read, .. }, None) => {
+                (
+                    Held::Many {
+                        kind: LockKind::Read,
+                        ..
+                    },
+                    None,
+                ) => {
                     if let Some(intent) = claim.intent {
                         let until = now + intent.until;
                         self.intents
@@ -297,7 +303,10 @@ impl Table {
             Held::One { .. } => (true, true),
             Held::Many { kind, holders } => {
                 holders.remove(&lease.token);
-                (*kind == LockKind::Permit || holders.is_empty(), holders.is_empty())
+                (
+                    *kind == LockKind::Permit || holders.is_empty(),
+                    holders.is_empty(),
+                )
             }
         };
         if emptied {
@@ -542,7 +551,10 @@ mod tests {
         for i in (0..2000).step_by(97) {
             let k = key(prefix, &format!("order_{{{}}}:{i}", i % 4));
             let token = Token::random();
-            assert!(fence(b.acquire_now(&exclusive(&k, token, ttl))) > first[i], "key {i}");
+            assert!(
+                fence(b.acquire_now(&exclusive(&k, token, ttl))) > first[i],
+                "key {i}"
+            );
             assert!(b.release_now(lease(&k, token), Duration::ZERO));
         }
     }

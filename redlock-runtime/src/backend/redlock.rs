@@ -1142,8 +1142,6 @@ impl RedlockBackend {
             })
             .collect())
     }
-
-
 }
 
 impl Store for RedlockBackend {
@@ -1187,7 +1185,10 @@ impl Store for RedlockBackend {
             return self.extend_quorum(lease, ttl).await;
         }
         match self.place_of(lease.token) {
-            Some(place) => self.extend_quorum(exclusive(&place, lease.token), ttl).await,
+            Some(place) => {
+                self.extend_quorum(exclusive(&place, lease.token), ttl)
+                    .await
+            }
             None => Ok(false),
         }
     }

@@ -127,14 +127,18 @@ pub(crate) fn decode_acquire_all(reply: Value, n: usize) -> Result<Together, Loc
     let mut items = items.into_iter();
     match items.next() {
         Some(Value::Int(1)) => {
-            let fences = items.map(|f| parse_fence(&f)).collect::<Result<Vec<_>, _>>()?;
+            let fences = items
+                .map(|f| parse_fence(&f))
+                .collect::<Result<Vec<_>, _>>()?;
             if fences.len() != n {
                 return Err(bad_reply(format!("{} fences for {n} keys", fences.len())));
             }
             Ok(Together::Acquired(fences))
         }
         Some(Value::Int(0)) => {
-            let pttl = items.nth(1).and_then(|p| redis::from_redis_value::<i64>(p).ok());
+            let pttl = items
+                .nth(1)
+                .and_then(|p| redis::from_redis_value::<i64>(p).ok());
             Ok(Together::Held(
                 pttl.and_then(|p| u64::try_from(p).ok())
                     .map(Duration::from_millis),
@@ -398,7 +402,11 @@ pub(crate) fn acquire_call(claim: &Claim<'_>) -> ScriptCall {
                 keys.push(key.intents());
                 args.push(intent.waiter.to_string().into_bytes());
                 args.push(ttl_ms(intent.until).to_string().into_bytes());
-                args.push(if intent.registered { b"1".to_vec() } else { b"0".to_vec() });
+                args.push(if intent.registered {
+                    b"1".to_vec()
+                } else {
+                    b"0".to_vec()
+                });
             }
             ScriptCall {
                 script: &ACQUIRE,
@@ -513,8 +521,10 @@ pub(crate) fn renew_calls(batch: &[Renewal<'_>], groups: &[Vec<usize>]) -> Vec<S
     groups
         .iter()
         .map(|group| {
-            let renewals: Vec<Renewal<'_>> =
-                group.iter().filter_map(|&i| batch.get(i).copied()).collect();
+            let renewals: Vec<Renewal<'_>> = group
+                .iter()
+                .filter_map(|&i| batch.get(i).copied())
+                .collect();
             renew_call(&renewals)
         })
         .collect()
@@ -551,7 +561,7 @@ pub(crate) fn in_batch_order(
 /// `d` in whole milliseconds, rounded up (a keep is never cut short), 0 for zero (a
 /// keep of 0 deletes at once).
 fn ttl_ms_or_zero(d: Duration) -> u64 {
-    let partial = d.subsec_nanos() % 1_000_000 != 0;
+    let partial = !d.subsec_nanos().is_multiple_of(1_000_000);
     u64::try_from(d.as_millis() + u128::from(partial)).unwrap_or(u64::MAX)
 }
 

@@ -13,15 +13,16 @@ use redis::io::tcp::TcpSettings;
 use redis::{AsyncConnectionConfig, Client, IntoConnectionInfo, ProtocolVersion, Value};
 
 use super::server::{
-    acquire_all_call, acquire_call, decode_acquire_all, chunk_outcomes, decode_acquire, extend_shared_call, in_batch_order,
-    is_dropped, parse_eviction_policy, reconnecting, release_call, renew_calls, renew_groups,
-    script_loads, ttl_ms, Timeouts, WaitAttempt, WaitPool, MAX_REPLICA_WAIT,
+    acquire_all_call, acquire_call, chunk_outcomes, decode_acquire, decode_acquire_all,
+    extend_shared_call, in_batch_order, is_dropped, parse_eviction_policy, reconnecting,
+    release_call, renew_calls, renew_groups, script_loads, ttl_ms, Timeouts, WaitAttempt, WaitPool,
+    MAX_REPLICA_WAIT,
 };
 use super::{Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Store, Together, Wake};
 use crate::key::LockKey;
-use crate::token::Token;
 use crate::notify::{push_handler, Channels, Subscriber};
 use crate::scripts::{ACQUIRE, EXTEND};
+use crate::token::Token;
 use crate::LockError;
 
 /// Renewals per script call: large batches, yet each call stays well under a millisecond

@@ -204,7 +204,10 @@ impl LockManager {
             None => return Ok(None),
             Some(Together::Held(_)) if opts.wait.is_zero() => {
                 return Err(LockError::Timeout {
-                    key: keys.first().map(|k| k.full().to_owned()).unwrap_or_default(),
+                    key: keys
+                        .first()
+                        .map(|k| k.full().to_owned())
+                        .unwrap_or_default(),
                 })
             }
             Some(Together::Held(_)) => return Ok(None),
@@ -335,7 +338,9 @@ impl LockManager {
         request: &Request<'_>,
         mut last_error: Option<LockError>,
     ) -> Result<LockGuard, LockError> {
-        let Request { key, mode, opts, .. } = *request;
+        let Request {
+            key, mode, opts, ..
+        } = *request;
         let shared = &self.0.shared;
         // A writer's intent keeps new readers out while it waits for the readers it
         // found (one id for the whole wait; see `Intent`).

@@ -134,7 +134,9 @@ impl LockManager {
         options: LockOptions,
     ) -> Result<LockGuard, LockError> {
         if n == 0 {
-            return Err(LockError::invalid_option("a permit count of 0 admits nobody"));
+            return Err(LockError::invalid_option(
+                "a permit count of 0 admits nobody",
+            ));
         }
         self.acquire_mode(key, Mode::Permit(n), options).await
     }

@@ -3,8 +3,8 @@
 //! [`builder`] configures and connects one; [`acquire`] is the acquire/wait algorithm.
 
 mod acquire;
-mod kinds;
 mod builder;
+mod kinds;
 
 use std::fmt;
 use std::sync::atomic::AtomicU64;
