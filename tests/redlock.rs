@@ -5,27 +5,11 @@ mod conformance;
 
 use std::time::{Duration, Instant};
 
-use conformance::{backends, unique, Harness};
+use conformance::backends::{self, Redlock};
+use conformance::unique;
 use redis::AsyncCommands;
-use redlock::{LockError, LockManager, LockManagerBuilder, LockOptions};
+use redlock::{LockError, LockManager, LockOptions};
 use redlock_testkit::{wait_until, ChaosProxy, Fault, RedisServer, RedisSet};
-
-/// Five independent masters, stopped on drop.
-struct Redlock {
-    set: RedisSet,
-}
-
-impl Redlock {
-    fn new() -> Self {
-        Self {
-            set: RedisSet::start(5),
-        }
-    }
-
-    fn managers(&self) -> LockManagerBuilder {
-        LockManager::builder().redlock(self.set.urls())
-    }
-}
 
 /// A fresh connection to one server.
 async fn raw(server: &RedisServer) -> redis::aio::MultiplexedConnection {
@@ -48,43 +32,7 @@ fn exists(server: &RedisServer, key: &str) -> bool {
     server.cmd_sync(&["EXISTS", key]).expect("EXISTS") == redis::Value::Int(1)
 }
 
-impl Harness for Redlock {
-    fn builder(&self) -> LockManagerBuilder {
-        self.managers()
-    }
-
-    async fn delete(&self, full_key: &str) {
-        let mut deleted = 0;
-        for node in self.set.nodes() {
-            let n: i64 = raw(node).await.del(full_key).await.unwrap();
-            deleted += n;
-        }
-        assert!(deleted >= 3, "the lock was on {deleted} nodes");
-    }
-
-    async fn steal(&self, full_key: &str) {
-        for node in self.set.nodes() {
-            let _: () = raw(node)
-                .await
-                .set_ex(full_key, "someone-else", 60)
-                .await
-                .unwrap();
-        }
-    }
-
-    async fn exists(&self, full_key: &str) -> bool {
-        for node in self.set.nodes() {
-            let there: bool = raw(node).await.exists(full_key).await.unwrap();
-            if there {
-                return true;
-            }
-        }
-        false
-    }
-}
-
 conformance_tests!(Redlock::new());
-kinds_tests!(Redlock::new());
 
 /// Several managers and tasks over many keys: exact counts, never two holders, and
 /// tokens strictly increasing per key.

@@ -3,7 +3,7 @@
 
 use redis::AsyncCommands;
 use redlock::{LockManager, LockManagerBuilder, LockOptions};
-use redlock_testkit::RedisServer;
+use redlock_testkit::{RedisServer, RedisSet};
 
 use super::Harness;
 
@@ -126,5 +126,66 @@ pub fn kill_pubsub(server: &RedisServer) -> usize {
     match server.cmd_sync(&["CLIENT", "KILL", "TYPE", "pubsub"]) {
         Ok(redis::Value::Int(n)) => usize::try_from(n).unwrap_or(0),
         _ => 0,
+    }
+}
+
+/// Five independent masters, stopped on drop.
+pub struct Redlock {
+    pub set: RedisSet,
+}
+
+impl Redlock {
+    pub fn new() -> Self {
+        Self {
+            set: RedisSet::start(5),
+        }
+    }
+
+    pub fn managers(&self) -> LockManagerBuilder {
+        LockManager::builder().redlock(self.set.urls())
+    }
+}
+
+/// A fresh connection to one node.
+async fn node_connection(server: &RedisServer) -> redis::aio::MultiplexedConnection {
+    server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .expect("raw connection")
+}
+
+impl Harness for Redlock {
+    fn builder(&self) -> LockManagerBuilder {
+        self.managers()
+    }
+
+    async fn delete(&self, full_key: &str) {
+        let mut deleted = 0;
+        for node in self.set.nodes() {
+            let n: i64 = node_connection(node).await.del(full_key).await.unwrap();
+            deleted += n;
+        }
+        assert!(deleted >= 3, "the lock was on {deleted} nodes");
+    }
+
+    async fn steal(&self, full_key: &str) {
+        for node in self.set.nodes() {
+            let _: () = node_connection(node)
+                .await
+                .set_ex(full_key, "someone-else", 60)
+                .await
+                .unwrap();
+        }
+    }
+
+    async fn exists(&self, full_key: &str) -> bool {
+        for node in self.set.nodes() {
+            let there: bool = node_connection(node).await.exists(full_key).await.unwrap();
+            if there {
+                return true;
+            }
+        }
+        false
     }
 }

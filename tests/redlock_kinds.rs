@@ -1,0 +1,9 @@
+//! The other kinds of lock (read/write, permits, `lock_all`, `hold_at_least`) on Redlock
+//! over 5 independent redis-server processes: a binary of their own, so that their load
+//! does not share a process with the Redlock latency and straggler tests.
+
+mod conformance;
+
+use conformance::backends::Redlock;
+
+kinds_tests!(Redlock::new());
