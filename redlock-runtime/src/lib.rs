@@ -9,7 +9,6 @@
 
 mod backend;
 mod error;
-mod guard;
 mod key;
 mod kind;
 mod lease;
@@ -31,12 +30,12 @@ pub mod macro_support;
 pub mod layer;
 
 pub use error::LockError;
-pub use guard::LockGuard;
+
 pub use key::MAX_KEY_LEN;
 pub use kind::LockKind;
 pub use manager::{
-    LockManager, LockManagerBuilder, DEFAULT_MAX_WAITERS_PER_KEY, DEFAULT_PREFIX, DEFAULT_TTL,
-    DEFAULT_WAIT,
+    LockGuard, LockManager, LockManagerBuilder, DEFAULT_MAX_WAITERS_PER_KEY, DEFAULT_PREFIX,
+    DEFAULT_TTL, DEFAULT_WAIT,
 };
 pub use multi_guard::MultiGuard;
 pub use options::{LockOptions, MAX_TTL, MIN_TTL};

@@ -7,7 +7,8 @@
 //! over by dropped guards and cancelled acquisitions, and drops channel interest when a
 //! key's local queue empties. It ends when the manager and every guard are gone.
 //!
-//! Leases are kept in a [`Schedule`] ordered by when each needs the task, so a tick
+//! The task works on the manager's [`Shared`] state; the [`Watchdog`] part of it is
+//! here. Leases are kept in a [`Schedule`] ordered by when each needs the task, so a tick
 //! looks at the leases that are due and no others: taking, releasing and renewing a
 //! lock cost O(log n) in the number of locks held, and a tick O(due · log n).
 
@@ -22,12 +23,12 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::{mpsc, Notify, OwnedMutexGuard};
 use tracing::Instrument;
 
-use crate::backend::{Backend, LeaseRef, Renewal, Renewed};
+use crate::backend::{LeaseRef, Renewal, Renewed};
 use crate::key::LockKey;
 use crate::kind::Mode;
 use crate::lease::{self, Lease};
+use crate::manager::Shared;
 use crate::token::Token;
-use crate::waiters::Waiters;
 
 /// Work handed to the task.
 pub(crate) enum Job {
@@ -39,10 +40,8 @@ pub(crate) enum Job {
     Unsubscribe(String),
 }
 
-/// What the manager and its task share.
-pub(crate) struct Shared {
-    pub(crate) backend: Backend,
-    pub(crate) waiters: Arc<Waiters>,
+/// The watchdog's schedule of held leases, and how the task is woken for it.
+pub(crate) struct Watchdog {
     schedule: Mutex<Schedule>,
     changed: Notify,
     planned_wake: AtomicU64,
@@ -53,7 +52,7 @@ pub(crate) struct Shared {
     examined: std::sync::atomic::AtomicUsize,
 }
 
-/// Bounds of [`Shared::idle`].
+/// Bounds of [`Watchdog::idle`].
 const MIN_IDLE: Duration = Duration::from_secs(1);
 const MAX_IDLE: Duration = Duration::from_secs(3600);
 
@@ -193,16 +192,14 @@ impl Schedule {
     }
 }
 
-impl Shared {
+impl Watchdog {
     /// With nothing due the task still wakes every renewal period of a lock with the
     /// manager's default ttl (at least 1 s apart): a lock with that ttl or longer is then
     /// always renewed in time without waking the task when it is taken. (Waking it on
     /// every acquisition costs a cross-thread wake-up, a third of the client's CPU time
     /// per uncontended lock.)
-    pub(crate) fn new(backend: Backend, waiters: Arc<Waiters>, default_ttl: Duration) -> Self {
+    pub(crate) fn new(default_ttl: Duration) -> Self {
         Self {
-            backend,
-            waiters,
             schedule: Mutex::new(Schedule::default()),
             changed: Notify::new(),
             planned_wake: AtomicU64::new(u64::MAX),
@@ -342,13 +339,13 @@ pub(crate) async fn run(shared: Arc<Shared>, mut jobs: mpsc::UnboundedReceiver<J
     let mut open = true;
     // Bounded by the manager's lifetime: ends once every sender is gone and work drained.
     while open || !work.is_empty() {
-        let (due, next) = shared.scan(lease::now(), !renewing);
+        let (due, next) = shared.watchdog.scan(lease::now(), !renewing);
         if !due.is_empty() {
             renewing = true;
             work.push(Box::pin(renew(shared.clone(), due)));
             continue;
         }
-        shared.planned_wake.store(next, Ordering::Release);
+        shared.watchdog.planned_wake.store(next, Ordering::Release);
         tokio::select! {
             job = jobs.recv(), if open => match job {
                 Some(job) => work.push(Box::pin(handle(shared.clone(), job))),
@@ -360,7 +357,7 @@ pub(crate) async fn run(shared: Arc<Shared>, mut jobs: mpsc::UnboundedReceiver<J
                 }
             }
             () = tokio::time::sleep_until(lease::instant(next).into()) => {}
-            () = shared.changed.notified() => {}
+            () = shared.watchdog.changed.notified() => {}
         }
     }
 }
@@ -453,7 +450,7 @@ fn book(shared: &Shared, due: &[Due], outcomes: Vec<Renewed>, sent: u64, now: u6
     let outcomes = outcomes
         .into_iter()
         .chain(std::iter::repeat(Renewed::Unknown));
-    let mut schedule = shared.schedule();
+    let mut schedule = shared.watchdog.schedule();
     for (d, outcome) in due.iter().zip(outcomes) {
         match outcome {
             Renewed::Yes => d.lease.confirmed(sent, d.ttl),
@@ -475,7 +472,8 @@ mod tests {
     use futures_util::FutureExt;
 
     use super::*;
-    use crate::backend::{MemoryBackend, Wake};
+    use crate::backend::{Backend, MemoryBackend, Wake};
+    use crate::waiters::Waiters;
 
     fn shared() -> Shared {
         let waiters = Arc::new(Waiters::new(1, Box::new(|_| {})));
@@ -500,7 +498,7 @@ mod tests {
     }
 
     fn examined(shared: &Shared) -> usize {
-        shared.examined.swap(0, Ordering::Relaxed)
+        shared.watchdog.examined.swap(0, Ordering::Relaxed)
     }
 
     fn ids(due: &[Due]) -> Vec<u64> {
@@ -514,8 +512,8 @@ mod tests {
         let shared = shared();
         let now = lease::now();
         // The previous round planned to wake now; this round scans and finds nothing...
-        shared.planned_wake.store(now, Ordering::Release);
-        let (due, _next) = shared.scan(now, true);
+        shared.watchdog.planned_wake.store(now, Ordering::Release);
+        let (due, _next) = shared.watchdog.scan(now, true);
         assert!(due.is_empty());
         // ...while a lock whose first renewal is due long before the idle wake-up is
         // watched, before the round stores its plan.
@@ -530,7 +528,7 @@ mod tests {
         ));
         shared.watch(&lease);
         assert!(
-            shared.changed.notified().now_or_never().is_some(),
+            shared.watchdog.changed.notified().now_or_never().is_some(),
             "the task must look again before sleeping past the new lease's renewal"
         );
     }
@@ -549,7 +547,7 @@ mod tests {
             shared.watch(&lease(id, 3000, T0 - 2000 * MS));
         }
         examined(&shared);
-        let (due, next) = shared.scan(T0, true);
+        let (due, next) = shared.watchdog.scan(T0, true);
         assert_eq!(ids(&due), [1000, 1001, 1002]);
         let looked_at = examined(&shared);
         assert!(
@@ -564,7 +562,7 @@ mod tests {
         );
         // Ticks with nothing due (a release job waking the task) examine nothing.
         for _ in 0..10 {
-            let (none, _) = shared.scan(T0 + MS, false);
+            let (none, _) = shared.watchdog.scan(T0 + MS, false);
             assert!(none.is_empty());
         }
         assert_eq!(examined(&shared), 0, "idle ticks examined leases");
@@ -584,26 +582,26 @@ mod tests {
         // An extend to 60 s is in flight when the renewal falls due: skipped, parked.
         let op = l.op.clone().try_lock_owned().unwrap();
         l.extending(first, Duration::from_secs(60));
-        let (due, _) = shared.scan(first, true);
+        let (due, _) = shared.watchdog.scan(first, true);
         assert!(due.is_empty(), "renewed while an extend was in flight");
         l.confirmed(first, Duration::from_secs(60));
         drop(op);
         // Until the extend files it again, only its deadline (now 60 s) wakes the task.
-        let (due, next) = shared.scan(first + 5000 * MS, true);
+        let (due, next) = shared.watchdog.scan(first + 5000 * MS, true);
         assert!(due.is_empty());
         assert_eq!(
             next,
             l.deadline()
-                .min(first + 5000 * MS + lease::nanos(shared.idle))
+                .min(first + 5000 * MS + lease::nanos(shared.watchdog.idle))
         );
         shared.reschedule(&l);
         // Renewed at ttl/3 (−ttl/6 slack) of the new ttl, not earlier.
-        let (due, _) = shared.scan(first + 9_000 * MS, true);
+        let (due, _) = shared.watchdog.scan(first + 9_000 * MS, true);
         assert!(
             due.is_empty(),
             "renewed before the extended ttl asked for it"
         );
-        let (due, _) = shared.scan(first + 10_000 * MS, true);
+        let (due, _) = shared.watchdog.scan(first + 10_000 * MS, true);
         assert_eq!(ids(&due), [1]);
         book(
             &shared,
@@ -622,10 +620,10 @@ mod tests {
         l.confirmed(at, Duration::from_millis(300));
         drop(op);
         shared.reschedule(&l);
-        let (due, next) = shared.scan(at + 40 * MS, true);
+        let (due, next) = shared.watchdog.scan(at + 40 * MS, true);
         assert!(due.is_empty());
         assert_eq!(next, at + 100 * MS);
-        let (due, _) = shared.scan(next, true);
+        let (due, _) = shared.watchdog.scan(next, true);
         assert_eq!(ids(&due), [1]);
 
         // A lease whose renewal moved later without being filed again (the window
@@ -633,12 +631,12 @@ mod tests {
         let m = lease(2, 3000, T0);
         shared.watch(&m);
         m.confirmed(T0 + 800 * MS, Duration::from_secs(3));
-        let (due, _) = shared.scan(T0 + 1000 * MS, true);
+        let (due, _) = shared.watchdog.scan(T0 + 1000 * MS, true);
         assert!(
             due.iter().all(|d| d.lease.id != 2),
             "renewed at its old time"
         );
-        let (due, _) = shared.scan(T0 + 1300 * MS, true);
+        let (due, _) = shared.watchdog.scan(T0 + 1300 * MS, true);
         assert!(due.iter().any(|d| d.lease.id == 2));
     }
 
@@ -649,21 +647,21 @@ mod tests {
         let shared = shared();
         let l = lease(1, 300, T0);
         shared.watch(&l);
-        let (due, next) = shared.scan(T0 + 100 * MS, false);
+        let (due, next) = shared.watchdog.scan(T0 + 100 * MS, false);
         assert!(due.is_empty());
         assert_eq!(
             next,
             l.deadline(),
             "only its deadline matters while a batch flies"
         );
-        let (due, _) = shared.scan(T0 + 150 * MS, true);
+        let (due, _) = shared.watchdog.scan(T0 + 150 * MS, true);
         assert_eq!(ids(&due), [1]);
         drop(due);
         let m = lease(2, 300, T0);
         shared.watch(&m);
-        let (due, _) = shared.scan(T0 + 100 * MS, false);
+        let (due, _) = shared.watchdog.scan(T0 + 100 * MS, false);
         assert!(due.is_empty());
-        let (due, _) = shared.scan(m.deadline(), false);
+        let (due, _) = shared.watchdog.scan(m.deadline(), false);
         assert!(due.is_empty());
         assert!(!m.is_active(), "the deadline passed without a renewal");
     }
@@ -675,13 +673,13 @@ mod tests {
         let shared = Arc::new(shared());
         let l = lease(1, 3000, T0);
         shared.watch(&l);
-        let (due, _) = shared.scan(l.next_renewal(), true);
+        let (due, _) = shared.watchdog.scan(l.next_renewal(), true);
         assert_eq!(ids(&due), [1]);
         assert!(l.mark_released().is_some());
         shared.unwatch(l.id);
         // The memory backend has no such lock: the outcome is "lost".
         assert!(renew(shared.clone(), due).now_or_never().is_some());
-        let schedule = shared.schedule();
+        let schedule = shared.watchdog.schedule();
         assert!(schedule.leases.is_empty() && schedule.wake.is_empty());
         assert!(schedule.ready.is_empty());
     }
@@ -700,7 +698,7 @@ mod tests {
         let (mut now, mut calls, mut ticks) = (start, 0usize, 0usize);
         while now < start + 1000 * MS && ticks < 10_000 {
             ticks += 1;
-            let (due, next) = shared.scan(now, true);
+            let (due, next) = shared.watchdog.scan(now, true);
             if due.is_empty() {
                 assert!(next > now);
                 now = next;
@@ -725,13 +723,13 @@ mod tests {
         // The retry does happen, at its instant; once it succeeds the lease is back on
         // the ttl/3 schedule, ready ttl/6 early to join another lease's batch.
         let at = l.next_renewal();
-        let (due, _) = shared.scan(at, true);
+        let (due, _) = shared.watchdog.scan(at, true);
         assert_eq!(ids(&due), [1]);
         book(&shared, &due, vec![Renewed::Yes], at, at);
         drop(due);
         let m = lease(2, 30_000, at);
         shared.watch(&m);
-        let (due, _) = shared.scan(at + 5000 * MS, true);
+        let (due, _) = shared.watchdog.scan(at + 5000 * MS, true);
         assert_eq!(ids(&due), [1, 2]);
     }
 
@@ -758,7 +756,7 @@ mod tests {
         let (mut now, mut renewals, mut ticks) = (T0, 0usize, 0usize);
         while now < T0 + 4000 * MS && ticks < 100_000 {
             ticks += 1;
-            let (due, next) = shared.scan(now, true);
+            let (due, next) = shared.watchdog.scan(now, true);
             if due.is_empty() {
                 assert!(next > now);
                 now = next;

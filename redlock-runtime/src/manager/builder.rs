@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
+use super::Shared;
 use super::{Inner, LockManager};
 use crate::backend::{
     Backend, ClusterBackend, MemoryBackend, RedlockBackend, SingleBackend, Timeouts, Wake,
@@ -14,7 +15,7 @@ use crate::backend::{
 use crate::key::check_prefix;
 use crate::options::check_ttl;
 use crate::waiters::Waiters;
-use crate::watchdog::{self, Job, Shared};
+use crate::watchdog::{self, Job};
 use crate::LockError;
 
 /// Which backend a builder connects to.

@@ -1,10 +1,15 @@
 //! [`LockManager`]: the handle every lock goes through, and its public API.
 //!
-//! [`builder`] configures and connects one; [`acquire`] is the acquire/wait algorithm.
+//! Split by concept: [`builder`] configures and connects one; [`acquire`] is the
+//! acquire/wait algorithm; [`kinds`] the read/write, permit and several-keys API;
+//! [`guard`] the guard and its operations on a held lease; [`state`] the core state
+//! the handles, guards and background task share.
 
 mod acquire;
 mod builder;
+mod guard;
 mod kinds;
+mod state;
 
 use std::fmt;
 use std::sync::atomic::AtomicU64;
@@ -12,19 +17,18 @@ use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
-use tracing::Instrument;
 
 use crate::key::LockKey;
 use crate::kind::Mode;
-use crate::lease::{self, Lease};
-use crate::options::{check_ttl, Resolved};
-use crate::watchdog::{Job, Shared};
-use crate::{LockError, LockGuard, LockOptions};
+use crate::options::Resolved;
+use crate::watchdog::Job;
+use crate::{LockError, LockOptions};
 
-use acquire::PendingAttempt;
 pub use builder::{
     LockManagerBuilder, DEFAULT_MAX_WAITERS_PER_KEY, DEFAULT_PREFIX, DEFAULT_TTL, DEFAULT_WAIT,
 };
+pub use guard::LockGuard;
+pub(crate) use state::Shared;
 
 /// Hands out distributed locks over one backend. Cheap to clone (an `Arc` inside); make
 /// one per process and share it.
@@ -222,115 +226,6 @@ impl LockManager {
     #[doc(hidden)]
     pub fn subscription_interests(&self) -> usize {
         self.0.shared.backend.interests()
-    }
-
-    /// Releases a lease now (the guard's `release`).
-    pub(crate) async fn release_lease(&self, lease: &Arc<Lease>) -> Result<(), LockError> {
-        let shared = &self.0.shared;
-        let key = lease.key.full();
-        let Some(was) = lease.mark_released() else {
-            return Err(LockError::NotHeld {
-                key: key.to_owned(),
-            });
-        };
-        shared.unwatch(lease.id);
-        let mut pending = PendingAttempt {
-            manager: self,
-            key: &lease.key,
-            token: lease.token,
-            mode: lease.mode,
-            armed: true,
-        };
-        let span = tracing::debug_span!(
-            "redlock.release",
-            key,
-            backend = self.backend_name(),
-            fencing_token = lease.fence
-        );
-        let released = shared
-            .backend
-            .release(lease.lease_ref(), lease.keep())
-            .instrument(span)
-            .await;
-        // A failed request is retried in the background (compare-token, so harmless).
-        pending.armed = released.is_err();
-        match (released?, was) {
-            (true, Ok(())) => {
-                shared.waiters.wake(key);
-                Ok(())
-            }
-            (true, Err(())) => {
-                shared.waiters.wake(key);
-                Err(LockError::Lost {
-                    key: key.to_owned(),
-                })
-            }
-            (false, _) => Err(LockError::Lost {
-                key: key.to_owned(),
-            }),
-        }
-    }
-
-    /// Hands a dropped guard's release to the background task.
-    pub(crate) fn release_in_background(&self, lease: &Arc<Lease>) {
-        if lease.mark_released().is_some() {
-            self.0.shared.unwatch(lease.id);
-            let _ = self.0.jobs.send(Job::Release(lease.clone()));
-        }
-    }
-
-    /// Sets a lease's remaining ttl.
-    ///
-    /// The request runs in a task of its own, holding the lease's operation lock until
-    /// its outcome is booked: dropping this future neither cancels the request nor lets
-    /// a renewal overtake it (see the `lease` module for the rules).
-    pub(crate) async fn extend_lease(
-        &self,
-        lease: &Arc<Lease>,
-        ttl: Duration,
-    ) -> Result<(), LockError> {
-        check_ttl(ttl)?;
-        let lost = |lease: &Lease| LockError::Lost {
-            key: lease.key.full().to_owned(),
-        };
-        if !lease.is_held() {
-            return Err(lost(lease));
-        }
-        let op = lease.op.clone().lock_owned().await;
-        if !lease.is_held() {
-            return Err(lost(lease));
-        }
-        let manager = self.clone();
-        let task_lease = lease.clone();
-        let request = tokio::spawn(async move {
-            let (lease, shared) = (task_lease, &manager.0.shared);
-            let sent = lease::now();
-            lease.extending(sent, ttl);
-            // The watchdog declares the lock lost at the lowered deadline if no reply
-            // raised it by then.
-            shared.reschedule(&lease);
-            let outcome = match shared.backend.extend(lease.lease_ref(), ttl).await {
-                Ok(true) => {
-                    lease.confirmed(sent, ttl);
-                    Ok(())
-                }
-                Ok(false) => {
-                    lease.mark_lost("the server no longer holds this lock's token");
-                    Err(lost(&lease))
-                }
-                Err(e) => Err(e),
-            };
-            drop(op);
-            // The renewal schedule moved (and renewals were skipped while this ran).
-            shared.reschedule(&lease);
-            outcome
-        });
-        match request.await {
-            Ok(outcome) => outcome,
-            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-            // Only when the runtime shuts down.
-            Err(_) => Err(lost(lease)),
-        }
     }
 
     /// A string that starts with the prefix, for building a key in place.

@@ -1,10 +1,16 @@
-//! [`LockGuard`]: proof of holding a lock, released when dropped.
+//! [`LockGuard`]: proof of holding a lock, released when dropped, and the manager's
+//! operations on a held lease (release, extend).
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tracing::Instrument;
+
+use super::acquire::PendingAttempt;
 use crate::lease::{self, Lease};
+use crate::options::check_ttl;
+use crate::watchdog::Job;
 use crate::{LockError, LockKind, LockManager};
 
 /// A held lock. Dropping it releases the lock in the background (without blocking and
@@ -155,5 +161,117 @@ impl fmt::Debug for LockGuard {
             .field("fencing_token", &self.lease.fence)
             .field("held", &self.lease.is_active())
             .finish()
+    }
+}
+
+/// The operations of a guard on its lease.
+impl LockManager {
+    /// Releases a lease now (the guard's `release`).
+    pub(crate) async fn release_lease(&self, lease: &Arc<Lease>) -> Result<(), LockError> {
+        let shared = &self.0.shared;
+        let key = lease.key.full();
+        let Some(was) = lease.mark_released() else {
+            return Err(LockError::NotHeld {
+                key: key.to_owned(),
+            });
+        };
+        shared.unwatch(lease.id);
+        let mut pending = PendingAttempt {
+            manager: self,
+            key: &lease.key,
+            token: lease.token,
+            mode: lease.mode,
+            armed: true,
+        };
+        let span = tracing::debug_span!(
+            "redlock.release",
+            key,
+            backend = self.backend_name(),
+            fencing_token = lease.fence
+        );
+        let released = shared
+            .backend
+            .release(lease.lease_ref(), lease.keep())
+            .instrument(span)
+            .await;
+        // A failed request is retried in the background (compare-token, so harmless).
+        pending.armed = released.is_err();
+        match (released?, was) {
+            (true, Ok(())) => {
+                shared.waiters.wake(key);
+                Ok(())
+            }
+            (true, Err(())) => {
+                shared.waiters.wake(key);
+                Err(LockError::Lost {
+                    key: key.to_owned(),
+                })
+            }
+            (false, _) => Err(LockError::Lost {
+                key: key.to_owned(),
+            }),
+        }
+    }
+
+    /// Hands a dropped guard's release to the background task.
+    pub(crate) fn release_in_background(&self, lease: &Arc<Lease>) {
+        if lease.mark_released().is_some() {
+            self.0.shared.unwatch(lease.id);
+            let _ = self.0.jobs.send(Job::Release(lease.clone()));
+        }
+    }
+
+    /// Sets a lease's remaining ttl.
+    ///
+    /// The request runs in a task of its own, holding the lease's operation lock until
+    /// its outcome is booked: dropping this future neither cancels the request nor lets
+    /// a renewal overtake it (see the `lease` module for the rules).
+    pub(crate) async fn extend_lease(
+        &self,
+        lease: &Arc<Lease>,
+        ttl: Duration,
+    ) -> Result<(), LockError> {
+        check_ttl(ttl)?;
+        let lost = |lease: &Lease| LockError::Lost {
+            key: lease.key.full().to_owned(),
+        };
+        if !lease.is_held() {
+            return Err(lost(lease));
+        }
+        let op = lease.op.clone().lock_owned().await;
+        if !lease.is_held() {
+            return Err(lost(lease));
+        }
+        let manager = self.clone();
+        let task_lease = lease.clone();
+        let request = tokio::spawn(async move {
+            let (lease, shared) = (task_lease, &manager.0.shared);
+            let sent = lease::now();
+            lease.extending(sent, ttl);
+            // The watchdog declares the lock lost at the lowered deadline if no reply
+            // raised it by then.
+            shared.reschedule(&lease);
+            let outcome = match shared.backend.extend(lease.lease_ref(), ttl).await {
+                Ok(true) => {
+                    lease.confirmed(sent, ttl);
+                    Ok(())
+                }
+                Ok(false) => {
+                    lease.mark_lost("the server no longer holds this lock's token");
+                    Err(lost(&lease))
+                }
+                Err(e) => Err(e),
+            };
+            drop(op);
+            // The renewal schedule moved (and renewals were skipped while this ran).
+            shared.reschedule(&lease);
+            outcome
+        });
+        match request.await {
+            Ok(outcome) => outcome,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            // Only when the runtime shuts down.
+            Err(_) => Err(lost(lease)),
+        }
     }
 }
