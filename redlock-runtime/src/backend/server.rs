@@ -377,7 +377,7 @@ impl ScriptCall {
         self.script.invoke(con, &self.keys, &self.args).await
     }
 
-    /// The call as `EVALSHA`, for a pipeline led by a `SCRIPT LOAD` ([`load`](Self::load)).
+    /// The call as `EVALSHA`, for a pipeline led by a `SCRIPT LOAD` (see [`script_loads`]).
     pub(crate) fn evalsha(&self) -> Cmd {
         self.script.evalsha(&self.keys, &self.args)
     }

@@ -169,7 +169,7 @@ impl LockManager {
     }
 
     /// One attempt at every key in one step, where the backend can (see
-    /// [`Backend::acquire_together`]): `Ok(None)` when it cannot or a key is held and
+    /// [`crate::backend::Backend::acquire_together`]): `Ok(None)` when it cannot or a key is held and
     /// the wait allows taking the keys one by one; `Err(Timeout)` when a key is held
     /// and the wait is zero. As for any attempt, what a cut-short or failed request may
     /// have taken is released in the background.
