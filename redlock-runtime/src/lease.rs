@@ -137,18 +137,20 @@ impl Lease {
         self
     }
 
-    /// Keeps the key until `hold` after the grant's reply was read, `received` (in
-    /// [`now`]'s nanoseconds): the server granted it before, so the key is kept at least
-    /// `hold` after the grant.
-    pub(crate) fn held_at_least(mut self, received: u64, hold: Duration) -> Self {
+    /// Keeps the key until `hold` after now, when the grant's reply was just read: the
+    /// server granted it before, so the key is kept at least `hold` after the grant.
+    pub(crate) fn held_at_least(mut self, hold: Duration) -> Self {
         if !hold.is_zero() {
-            self.hold_until = received.saturating_add(nanos(hold));
+            self.hold_until = now().saturating_add(nanos(hold));
         }
         self
     }
 
     /// How much longer a release now must keep the key (`hold_at_least`).
     pub(crate) fn keep(&self) -> Duration {
+        if self.hold_until == 0 {
+            return Duration::ZERO;
+        }
         Duration::from_nanos(self.hold_until.saturating_sub(now()))
     }
 

@@ -61,7 +61,7 @@ use super::server::{
 use super::{Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Store, Together, Wake};
 use crate::key::{key_slot, LockKey, SLOTS};
 use crate::notify::{channel_of, ChannelLocks, Interest};
-use crate::scripts::{ACQUIRE, EXTEND};
+use crate::scripts::{ACQUIRE, EXTEND, RELEASE};
 use crate::token::Token;
 use crate::LockError;
 
@@ -387,9 +387,15 @@ impl Store for ClusterBackend {
     }
 
     async fn release(&self, lease: LeaseRef<'_>, keep: Duration) -> Result<bool, LockError> {
-        let released: i64 = release_call(lease, keep, "SPUBLISH")
-            .invoke(&self.con)
-            .await
+        // The plain exclusive release (the uncontended path) builds its request in place.
+        let released: i64 = if !lease.mode.is_shared() && keep.is_zero() {
+            let args = (lease.token.as_bytes(), "SPUBLISH");
+            RELEASE.invoke(&self.con, &[lease.key.full()], args).await
+        } else {
+            release_call(lease, keep, "SPUBLISH")
+                .invoke(&self.con)
+                .await
+        }
             .map_err(LockError::backend("release"))?;
         Ok(released == 1)
     }

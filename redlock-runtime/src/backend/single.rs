@@ -21,7 +21,7 @@ use super::server::{
 use super::{Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Store, Together, Wake};
 use crate::key::LockKey;
 use crate::notify::{push_handler, Channels, Subscriber};
-use crate::scripts::{ACQUIRE, EXTEND};
+use crate::scripts::{ACQUIRE, EXTEND, RELEASE};
 use crate::token::Token;
 use crate::LockError;
 
@@ -204,8 +204,16 @@ impl Store for SingleBackend {
     /// its reply lost; the retry then finds the key gone, which means released (a lock
     /// the caller still held cannot have expired), not lost.
     async fn release(&self, lease: LeaseRef<'_>, keep: Duration) -> Result<bool, LockError> {
-        let call = release_call(lease, keep, "PUBLISH");
-        let request = || call.invoke::<i64, _>(&self.con);
+        // The plain exclusive release (the uncontended path) builds its request in place.
+        let plain = !lease.mode.is_shared() && keep.is_zero();
+        let (keys, args) = ([lease.key.full()], (lease.token.as_bytes(), "PUBLISH"));
+        let call = (!plain).then(|| release_call(lease, keep, "PUBLISH"));
+        let request = || async {
+            match &call {
+                Some(call) => call.invoke::<i64, _>(&self.con).await,
+                None => RELEASE.invoke::<i64, _, _, _>(&self.con, &keys, args).await,
+            }
+        };
         let released = match request().await {
             Err(e) if is_dropped(&e) => request().await.map(|again| match again {
                 // Gone: the first request released it.

@@ -213,14 +213,13 @@ impl LockManager {
             Some(Together::Held(_)) => return Ok(None),
             Some(Together::Acquired(fences)) => fences,
         };
-        let received = lease::now();
         let guards = keys
             .iter()
             .zip(fences)
             .map(|(key, fence)| {
                 let id = self.0.next_id.fetch_add(1, Ordering::Relaxed);
                 let lease = Lease::new(id, key.clone(), token, fence, opts.ttl, sent)
-                    .held_at_least(received, opts.hold_at_least);
+                    .held_at_least(opts.hold_at_least);
                 let lease = Arc::new(lease);
                 if opts.watchdog {
                     shared.watch(&lease);
@@ -303,7 +302,7 @@ impl LockManager {
         let id = self.0.next_id.fetch_add(1, Ordering::Relaxed);
         let lease = Lease::new(id, key.clone(), token, fence, opts.ttl, sent)
             .with_mode(mode)
-            .held_at_least(lease::now(), opts.hold_at_least);
+            .held_at_least(opts.hold_at_least);
         let lease = Arc::new(lease);
         if opts.watchdog {
             shared.watch(&lease);
