@@ -66,19 +66,19 @@ use proc_macro2::{Literal, Span, TokenStream};
 use quote::{quote, quote_spanned, ToTokens};
 use syn::spanned::Spanned;
 use syn::visit_mut::VisitMut;
-use syn::{
-    parse_quote, AttrStyle, Attribute, Expr, ExprAsync, Ident, ItemFn, Pat, Path, ReturnType, Stmt,
-    Type,
-};
+use syn::{parse_quote, AttrStyle, Attribute, ExprAsync, Ident, ItemFn, Path, Stmt, Type};
 
+use crate::async_trait::AsyncTraitBody;
 use crate::attr::{DurationLit, OnLost, Options};
+use crate::ctxt::Ctxt;
 use crate::key_template::{KeyTemplate, Scope};
-use crate::valid::{self, Ctxt};
+use crate::valid;
 
 /// Expands `#[distributed_lock(args)] item`.
 pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
     let cx = Ctxt::new();
     let options = Options::parse(&cx, args);
+    valid::check_options(&cx, &options);
     let func: ItemFn = match syn::parse2(item.clone()) {
         Ok(func) => func,
         Err(_) => {
@@ -94,6 +94,12 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
         .key
         .get()
         .and_then(|lit| KeyTemplate::parse(&cx, lit, &scope));
+    // Every template is scanned, so that each one's mistakes are reported.
+    let _keys: Option<Vec<KeyTemplate>> = options.keys.get().map(|lits| {
+        lits.iter()
+            .filter_map(|lit| KeyTemplate::parse(&cx, lit, &scope))
+            .collect()
+    });
     let krate: Path = match options.krate.get() {
         Some(path) => path.clone(),
         None => parse_quote!(::redlock),
@@ -102,22 +108,37 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
     if let Err(err) = cx.check() {
         return error_output(err, &func, &options, &krate);
     }
+    if let Some(err) = not_expanded_yet(&options) {
+        return error_output(err, &func, &options, &krate);
+    }
     let (Some(ret), Some(key)) = (ret, key) else {
         // Unreachable: a missing return type or key has been reported above.
         let err = syn::Error::new(Span::call_site(), "#[distributed_lock]: invalid input");
         return error_output(err, &func, &options, &krate);
     };
 
-    let expansion = Expansion {
-        krate,
-        options: &options,
-        key,
-        ret: erase_impl_trait(ret),
-    };
+    let expansion = Expansion::new(krate, &options, key, ret);
     match &async_trait {
         None => expansion.async_fn(&func),
         Some(body) => expansion.async_trait_fn(&func, body),
     }
+}
+
+/// The options that are parsed and checked but not yet expanded: they need the
+/// runtime's read/write, permit, several-keys and hold-at-least acquisitions.
+fn not_expanded_yet(options: &Options) -> Option<syn::Error> {
+    let written = [
+        options.mode.tokens(),
+        options.permits.tokens(),
+        options.keys.tokens(),
+        options.hold_at_least.tokens(),
+    ];
+    written.into_iter().flatten().next().map(|tokens| {
+        syn::Error::new_spanned(
+            tokens,
+            "this option is checked but not expanded yet: the runtime has no such acquisition",
+        )
+    })
 }
 
 /// The error for an item that is not a function with a body.
@@ -169,80 +190,6 @@ fn error_output(err: syn::Error, func: &ItemFn, options: &Options, krate: &Path)
     quote!(#errors #func)
 }
 
-/// A method body as `#[async_trait]` writes it: a non-`async` fn whose last
-/// expression is `Box::pin(async move { ... })` and whose return type is a
-/// boxed `Future<Output = T>`. (Found like tracing's `AsyncInfo`.)
-pub(crate) struct AsyncTraitBody<'a> {
-    /// The `T` of `Future<Output = T>`.
-    output: &'a Type,
-    /// The position of the `Box::pin(...)` statement in the fn's block.
-    stmt_index: usize,
-    /// The `Box::pin` path, kept as written.
-    box_pin: &'a Expr,
-    /// The `async move { ... }` argument.
-    future: &'a ExprAsync,
-}
-
-impl<'a> AsyncTraitBody<'a> {
-    pub(crate) fn from_fn(func: &'a ItemFn) -> Option<Self> {
-        if func.sig.asyncness.is_some() {
-            return None;
-        }
-        let ReturnType::Type(_, ret) = &func.sig.output else {
-            return None;
-        };
-        let output = valid::future_output(ret)?;
-        let (stmt_index, last) =
-            func.block
-                .stmts
-                .iter()
-                .enumerate()
-                .next_back()
-                .and_then(|(i, stmt)| match stmt {
-                    Stmt::Expr(expr, None) => Some((i, expr)),
-                    _ => None,
-                })?;
-        let Expr::Call(call) = last else {
-            return None;
-        };
-        let Expr::Path(path) = &*call.func else {
-            return None;
-        };
-        let mut segments = path.path.segments.iter().rev();
-        let is_box_pin = segments.next().is_some_and(|s| s.ident == "pin")
-            && segments.next().is_some_and(|s| s.ident == "Box");
-        if !is_box_pin || call.args.len() != 1 {
-            return None;
-        }
-        let Some(Expr::Async(future)) = call.args.first() else {
-            return None;
-        };
-        Some(AsyncTraitBody {
-            output,
-            stmt_index,
-            box_pin: &call.func,
-            future,
-        })
-    }
-
-    /// The future's output type, as declared.
-    pub(crate) fn output(&self) -> &'a Type {
-        self.output
-    }
-}
-
-/// `let __ret: RET = BLOCK;`, the statement where `#[async_trait]` puts the body.
-fn is_ret_binding(stmt: &Stmt) -> bool {
-    let Stmt::Local(local) = stmt else {
-        return false;
-    };
-    let pat = match &local.pat {
-        Pat::Type(typed) => &*typed.pat,
-        other => other,
-    };
-    matches!(pat, Pat::Ident(pat) if pat.ident == "__ret")
-}
-
 /// Everything needed to write the expansion of a valid input.
 struct Expansion<'a> {
     krate: Path,
@@ -250,6 +197,12 @@ struct Expansion<'a> {
     key: KeyTemplate,
     /// The body's output type, `impl Trait` erased to `_`.
     ret: Type,
+    /// `if let Some(r) = None::<RET> { return r; }`: an unreachable `return`
+    /// of the declared type at the start of the future that holds the body,
+    /// so that the compiler knows the future's output type before it checks
+    /// the body (a body ending in `Ok(x)` or only `?`-returning errors needs
+    /// it). Written once here, put where each shape's future starts.
+    fake_return: TokenStream,
 }
 
 /// The hygienic name of one of the expansion's locals.
@@ -257,7 +210,26 @@ fn local(name: &str) -> Ident {
     Ident::new(name, Span::mixed_site())
 }
 
-impl Expansion<'_> {
+impl<'a> Expansion<'a> {
+    fn new(krate: Path, options: &'a Options, key: KeyTemplate, ret: &Type) -> Self {
+        let ret = erase_impl_trait(ret);
+        let core = quote!(#krate::__private::core);
+        let ret_value = local("__redlock_ret");
+        let fake_return = quote_spanned! {Span::mixed_site()=>
+            if let #core::option::Option::Some(#ret_value) = #core::option::Option::None::<#ret> {
+                #[allow(unreachable_code)]
+                return #ret_value;
+            }
+        };
+        Expansion {
+            krate,
+            options,
+            key,
+            ret,
+            fake_return,
+        }
+    }
+
     /// An `async fn`: the prelude, then the body in `run`.
     fn async_fn(&self, func: &ItemFn) -> TokenStream {
         let (outer_attrs, inner_attrs) = split_attrs(&func.attrs);
@@ -269,13 +241,10 @@ impl Expansion<'_> {
         let call = local("__redlock_call");
         let result = local("__redlock_result");
         let ret_value = local("__redlock_ret");
-        let core = self.core();
+        let fake_return = &self.fake_return;
         let body_future = quote_spanned! {Span::mixed_site()=>
             async move {
-                if let #core::option::Option::Some(#ret_value) = #core::option::Option::None::<#ret> {
-                    #[allow(unreachable_code)]
-                    return #ret_value;
-                }
+                #fake_return
                 // A body that is only `todo!()` or `panic!()` is fine.
                 #[allow(clippy::diverging_sub_expression)]
                 let #ret_value: #ret = #body;
@@ -304,21 +273,16 @@ impl Expansion<'_> {
         let (outer_attrs, inner_attrs) = split_attrs(&func.attrs);
         let vis = &func.vis;
         let sig = &func.sig;
-        let ret = &self.ret;
         let before = &func.block.stmts[..body.stmt_index.min(func.block.stmts.len())];
         let box_pin = body.box_pin;
-        let future = self.use_key_roots(body.future);
+        let future = self.use_key_roots(body);
         let prelude = self.prelude();
         let call = local("__redlock_call");
         let result = local("__redlock_result");
-        let ret_value = local("__redlock_ret");
-        let core = self.core();
+        let fake_return = &self.fake_return;
         let locked = quote_spanned! {Span::mixed_site()=>
             async move {
-                if let #core::option::Option::Some(#ret_value) = #core::option::Option::None::<#ret> {
-                    #[allow(unreachable_code)]
-                    return #ret_value;
-                }
+                #fake_return
                 #prelude
                 let #result = #call.run(#future).await;
                 #call.finish().await;
@@ -339,10 +303,10 @@ impl Expansion<'_> {
     /// (`let id = id;`), where one read only by the key (which is built before
     /// the future) would be reported unused: the future reads the key's
     /// bindings once, before the body (`let _ = (&id,);`).
-    fn use_key_roots(&self, future: &ExprAsync) -> ExprAsync {
-        let mut future = future.clone();
+    fn use_key_roots(&self, body: &AsyncTraitBody<'_>) -> ExprAsync {
+        let mut future = body.future.clone();
         let roots = self.key.roots();
-        let body_at = future.block.stmts.iter().position(is_ret_binding);
+        let body_at = body.body_index();
         if let (false, Some(index)) = (roots.is_empty(), body_at) {
             let stmt: Stmt = parse_quote!(let _ = (#(&#roots,)*););
             future.block.stmts.insert(index, stmt);

@@ -2,16 +2,22 @@
 //!
 //! Use it through `redlock::distributed_lock`: the expansion names the runtime
 //! by the path `::redlock::__private` (or the `crate = "..."` option), so the
-//! facade is the only dependency a user needs. The macro parses its options
-//! (`attr`), checks the function (`valid`), scans and resolves the key template
-//! (`key_template`) and writes the expansion (`expand`); every error is
-//! reported in one pass, next to the function as it was written.
+//! facade is the only dependency a user needs.
+//!
+//! The macro is a one-way pipeline driven by `expand`: parse the options
+//! (`attr`), check them against each other and check the function (`valid`),
+//! recognise an `#[async_trait]` body (`async_trait`), scan and resolve the key
+//! templates (`key_template`), then write the expansion. Every stage records
+//! its errors in one `ctxt::Ctxt` and goes on, so one compile pass reports
+//! every mistake, next to the function as it was written.
 //!
 //! [`redlock`]: https://docs.rs/redlock
 
 #![warn(missing_docs, unreachable_pub)]
 
+mod async_trait;
 mod attr;
+mod ctxt;
 mod expand;
 mod key_template;
 mod valid;

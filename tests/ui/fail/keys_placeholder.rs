@@ -1,0 +1,11 @@
+// Each template of `keys` gets the placeholder checks of `key`.
+use redlock::{distributed_lock, LockError};
+
+#[distributed_lock(keys = ["account_<from>", "account_<dest>"])]
+async fn transfer(from: u64, to: u64) -> Result<u64, LockError> {
+    Ok(from + to)
+}
+
+fn main() {
+    let _ = transfer(1, 2);
+}
