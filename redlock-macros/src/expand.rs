@@ -22,7 +22,14 @@
 //!     let __redlock_call = match <crate>::__private::enter(
 //!         __redlock_manager,
 //!         __redlock_key,
-//!         CallOptions { ttl: Some(Duration::from_millis(10000)), wait: None, watchdog: true, abort_on_lost: true },
+//!         CallOptions {
+//!             kind: CallKind::Exclusive, // `Read` (mode = "read"), `Permits(4u32)` (permits = 4)
+//!             ttl: Some(Duration::from_millis(10000u64)),
+//!             wait: None,
+//!             hold_at_least: None,
+//!             watchdog: true,
+//!             abort_on_lost: true,
+//!         },
 //!     ).await {
 //!         Ok(c) => c,
 //!         Err(e) => return Err(From::from(e)),
@@ -37,6 +44,10 @@
 //!     __redlock_result
 //! }
 //! ```
+//!
+//! With `keys = ["account_<from>", "account_<to>"]`, `__redlock_key` is an
+//! array of such key blocks, `enter_all` takes it in place of `enter`, and
+//! `guard = g` is a `&<crate>::MultiGuard`.
 //!
 //! `RET` is the declared return type with any `impl Trait` replaced by `_`.
 //! The manager borrow ends at `resolve_manager` and the key's at `enter`, so the
@@ -69,7 +80,7 @@ use syn::visit_mut::VisitMut;
 use syn::{parse_quote, AttrStyle, Attribute, ExprAsync, Ident, ItemFn, Path, Stmt, Type};
 
 use crate::async_trait::AsyncTraitBody;
-use crate::attr::{DurationLit, OnLost, Options};
+use crate::attr::{DurationLit, Mode, OnLost, Options};
 use crate::ctxt::Ctxt;
 use crate::key_template::{KeyTemplate, Scope};
 use crate::valid;
@@ -90,16 +101,7 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
     let async_trait = AsyncTraitBody::from_fn(&func);
     let ret = valid::check_function(&cx, &func, async_trait.as_ref());
     let scope = Scope::from_fn(&func, async_trait.as_ref().map(|body| &body.future.block));
-    let key = options
-        .key
-        .get()
-        .and_then(|lit| KeyTemplate::parse(&cx, lit, &scope));
-    // Every template is scanned, so that each one's mistakes are reported.
-    let _keys: Option<Vec<KeyTemplate>> = options.keys.get().map(|lits| {
-        lits.iter()
-            .filter_map(|lit| KeyTemplate::parse(&cx, lit, &scope))
-            .collect()
-    });
+    let keys = Keys::parse(&cx, &options, &scope);
     let krate: Path = match options.krate.get() {
         Some(path) => path.clone(),
         None => parse_quote!(::redlock),
@@ -108,37 +110,53 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
     if let Err(err) = cx.check() {
         return error_output(err, &func, &options, &krate);
     }
-    if let Some(err) = not_expanded_yet(&options) {
-        return error_output(err, &func, &options, &krate);
-    }
-    let (Some(ret), Some(key)) = (ret, key) else {
+    let (Some(ret), Some(keys)) = (ret, keys) else {
         // Unreachable: a missing return type or key has been reported above.
         let err = syn::Error::new(Span::call_site(), "#[distributed_lock]: invalid input");
         return error_output(err, &func, &options, &krate);
     };
 
-    let expansion = Expansion::new(krate, &options, key, ret);
+    let expansion = Expansion::new(krate, &options, keys, ret);
     match &async_trait {
         None => expansion.async_fn(&func),
         Some(body) => expansion.async_trait_fn(&func, body),
     }
 }
 
-/// The options that are parsed and checked but not yet expanded: they need the
-/// runtime's read/write, permit, several-keys and hold-at-least acquisitions.
-fn not_expanded_yet(options: &Options) -> Option<syn::Error> {
-    let written = [
-        options.mode.tokens(),
-        options.permits.tokens(),
-        options.keys.tokens(),
-        options.hold_at_least.tokens(),
-    ];
-    written.into_iter().flatten().next().map(|tokens| {
-        syn::Error::new_spanned(
-            tokens,
-            "this option is checked but not expanded yet: the runtime has no such acquisition",
-        )
-    })
+/// The locks one call takes.
+enum Keys {
+    /// `key = "..."`: one lock, of the kind `mode` or `permits` asks for.
+    One(KeyTemplate),
+    /// `keys = [...]`: every key, exclusively, all or nothing.
+    All(Vec<KeyTemplate>),
+}
+
+impl Keys {
+    /// Scans `key` or every template of `keys` (all of them, even after one
+    /// failed, so that each one's mistakes are reported).
+    fn parse(cx: &Ctxt, options: &Options, scope: &Scope) -> Option<Keys> {
+        let one = options
+            .key
+            .get()
+            .map(|lit| KeyTemplate::parse(cx, lit, scope));
+        let all = options.keys.get().map(|lits| {
+            lits.iter()
+                .map(|lit| KeyTemplate::parse(cx, lit, scope))
+                .collect::<Vec<_>>()
+        });
+        match (one, all) {
+            (Some(one), _) => one.map(Keys::One),
+            (None, Some(all)) => all.into_iter().collect::<Option<_>>().map(Keys::All),
+            (None, None) => None,
+        }
+    }
+
+    fn templates(&self) -> &[KeyTemplate] {
+        match self {
+            Keys::One(template) => std::slice::from_ref(template),
+            Keys::All(templates) => templates,
+        }
+    }
 }
 
 /// The error for an item that is not a function with a body.
@@ -173,9 +191,14 @@ fn error_output(err: syn::Error, func: &ItemFn, options: &Options, krate: &Path)
     let Some(guard) = options.guard.get() else {
         return quote!(#errors #func);
     };
+    let guard_type = if options.keys.is_written() && !options.key.is_written() {
+        quote!(MultiGuard)
+    } else {
+        quote!(LockGuard)
+    };
     let dummy = syn::parse2::<Stmt>(quote! {
         #[allow(unused_variables, unreachable_code)]
-        let #guard: &#krate::LockGuard = {
+        let #guard: &#krate::#guard_type = {
             fn __redlock_never<T>() -> T {
                 ::core::unreachable!()
             }
@@ -194,7 +217,7 @@ fn error_output(err: syn::Error, func: &ItemFn, options: &Options, krate: &Path)
 struct Expansion<'a> {
     krate: Path,
     options: &'a Options,
-    key: KeyTemplate,
+    keys: Keys,
     /// The body's output type, `impl Trait` erased to `_`.
     ret: Type,
     /// `if let Some(r) = None::<RET> { return r; }`: an unreachable `return`
@@ -211,7 +234,7 @@ fn local(name: &str) -> Ident {
 }
 
 impl<'a> Expansion<'a> {
-    fn new(krate: Path, options: &'a Options, key: KeyTemplate, ret: &Type) -> Self {
+    fn new(krate: Path, options: &'a Options, keys: Keys, ret: &Type) -> Self {
         let ret = erase_impl_trait(ret);
         let core = quote!(#krate::__private::core);
         let ret_value = local("__redlock_ret");
@@ -224,7 +247,7 @@ impl<'a> Expansion<'a> {
         Expansion {
             krate,
             options,
-            key,
+            keys,
             ret,
             fake_return,
         }
@@ -305,7 +328,12 @@ impl<'a> Expansion<'a> {
     /// bindings once, before the body (`let _ = (&id,);`).
     fn use_key_roots(&self, body: &AsyncTraitBody<'_>) -> ExprAsync {
         let mut future = body.future.clone();
-        let roots = self.key.roots();
+        let mut roots: Vec<&Ident> = Vec::new();
+        for root in self.keys.templates().iter().flat_map(KeyTemplate::roots) {
+            if !roots.contains(&root) {
+                roots.push(root);
+            }
+        }
         let body_at = body.body_index();
         if let (false, Some(index)) = (roots.is_empty(), body_at) {
             let stmt: Stmt = parse_quote!(let _ = (#(&#roots,)*););
@@ -349,8 +377,30 @@ impl<'a> Expansion<'a> {
             ),
         };
 
-        let hint = Literal::usize_unsuffixed(self.key.capacity_hint());
-        let write = self.key.write_to(krate, &buffer);
+        let key_expr = |template: &KeyTemplate| {
+            let hint = Literal::usize_unsuffixed(template.capacity_hint());
+            let write = template.write_to(krate, &buffer);
+            quote_spanned! {Span::mixed_site()=>
+                {
+                    let mut #buffer = #krate::__private::key_buffer(&#manager, #hint);
+                    #write
+                    #buffer
+                }
+            }
+        };
+        // `enter` takes one key, `enter_all` an array of them; the guard type
+        // follows.
+        let (key_value, enter, guard_type) = match &self.keys {
+            Keys::One(template) => (key_expr(template), quote!(enter), quote!(LockGuard)),
+            Keys::All(templates) => {
+                let keys = templates.iter().map(key_expr);
+                (
+                    quote_spanned!(Span::mixed_site()=> [#(#keys),*]),
+                    quote!(enter_all),
+                    quote!(MultiGuard),
+                )
+            }
+        };
 
         let duration = |lit: Option<&DurationLit>| match lit {
             Some(duration) => {
@@ -363,6 +413,15 @@ impl<'a> Expansion<'a> {
         };
         let ttl = duration(self.options.ttl.get());
         let wait = duration(self.options.wait.get());
+        let hold_at_least = duration(self.options.hold_at_least.get());
+        let kind = match (self.options.permits.get(), self.options.mode.get()) {
+            (Some(&permits), _) => {
+                let permits = Literal::u32_suffixed(permits);
+                quote!(Permits(#permits))
+            }
+            (None, Some(Mode::Read)) => quote!(Read),
+            (None, Some(Mode::Exclusive) | None) => quote!(Exclusive),
+        };
         let watchdog = match self.options.watchdog.get() {
             Some(lit) => lit.into_token_stream(),
             None => quote!(true),
@@ -373,7 +432,7 @@ impl<'a> Expansion<'a> {
         };
         let guard = self.options.guard.get().map(|guard| {
             quote_spanned! {Span::mixed_site()=>
-                let #guard: &#krate::LockGuard = #call.guard();
+                let #guard: &#krate::#guard_type = #call.guard();
             }
         });
         let bail = quote_spanned! {Span::mixed_site()=>
@@ -386,17 +445,15 @@ impl<'a> Expansion<'a> {
                 #core::result::Result::Ok(#value) => #value,
                 #core::result::Result::Err(#error) => #bail,
             };
-            let #key = {
-                let mut #buffer = #krate::__private::key_buffer(&#manager, #hint);
-                #write
-                #buffer
-            };
-            let #call = match #krate::__private::enter(
+            let #key = #key_value;
+            let #call = match #krate::__private::#enter(
                 #manager,
                 #key,
                 #krate::__private::CallOptions {
+                    kind: #krate::__private::CallKind::#kind,
                     ttl: #ttl,
                     wait: #wait,
+                    hold_at_least: #hold_at_least,
                     watchdog: #watchdog,
                     abort_on_lost: #abort_on_lost,
                 },
