@@ -241,7 +241,8 @@ mod valid;
 /// `mode = "read"`, `permits` or `keys` call always acquires, and its body's
 /// calls do not re-enter its locks. An exclusive call on a key its caller reads
 /// (or holds a permit or a `keys` lock of) waits like any other writer, until
-/// its `wait` runs out.
+/// its `wait` runs out. A re-entering call does not release, so its own
+/// `hold_at_least` does not apply: the outermost call's does.
 ///
 /// # Compile errors
 ///
