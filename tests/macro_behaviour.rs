@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use conformance::backends::{Memory, Single};
 use conformance::{eventually, manager, Harness};
 use redis::AsyncCommands;
-use redlock::{distributed_lock, LockError, LockManager, LockOptions};
+use redlock::{distributed_lock, LockError, LockKind, LockManager, LockOptions};
 use tokio::sync::Notify;
 
 /// One `#[tokio::test]` per behaviour and backend: `single::$name` and `memory::$name`.
@@ -63,6 +63,11 @@ on_every_backend!(
     self_manager_and_tenant_placeholder,
     async_trait_method_holds_the_lock,
     axum_handler_over_loopback_http,
+    read_mode_shares_with_readers_not_writers,
+    permits_admit_exactly_n,
+    keys_lock_all_in_any_order,
+    hold_at_least_keeps_the_key_after_return,
+    read_call_is_not_reentered,
 );
 
 // ---------------------------------------------------------------------------------------
@@ -1074,4 +1079,301 @@ async fn lease_lost_at_grant_does_not_run_the_body() {
     let result = born_lost(&locks, fresh_id(), &ran).await;
     assert!(matches!(result, Err(LockError::Lost { .. })), "{result:?}");
     assert!(!ran.load(Ordering::SeqCst), "the body ran without the lock");
+}
+
+// ---------------------------------------------------------------------------------------
+// Other kinds of lock: mode, permits, keys, hold_at_least
+
+#[distributed_lock(key = "doc_<id>", manager = locks, mode = "read", wait = "10s", guard = g)]
+async fn read_doc(locks: &LockManager, id: u64, gate: &Gate) -> Result<LockKind, LockError> {
+    gate.pass().await;
+    Ok(g.kind())
+}
+
+#[distributed_lock(key = "doc_<id>", manager = locks, mode = "read", wait = "0s")]
+async fn try_read_doc(locks: &LockManager, id: u64) -> Result<(), LockError> {
+    Ok(())
+}
+
+#[distributed_lock(key = "doc_<id>", manager = locks, mode = "write", wait = "10s", guard = g)]
+async fn write_doc(locks: &LockManager, id: u64, gate: &Gate) -> Result<LockKind, LockError> {
+    gate.pass().await;
+    Ok(g.kind())
+}
+
+#[distributed_lock(key = "doc_<id>", manager = locks, wait = "0s")]
+async fn try_write_doc(locks: &LockManager, id: u64) -> Result<(), LockError> {
+    Ok(())
+}
+
+/// Runs `call` in a task and returns once its body holds the lock (within [`PROMPTLY`]).
+async fn enter_gated<T, F>(gate: &Arc<Gate>, call: F) -> tokio::task::JoinHandle<T>
+where
+    F: std::future::Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    let task = tokio::spawn(call);
+    tokio::time::timeout(PROMPTLY, gate.entered.notified())
+        .await
+        .expect("the body entered");
+    task
+}
+
+/// `mode = "read"`: two readers of one key hold it at once (from two managers), a
+/// writer (`mode = "write"` or the default exclusive mode) cannot get it meanwhile; and
+/// while a writer holds it a reader cannot.
+async fn read_mode_shares_with_readers_not_writers<H: Harness>(h: &H) {
+    let (a, b) = (manager(h).await, manager(h).await);
+    let id = fresh_id();
+    let (first, second) = (Gate::new(), Gate::new());
+    let r1 = enter_gated(&first, {
+        let (a, gate) = (a.clone(), first.clone());
+        async move { read_doc(&a, id, &gate).await }
+    })
+    .await;
+    let r2 = enter_gated(&second, {
+        let (b, gate) = (b.clone(), second.clone());
+        async move { read_doc(&b, id, &gate).await }
+    })
+    .await;
+    let err = try_write_doc(&a, id).await.unwrap_err();
+    assert!(matches!(err, LockError::Timeout { .. }), "{err}");
+    first.go.notify_one();
+    second.go.notify_one();
+    assert_eq!(r1.await.unwrap().unwrap(), LockKind::Read);
+    assert_eq!(r2.await.unwrap().unwrap(), LockKind::Read);
+
+    let writing = Gate::new();
+    let w = enter_gated(&writing, {
+        let (b, gate) = (b.clone(), writing.clone());
+        async move { write_doc(&b, id, &gate).await }
+    })
+    .await;
+    let err = try_read_doc(&a, id).await.unwrap_err();
+    assert!(matches!(err, LockError::Timeout { .. }), "{err}");
+    writing.go.notify_one();
+    assert_eq!(w.await.unwrap().unwrap(), LockKind::Exclusive);
+    try_read_doc(&a, id).await.expect("free again");
+}
+
+/// The bodies of one permit-limited function: how many run now, the most that ever ran
+/// at once, and how many ran.
+#[derive(Default)]
+struct Slots {
+    active: AtomicUsize,
+    high_water: AtomicUsize,
+    runs: AtomicUsize,
+}
+
+#[distributed_lock(key = "export_<id>", manager = locks, permits = 2, wait = "30s", guard = g)]
+async fn export(
+    locks: &LockManager,
+    id: u64,
+    slots: &Slots,
+    gate: Option<&Gate>,
+) -> Result<LockKind, LockError> {
+    let now = slots.active.fetch_add(1, Ordering::SeqCst) + 1;
+    slots.high_water.fetch_max(now, Ordering::SeqCst);
+    match gate {
+        Some(gate) => gate.pass().await,
+        None => tokio::time::sleep(Duration::from_millis(5)).await,
+    }
+    slots.runs.fetch_add(1, Ordering::SeqCst);
+    slots.active.fetch_sub(1, Ordering::SeqCst);
+    Ok(g.kind())
+}
+
+#[distributed_lock(key = "export_<id>", manager = locks, permits = 2, wait = "0s")]
+async fn try_export(locks: &LockManager, id: u64) -> Result<(), LockError> {
+    Ok(())
+}
+
+/// `permits = 2`: two calls hold a permit at once and a third cannot; then twelve
+/// tasks over three managers never run more than two bodies at once, and every call
+/// runs.
+async fn permits_admit_exactly_n<H: Harness>(h: &H) {
+    const MANAGERS: usize = 3;
+    const TASKS: usize = 4;
+    const ROUNDS: usize = 5;
+    let id = fresh_id();
+    let slots = Arc::new(Slots::default());
+    let locks = manager(h).await;
+    let (first, second) = (Gate::new(), Gate::new());
+    let mut held = Vec::new();
+    for gate in [&first, &second] {
+        let (locks, slots, gate) = (locks.clone(), slots.clone(), gate.clone());
+        held.push(
+            enter_gated(&gate.clone(), async move {
+                export(&locks, id, &slots, Some(&gate)).await
+            })
+            .await,
+        );
+    }
+    let err = try_export(&manager(h).await, id).await.unwrap_err();
+    assert!(matches!(err, LockError::Timeout { .. }), "{err}");
+    first.go.notify_one();
+    second.go.notify_one();
+    for call in held {
+        assert_eq!(call.await.unwrap().unwrap(), LockKind::Permit);
+    }
+
+    let mut tasks = Vec::new();
+    for _ in 0..MANAGERS {
+        let locks = manager(h).await;
+        for _ in 0..TASKS {
+            let (locks, slots) = (locks.clone(), slots.clone());
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..ROUNDS {
+                    export(&locks, id, &slots, None).await.expect("export");
+                }
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.expect("task");
+    }
+    assert_eq!(slots.high_water.load(Ordering::SeqCst), 2, "permits = 2");
+    assert_eq!(
+        slots.runs.load(Ordering::SeqCst),
+        2 + MANAGERS * TASKS * ROUNDS
+    );
+}
+
+/// The accounts of the transfers: bodies holding each account now, and transfers done.
+struct Accounts {
+    holders: Vec<AtomicUsize>,
+    ids: Vec<u64>,
+    done: AtomicUsize,
+}
+
+impl Accounts {
+    fn holders(&self, id: u64) -> &AtomicUsize {
+        let i = self.ids.iter().position(|&x| x == id).expect("an account");
+        &self.holders[i]
+    }
+}
+
+#[distributed_lock(keys = ["account_<from>", "account_<to>"], manager = locks, wait = "30s", guard = g)]
+async fn move_funds(
+    locks: &LockManager,
+    from: u64,
+    to: u64,
+    accounts: &Accounts,
+) -> Result<usize, LockError> {
+    let mut touched = vec![from, to];
+    touched.dedup();
+    for &id in &touched {
+        assert_eq!(
+            accounts.holders(id).fetch_add(1, Ordering::SeqCst),
+            0,
+            "two holders of account {id}"
+        );
+    }
+    assert_eq!(g.fencing_tokens().len(), g.keys().len());
+    tokio::task::yield_now().await;
+    tokio::time::sleep(Duration::from_micros(200)).await;
+    for &id in &touched {
+        accounts.holders(id).fetch_sub(1, Ordering::SeqCst);
+    }
+    accounts.done.fetch_add(1, Ordering::SeqCst);
+    Ok(g.keys().len())
+}
+
+/// `keys = [...]`: tasks naming three accounts in opposite orders, over two managers,
+/// all finish (no deadlock) and never hold one account twice at once; the guard has
+/// each distinct key once, sorted.
+async fn keys_lock_all_in_any_order<H: Harness>(h: &H) {
+    const TASKS: usize = 6;
+    const ROUNDS: usize = 8;
+    let ids = vec![fresh_id(), fresh_id(), fresh_id()];
+    let accounts = Arc::new(Accounts {
+        holders: ids.iter().map(|_| AtomicUsize::new(0)).collect(),
+        ids: ids.clone(),
+        done: AtomicUsize::new(0),
+    });
+    let (a, b) = (manager(h).await, manager(h).await);
+    let mut tasks = Vec::new();
+    for task in 0..TASKS {
+        let locks = if task % 2 == 0 { a.clone() } else { b.clone() };
+        let accounts = accounts.clone();
+        let (from, to) = (ids[task % 3], ids[(task + 1) % 3]);
+        let (from, to) = if task % 2 == 0 {
+            (from, to)
+        } else {
+            (to, from)
+        };
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..ROUNDS {
+                let held = move_funds(&locks, from, to, &accounts).await;
+                assert_eq!(held.expect("transfer"), 2);
+            }
+        }));
+    }
+    let all = async {
+        for t in tasks {
+            t.await.expect("task");
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), all)
+        .await
+        .expect("every transfer finished");
+    assert_eq!(accounts.done.load(Ordering::SeqCst), TASKS * ROUNDS);
+    // Both templates naming one account lock it once.
+    let same = move_funds(&a, ids[0], ids[0], &accounts).await.unwrap();
+    assert_eq!(same, 1);
+    for id in ids {
+        assert!(!a.is_locked(&format!("account_{{{id}}}")).await.unwrap());
+    }
+}
+
+#[distributed_lock(key = "nightly_job_<id>", manager = locks, hold_at_least = "2s", wait = "0s")]
+async fn nightly_job(locks: &LockManager, id: u64) -> Result<(), LockError> {
+    Ok(())
+}
+
+/// `hold_at_least = "2s"`: the key stays locked after the body returned, another run
+/// is refused meanwhile (skip-if-locked with `wait = "0s"`), and the key is free once
+/// the hold is over (well before the 30 s default ttl).
+async fn hold_at_least_keeps_the_key_after_return<H: Harness>(h: &H) {
+    let locks = manager(h).await;
+    let id = fresh_id();
+    let key = format!("nightly_job_{{{id}}}");
+    let start = Instant::now();
+    nightly_job(&locks, id).await.expect("first run");
+    assert!(locks.is_locked(&key).await.unwrap(), "released at once");
+    let err = nightly_job(&manager(h).await, id).await.unwrap_err();
+    assert!(matches!(err, LockError::Timeout { .. }), "{err}");
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "checks took the whole hold"
+    );
+    let hold_over = eventually(Duration::from_secs(2) + PROMPTLY, || async {
+        !locks.is_locked(&key).await.unwrap()
+    });
+    assert!(hold_over.await, "still locked long after the hold");
+    assert!(
+        start.elapsed() >= Duration::from_secs(2),
+        "freed before the hold"
+    );
+    nightly_job(&locks, id)
+        .await
+        .expect("runs again after the hold");
+}
+
+#[distributed_lock(key = "doc_<id>", manager = locks, wait = "0s")]
+async fn write_inside_read(locks: &LockManager, id: u64) -> Result<(), LockError> {
+    Ok(())
+}
+
+#[distributed_lock(key = "doc_<id>", manager = locks, mode = "read")]
+async fn read_then_write(locks: &LockManager, id: u64) -> Result<(), LockError> {
+    write_inside_read(locks, id).await
+}
+
+/// Only an exclusive call re-enters: an exclusive call nested in a read call of the same
+/// key is a writer like any other, so it is refused while its caller reads.
+async fn read_call_is_not_reentered<H: Harness>(h: &H) {
+    let locks = manager(h).await;
+    let err = read_then_write(&locks, fresh_id()).await.unwrap_err();
+    assert!(matches!(err, LockError::Timeout { .. }), "{err}");
 }

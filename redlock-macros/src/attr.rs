@@ -5,17 +5,22 @@
 //! option, so one compile pass reports every mistake. Each option keeps the
 //! tokens it was written with, for error spans.
 
-use proc_macro2::{Span, TokenStream, TokenTree};
+use proc_macro2::{TokenStream, TokenTree};
 use quote::ToTokens;
 use syn::ext::IdentExt;
 use syn::parse::{ParseStream, Parser};
-use syn::{Expr, Ident, LitBool, LitStr, Path, Token};
+use syn::punctuated::Punctuated;
+use syn::{bracketed, token, Expr, Ident, LitBool, LitInt, LitStr, Path, Token};
 
-use crate::valid::Ctxt;
+use crate::ctxt::Ctxt;
 
 /// The custom keywords of the attribute (`crate` is a real keyword, `Token![crate]`).
 pub(crate) mod kw {
     syn::custom_keyword!(key);
+    syn::custom_keyword!(keys);
+    syn::custom_keyword!(mode);
+    syn::custom_keyword!(permits);
+    syn::custom_keyword!(hold_at_least);
     syn::custom_keyword!(ttl);
     syn::custom_keyword!(wait);
     syn::custom_keyword!(watchdog);
@@ -25,10 +30,10 @@ pub(crate) mod kw {
 }
 
 /// Every option name, in the order the docs list them (for "expected one of").
-const OPTION_NAMES: &str =
-    "`key`, `ttl`, `wait`, `watchdog`, `manager`, `guard`, `on_lost`, `crate`";
+const OPTION_NAMES: &str = "`key`, `keys`, `mode`, `permits`, `ttl`, `wait`, `hold_at_least`, \
+                            `watchdog`, `manager`, `guard`, `on_lost`, `crate`";
 
-/// The longest `ttl` the runtime accepts: 30 days.
+/// The longest `ttl` (and `hold_at_least`) the runtime accepts: 30 days.
 const MAX_TTL_MILLIS: u64 = 30 * 24 * 60 * 60 * 1000;
 
 /// One option: where it was first written (its `name = value` tokens) and its
@@ -73,6 +78,12 @@ impl<T> Attr<T> {
     pub(crate) fn get(&self) -> Option<&T> {
         self.value.as_ref()
     }
+
+    /// The option's `name = value` tokens as first written, for spanning an
+    /// error about the option as a whole.
+    pub(crate) fn tokens(&self) -> Option<&TokenStream> {
+        self.tokens.as_ref()
+    }
 }
 
 /// A duration literal such as `"10s"`, checked at compile time.
@@ -92,9 +103,37 @@ pub(crate) enum OnLost {
     Continue,
 }
 
+/// Which kind of lock `mode = "..."` asks for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// `"read"`: shared with other readers of the key, excluding writers.
+    Read,
+    /// `"write"` or `"exclusive"` (the default): one holder.
+    Exclusive,
+}
+
+/// `keys = ["...", "..."]`: the templates of a call that locks several keys.
+struct KeyList {
+    bracket: token::Bracket,
+    templates: Punctuated<LitStr, Token![,]>,
+}
+
+impl syn::parse::Parse for KeyList {
+    fn parse(input: ParseStream) -> syn::Result<Self> {
+        let content;
+        let bracket = bracketed!(content in input);
+        let templates = content.parse_terminated(|input| input.parse::<LitStr>(), Token![,])?;
+        Ok(KeyList { bracket, templates })
+    }
+}
+
 /// All options of one attribute.
 pub(crate) struct Options {
     pub(crate) key: Attr<LitStr>,
+    pub(crate) keys: Attr<Vec<LitStr>>,
+    pub(crate) mode: Attr<Mode>,
+    pub(crate) permits: Attr<u32>,
+    pub(crate) hold_at_least: Attr<DurationLit>,
     pub(crate) ttl: Attr<DurationLit>,
     pub(crate) wait: Attr<DurationLit>,
     pub(crate) watchdog: Attr<LitBool>,
@@ -109,6 +148,10 @@ impl Options {
     pub(crate) fn parse(cx: &Ctxt, args: TokenStream) -> Options {
         let mut options = Options {
             key: Attr::none("key"),
+            keys: Attr::none("keys"),
+            mode: Attr::none("mode"),
+            permits: Attr::none("permits"),
+            hold_at_least: Attr::none("hold_at_least"),
             ttl: Attr::none("ttl"),
             wait: Attr::none("wait"),
             watchdog: Attr::none("watchdog"),
@@ -139,12 +182,6 @@ impl Options {
         if let Err(err) = parser.parse2(args) {
             cx.syn_error(err);
         }
-        if !options.key.is_written() {
-            cx.error_at(
-                Span::call_site(),
-                "missing required option `key`, e.g. `#[distributed_lock(key = \"order_<id>\")]`",
-            );
-        }
         options
     }
 
@@ -166,6 +203,60 @@ impl Options {
                 } else {
                     self.key.value = Some(lit);
                 }
+            }
+        } else if lookahead.peek(kw::keys) {
+            input.parse::<kw::keys>()?;
+            let list: KeyList = value(
+                &mut self.keys,
+                input,
+                start,
+                "a list of key templates such as [\"account_<from>\", \"account_<to>\"]",
+            )?;
+            if self.keys.seen(cx, &tokens_since(start, input)) {
+                self.keys.value = key_list(cx, list);
+            }
+        } else if lookahead.peek(kw::mode) {
+            input.parse::<kw::mode>()?;
+            let lit: LitStr = value(
+                &mut self.mode,
+                input,
+                start,
+                "\"read\", \"write\" or \"exclusive\"",
+            )?;
+            if self.mode.seen(cx, &tokens_since(start, input)) {
+                match lit.value().as_str() {
+                    "read" => self.mode.value = Some(Mode::Read),
+                    "write" | "exclusive" => self.mode.value = Some(Mode::Exclusive),
+                    other => cx.error_spanned_by(
+                        &lit,
+                        format_args!(
+                            "invalid `mode` value `{other}`: expected \"read\", \"write\" or \
+                             \"exclusive\""
+                        ),
+                    ),
+                }
+            }
+        } else if lookahead.peek(kw::permits) {
+            input.parse::<kw::permits>()?;
+            let lit: LitInt = value(
+                &mut self.permits,
+                input,
+                start,
+                "a whole number of permits such as 4",
+            )?;
+            if self.permits.seen(cx, &tokens_since(start, input)) {
+                self.permits.value = parse_permits(cx, &lit);
+            }
+        } else if lookahead.peek(kw::hold_at_least) {
+            input.parse::<kw::hold_at_least>()?;
+            let lit: LitStr = value(
+                &mut self.hold_at_least,
+                input,
+                start,
+                "a duration string such as \"30s\"",
+            )?;
+            if self.hold_at_least.seen(cx, &tokens_since(start, input)) {
+                self.hold_at_least.value = parse_duration(cx, lit, DurationKind::HoldAtLeast);
             }
         } else if lookahead.peek(kw::ttl) {
             input.parse::<kw::ttl>()?;
@@ -267,6 +358,73 @@ impl Options {
     }
 }
 
+/// The templates of `keys = [...]`, each once. An empty list, an empty template
+/// and a template listed twice are errors; the other templates are kept, so
+/// that their placeholders are checked too.
+fn key_list(cx: &Ctxt, list: KeyList) -> Option<Vec<LitStr>> {
+    if list.templates.is_empty() {
+        cx.error_at(
+            list.bracket.span.join(),
+            "`keys` needs at least one key template, e.g. `keys = [\"account_<from>\", \
+             \"account_<to>\"]`",
+        );
+        return None;
+    }
+    let mut templates: Vec<LitStr> = Vec::with_capacity(list.templates.len());
+    for lit in list.templates {
+        let text = lit.value();
+        if text.is_empty() {
+            cx.error_spanned_by(&lit, "the lock key must not be empty");
+        } else if templates.iter().any(|seen| seen.value() == text) {
+            cx.error_spanned_by(
+                &lit,
+                format_args!(
+                    "duplicate key template \"{text}\" in `keys`: it is already listed, and a \
+                     call locks each key once"
+                ),
+            );
+        } else {
+            templates.push(lit);
+        }
+    }
+    Some(templates)
+}
+
+/// The number in `permits = N`: 1 ..= `u32::MAX`, unsuffixed or `u32`.
+fn parse_permits(cx: &Ctxt, lit: &LitInt) -> Option<u32> {
+    if !matches!(lit.suffix(), "" | "u32") {
+        cx.error_spanned_by(
+            lit,
+            format_args!(
+                "invalid `permits` value `{lit}`: expected a whole number without a type \
+                 suffix, such as 4"
+            ),
+        );
+        return None;
+    }
+    match lit.base10_parse::<u32>() {
+        Ok(0) => {
+            cx.error_spanned_by(
+                lit,
+                "`permits` must be at least 1: with 0 permits no call could ever run",
+            );
+            None
+        }
+        Ok(n) => Some(n),
+        Err(_) => {
+            cx.error_spanned_by(
+                lit,
+                format_args!(
+                    "`permits` must be at most {} (`u32::MAX`), got {}",
+                    u32::MAX,
+                    lit.base10_digits()
+                ),
+            );
+            None
+        }
+    }
+}
+
 /// Skips the rest of an option, up to (not including) the next top-level comma.
 fn skip_to_comma(input: ParseStream) -> syn::Result<()> {
     while !input.is_empty() && !input.peek(Token![,]) {
@@ -317,6 +475,7 @@ fn tokens_since(start: syn::buffer::Cursor<'_>, input: ParseStream) -> TokenStre
 enum DurationKind {
     Ttl,
     Wait,
+    HoldAtLeast,
 }
 
 /// Parses a duration literal (`"250ms"`, `"10s"`, `"1m"`), reporting errors at the literal.
@@ -335,18 +494,21 @@ fn parse_duration(cx: &Ctxt, lit: LitStr, kind: DurationKind) -> Option<Duration
             return None;
         }
     };
-    if let DurationKind::Ttl = kind {
-        if millis == 0 {
-            cx.error_spanned_by(&lit, "`ttl` must be at least 1ms");
-            return None;
-        }
-        if millis > MAX_TTL_MILLIS {
-            cx.error_spanned_by(
-                &lit,
-                format_args!("`ttl` must be at most 30 days (\"43200m\"), got \"{text}\""),
-            );
-            return None;
-        }
+    let name = match kind {
+        DurationKind::Ttl => "ttl",
+        DurationKind::HoldAtLeast => "hold_at_least",
+        DurationKind::Wait => return Some(DurationLit { millis, lit }),
+    };
+    if millis == 0 && matches!(kind, DurationKind::Ttl) {
+        cx.error_spanned_by(&lit, "`ttl` must be at least 1ms");
+        return None;
+    }
+    if millis > MAX_TTL_MILLIS {
+        cx.error_spanned_by(
+            &lit,
+            format_args!("`{name}` must be at most 30 days (\"43200m\"), got \"{text}\""),
+        );
+        return None;
     }
     Some(DurationLit { millis, lit })
 }

@@ -22,7 +22,14 @@
 //!     let __redlock_call = match <crate>::__private::enter(
 //!         __redlock_manager,
 //!         __redlock_key,
-//!         CallOptions { ttl: Some(Duration::from_millis(10000)), wait: None, watchdog: true, abort_on_lost: true },
+//!         CallOptions {
+//!             kind: CallKind::Exclusive, // `Read` (mode = "read"), `Permits(4u32)` (permits = 4)
+//!             ttl: Some(Duration::from_millis(10000u64)),
+//!             wait: None,
+//!             hold_at_least: None,
+//!             watchdog: true,
+//!             abort_on_lost: true,
+//!         },
 //!     ).await {
 //!         Ok(c) => c,
 //!         Err(e) => return Err(From::from(e)),
@@ -37,6 +44,10 @@
 //!     __redlock_result
 //! }
 //! ```
+//!
+//! With `keys = ["account_<from>", "account_<to>"]`, `__redlock_key` is an
+//! array of such key blocks, `enter_all` takes it in place of `enter`, and
+//! `guard = g` is a `&<crate>::MultiGuard`.
 //!
 //! `RET` is the declared return type with any `impl Trait` replaced by `_`.
 //! The manager borrow ends at `resolve_manager` and the key's at `enter`, so the
@@ -66,19 +77,19 @@ use proc_macro2::{Literal, Span, TokenStream};
 use quote::{quote, quote_spanned, ToTokens};
 use syn::spanned::Spanned;
 use syn::visit_mut::VisitMut;
-use syn::{
-    parse_quote, AttrStyle, Attribute, Expr, ExprAsync, Ident, ItemFn, Pat, Path, ReturnType, Stmt,
-    Type,
-};
+use syn::{parse_quote, AttrStyle, Attribute, ExprAsync, Ident, ItemFn, Path, Stmt, Type};
 
-use crate::attr::{DurationLit, OnLost, Options};
+use crate::async_trait::AsyncTraitBody;
+use crate::attr::{DurationLit, Mode, OnLost, Options};
+use crate::ctxt::Ctxt;
 use crate::key_template::{KeyTemplate, Scope};
-use crate::valid::{self, Ctxt};
+use crate::valid;
 
 /// Expands `#[distributed_lock(args)] item`.
 pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
     let cx = Ctxt::new();
     let options = Options::parse(&cx, args);
+    valid::check_options(&cx, &options);
     let func: ItemFn = match syn::parse2(item.clone()) {
         Ok(func) => func,
         Err(_) => {
@@ -90,10 +101,7 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
     let async_trait = AsyncTraitBody::from_fn(&func);
     let ret = valid::check_function(&cx, &func, async_trait.as_ref());
     let scope = Scope::from_fn(&func, async_trait.as_ref().map(|body| &body.future.block));
-    let key = options
-        .key
-        .get()
-        .and_then(|lit| KeyTemplate::parse(&cx, lit, &scope));
+    let keys = Keys::parse(&cx, &options, &scope);
     let krate: Path = match options.krate.get() {
         Some(path) => path.clone(),
         None => parse_quote!(::redlock),
@@ -102,21 +110,52 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
     if let Err(err) = cx.check() {
         return error_output(err, &func, &options, &krate);
     }
-    let (Some(ret), Some(key)) = (ret, key) else {
+    let (Some(ret), Some(keys)) = (ret, keys) else {
         // Unreachable: a missing return type or key has been reported above.
         let err = syn::Error::new(Span::call_site(), "#[distributed_lock]: invalid input");
         return error_output(err, &func, &options, &krate);
     };
 
-    let expansion = Expansion {
-        krate,
-        options: &options,
-        key,
-        ret: erase_impl_trait(ret),
-    };
+    let expansion = Expansion::new(krate, &options, keys, ret);
     match &async_trait {
         None => expansion.async_fn(&func),
         Some(body) => expansion.async_trait_fn(&func, body),
+    }
+}
+
+/// The locks one call takes.
+enum Keys {
+    /// `key = "..."`: one lock, of the kind `mode` or `permits` asks for.
+    One(KeyTemplate),
+    /// `keys = [...]`: every key, exclusively, all or nothing.
+    All(Vec<KeyTemplate>),
+}
+
+impl Keys {
+    /// Scans `key` or every template of `keys` (all of them, even after one
+    /// failed, so that each one's mistakes are reported).
+    fn parse(cx: &Ctxt, options: &Options, scope: &Scope) -> Option<Keys> {
+        let one = options
+            .key
+            .get()
+            .map(|lit| KeyTemplate::parse(cx, lit, scope));
+        let all = options.keys.get().map(|lits| {
+            lits.iter()
+                .map(|lit| KeyTemplate::parse(cx, lit, scope))
+                .collect::<Vec<_>>()
+        });
+        match (one, all) {
+            (Some(one), _) => one.map(Keys::One),
+            (None, Some(all)) => all.into_iter().collect::<Option<_>>().map(Keys::All),
+            (None, None) => None,
+        }
+    }
+
+    fn templates(&self) -> &[KeyTemplate] {
+        match self {
+            Keys::One(template) => std::slice::from_ref(template),
+            Keys::All(templates) => templates,
+        }
     }
 }
 
@@ -152,9 +191,14 @@ fn error_output(err: syn::Error, func: &ItemFn, options: &Options, krate: &Path)
     let Some(guard) = options.guard.get() else {
         return quote!(#errors #func);
     };
+    let guard_type = if options.keys.is_written() && !options.key.is_written() {
+        quote!(MultiGuard)
+    } else {
+        quote!(LockGuard)
+    };
     let dummy = syn::parse2::<Stmt>(quote! {
         #[allow(unused_variables, unreachable_code)]
-        let #guard: &#krate::LockGuard = {
+        let #guard: &#krate::#guard_type = {
             fn __redlock_never<T>() -> T {
                 ::core::unreachable!()
             }
@@ -169,87 +213,19 @@ fn error_output(err: syn::Error, func: &ItemFn, options: &Options, krate: &Path)
     quote!(#errors #func)
 }
 
-/// A method body as `#[async_trait]` writes it: a non-`async` fn whose last
-/// expression is `Box::pin(async move { ... })` and whose return type is a
-/// boxed `Future<Output = T>`. (Found like tracing's `AsyncInfo`.)
-pub(crate) struct AsyncTraitBody<'a> {
-    /// The `T` of `Future<Output = T>`.
-    output: &'a Type,
-    /// The position of the `Box::pin(...)` statement in the fn's block.
-    stmt_index: usize,
-    /// The `Box::pin` path, kept as written.
-    box_pin: &'a Expr,
-    /// The `async move { ... }` argument.
-    future: &'a ExprAsync,
-}
-
-impl<'a> AsyncTraitBody<'a> {
-    pub(crate) fn from_fn(func: &'a ItemFn) -> Option<Self> {
-        if func.sig.asyncness.is_some() {
-            return None;
-        }
-        let ReturnType::Type(_, ret) = &func.sig.output else {
-            return None;
-        };
-        let output = valid::future_output(ret)?;
-        let (stmt_index, last) =
-            func.block
-                .stmts
-                .iter()
-                .enumerate()
-                .next_back()
-                .and_then(|(i, stmt)| match stmt {
-                    Stmt::Expr(expr, None) => Some((i, expr)),
-                    _ => None,
-                })?;
-        let Expr::Call(call) = last else {
-            return None;
-        };
-        let Expr::Path(path) = &*call.func else {
-            return None;
-        };
-        let mut segments = path.path.segments.iter().rev();
-        let is_box_pin = segments.next().is_some_and(|s| s.ident == "pin")
-            && segments.next().is_some_and(|s| s.ident == "Box");
-        if !is_box_pin || call.args.len() != 1 {
-            return None;
-        }
-        let Some(Expr::Async(future)) = call.args.first() else {
-            return None;
-        };
-        Some(AsyncTraitBody {
-            output,
-            stmt_index,
-            box_pin: &call.func,
-            future,
-        })
-    }
-
-    /// The future's output type, as declared.
-    pub(crate) fn output(&self) -> &'a Type {
-        self.output
-    }
-}
-
-/// `let __ret: RET = BLOCK;`, the statement where `#[async_trait]` puts the body.
-fn is_ret_binding(stmt: &Stmt) -> bool {
-    let Stmt::Local(local) = stmt else {
-        return false;
-    };
-    let pat = match &local.pat {
-        Pat::Type(typed) => &*typed.pat,
-        other => other,
-    };
-    matches!(pat, Pat::Ident(pat) if pat.ident == "__ret")
-}
-
 /// Everything needed to write the expansion of a valid input.
 struct Expansion<'a> {
     krate: Path,
     options: &'a Options,
-    key: KeyTemplate,
+    keys: Keys,
     /// The body's output type, `impl Trait` erased to `_`.
     ret: Type,
+    /// `if let Some(r) = None::<RET> { return r; }`: an unreachable `return`
+    /// of the declared type at the start of the future that holds the body,
+    /// so that the compiler knows the future's output type before it checks
+    /// the body (a body ending in `Ok(x)` or only `?`-returning errors needs
+    /// it). Written once here, put where each shape's future starts.
+    fake_return: TokenStream,
 }
 
 /// The hygienic name of one of the expansion's locals.
@@ -257,7 +233,26 @@ fn local(name: &str) -> Ident {
     Ident::new(name, Span::mixed_site())
 }
 
-impl Expansion<'_> {
+impl<'a> Expansion<'a> {
+    fn new(krate: Path, options: &'a Options, keys: Keys, ret: &Type) -> Self {
+        let ret = erase_impl_trait(ret);
+        let core = quote!(#krate::__private::core);
+        let ret_value = local("__redlock_ret");
+        let fake_return = quote_spanned! {Span::mixed_site()=>
+            if let #core::option::Option::Some(#ret_value) = #core::option::Option::None::<#ret> {
+                #[allow(unreachable_code)]
+                return #ret_value;
+            }
+        };
+        Expansion {
+            krate,
+            options,
+            keys,
+            ret,
+            fake_return,
+        }
+    }
+
     /// An `async fn`: the prelude, then the body in `run`.
     fn async_fn(&self, func: &ItemFn) -> TokenStream {
         let (outer_attrs, inner_attrs) = split_attrs(&func.attrs);
@@ -269,13 +264,10 @@ impl Expansion<'_> {
         let call = local("__redlock_call");
         let result = local("__redlock_result");
         let ret_value = local("__redlock_ret");
-        let core = self.core();
+        let fake_return = &self.fake_return;
         let body_future = quote_spanned! {Span::mixed_site()=>
             async move {
-                if let #core::option::Option::Some(#ret_value) = #core::option::Option::None::<#ret> {
-                    #[allow(unreachable_code)]
-                    return #ret_value;
-                }
+                #fake_return
                 // A body that is only `todo!()` or `panic!()` is fine.
                 #[allow(clippy::diverging_sub_expression)]
                 let #ret_value: #ret = #body;
@@ -304,21 +296,16 @@ impl Expansion<'_> {
         let (outer_attrs, inner_attrs) = split_attrs(&func.attrs);
         let vis = &func.vis;
         let sig = &func.sig;
-        let ret = &self.ret;
         let before = &func.block.stmts[..body.stmt_index.min(func.block.stmts.len())];
         let box_pin = body.box_pin;
-        let future = self.use_key_roots(body.future);
+        let future = self.use_key_roots(body);
         let prelude = self.prelude();
         let call = local("__redlock_call");
         let result = local("__redlock_result");
-        let ret_value = local("__redlock_ret");
-        let core = self.core();
+        let fake_return = &self.fake_return;
         let locked = quote_spanned! {Span::mixed_site()=>
             async move {
-                if let #core::option::Option::Some(#ret_value) = #core::option::Option::None::<#ret> {
-                    #[allow(unreachable_code)]
-                    return #ret_value;
-                }
+                #fake_return
                 #prelude
                 let #result = #call.run(#future).await;
                 #call.finish().await;
@@ -339,10 +326,15 @@ impl Expansion<'_> {
     /// (`let id = id;`), where one read only by the key (which is built before
     /// the future) would be reported unused: the future reads the key's
     /// bindings once, before the body (`let _ = (&id,);`).
-    fn use_key_roots(&self, future: &ExprAsync) -> ExprAsync {
-        let mut future = future.clone();
-        let roots = self.key.roots();
-        let body_at = future.block.stmts.iter().position(is_ret_binding);
+    fn use_key_roots(&self, body: &AsyncTraitBody<'_>) -> ExprAsync {
+        let mut future = body.future.clone();
+        let mut roots: Vec<&Ident> = Vec::new();
+        for root in self.keys.templates().iter().flat_map(KeyTemplate::roots) {
+            if !roots.contains(&root) {
+                roots.push(root);
+            }
+        }
+        let body_at = body.body_index();
         if let (false, Some(index)) = (roots.is_empty(), body_at) {
             let stmt: Stmt = parse_quote!(let _ = (#(&#roots,)*););
             future.block.stmts.insert(index, stmt);
@@ -385,8 +377,30 @@ impl Expansion<'_> {
             ),
         };
 
-        let hint = Literal::usize_unsuffixed(self.key.capacity_hint());
-        let write = self.key.write_to(krate, &buffer);
+        let key_expr = |template: &KeyTemplate| {
+            let hint = Literal::usize_unsuffixed(template.capacity_hint());
+            let write = template.write_to(krate, &buffer);
+            quote_spanned! {Span::mixed_site()=>
+                {
+                    let mut #buffer = #krate::__private::key_buffer(&#manager, #hint);
+                    #write
+                    #buffer
+                }
+            }
+        };
+        // `enter` takes one key, `enter_all` an array of them; the guard type
+        // follows.
+        let (key_value, enter, guard_type) = match &self.keys {
+            Keys::One(template) => (key_expr(template), quote!(enter), quote!(LockGuard)),
+            Keys::All(templates) => {
+                let keys = templates.iter().map(key_expr);
+                (
+                    quote_spanned!(Span::mixed_site()=> [#(#keys),*]),
+                    quote!(enter_all),
+                    quote!(MultiGuard),
+                )
+            }
+        };
 
         let duration = |lit: Option<&DurationLit>| match lit {
             Some(duration) => {
@@ -399,6 +413,15 @@ impl Expansion<'_> {
         };
         let ttl = duration(self.options.ttl.get());
         let wait = duration(self.options.wait.get());
+        let hold_at_least = duration(self.options.hold_at_least.get());
+        let kind = match (self.options.permits.get(), self.options.mode.get()) {
+            (Some(&permits), _) => {
+                let permits = Literal::u32_suffixed(permits);
+                quote!(Permits(#permits))
+            }
+            (None, Some(Mode::Read)) => quote!(Read),
+            (None, Some(Mode::Exclusive) | None) => quote!(Exclusive),
+        };
         let watchdog = match self.options.watchdog.get() {
             Some(lit) => lit.into_token_stream(),
             None => quote!(true),
@@ -409,7 +432,7 @@ impl Expansion<'_> {
         };
         let guard = self.options.guard.get().map(|guard| {
             quote_spanned! {Span::mixed_site()=>
-                let #guard: &#krate::LockGuard = #call.guard();
+                let #guard: &#krate::#guard_type = #call.guard();
             }
         });
         let bail = quote_spanned! {Span::mixed_site()=>
@@ -422,17 +445,15 @@ impl Expansion<'_> {
                 #core::result::Result::Ok(#value) => #value,
                 #core::result::Result::Err(#error) => #bail,
             };
-            let #key = {
-                let mut #buffer = #krate::__private::key_buffer(&#manager, #hint);
-                #write
-                #buffer
-            };
-            let #call = match #krate::__private::enter(
+            let #key = #key_value;
+            let #call = match #krate::__private::#enter(
                 #manager,
                 #key,
                 #krate::__private::CallOptions {
+                    kind: #krate::__private::CallKind::#kind,
                     ttl: #ttl,
                     wait: #wait,
+                    hold_at_least: #hold_at_least,
                     watchdog: #watchdog,
                     abort_on_lost: #abort_on_lost,
                 },

@@ -22,7 +22,7 @@ use syn::parse::Parser;
 use syn::visit_mut::VisitMut;
 use syn::{Block, Expr, FnArg, Ident, ItemFn, LitStr, Member, Pat, Path, Stmt};
 
-use crate::valid::Ctxt;
+use crate::ctxt::Ctxt;
 
 /// Capacity reserved per placeholder when sizing the key buffer (a `u64` is at
 /// most 20 digits).
@@ -539,7 +539,7 @@ impl VisitMut for StripBindingModes {
 #[cfg(test)]
 mod tests {
     use super::{KeyTemplate, Scope};
-    use crate::valid::Ctxt;
+    use crate::ctxt::Ctxt;
     use syn::{ItemFn, LitStr};
 
     /// The format string of `key` on `func`, or the errors.

@@ -2,16 +2,22 @@
 //!
 //! Use it through `redlock::distributed_lock`: the expansion names the runtime
 //! by the path `::redlock::__private` (or the `crate = "..."` option), so the
-//! facade is the only dependency a user needs. The macro parses its options
-//! (`attr`), checks the function (`valid`), scans and resolves the key template
-//! (`key_template`) and writes the expansion (`expand`); every error is
-//! reported in one pass, next to the function as it was written.
+//! facade is the only dependency a user needs.
+//!
+//! The macro is a one-way pipeline driven by `expand`: parse the options
+//! (`attr`), check them against each other and check the function (`valid`),
+//! recognise an `#[async_trait]` body (`async_trait`), scan and resolve the key
+//! templates (`key_template`), then write the expansion. Every stage records
+//! its errors in one `ctxt::Ctxt` and goes on, so one compile pass reports
+//! every mistake, next to the function as it was written.
 //!
 //! [`redlock`]: https://docs.rs/redlock
 
 #![warn(missing_docs, unreachable_pub)]
 
+mod async_trait;
 mod attr;
+mod ctxt;
 mod expand;
 mod key_template;
 mod valid;
@@ -56,9 +62,13 @@ mod valid;
 ///
 /// | option | value | default |
 /// |---|---|---|
-/// | `key` | string template, required | — |
+/// | `key` | string template; this or `keys` is required | — |
+/// | `keys` | list of string templates | — |
+/// | `mode` | `"read"` / `"write"` / `"exclusive"` | `"exclusive"` |
+/// | `permits` | integer, `1` ..= `u32::MAX` | — (an exclusive lock) |
 /// | `ttl` | duration string, `1ms` ..= 30 days | the manager's `default_ttl` |
 /// | `wait` | duration string, `"0s"` = one attempt | the manager's `default_wait` |
+/// | `hold_at_least` | duration string, at most 30 days | none |
 /// | `watchdog` | `true` / `false` | `true` |
 /// | `manager` | expression | the global manager |
 /// | `guard` | identifier | none |
@@ -92,6 +102,58 @@ mod valid;
 /// The key is built once per call, into one `String` sized up front. An empty
 /// key, an unclosed or malformed placeholder, and a placeholder naming no
 /// parameter are compile errors.
+///
+/// ## `mode = "read" | "write" | "exclusive"`
+///
+/// `"read"` takes a read lock: any number of readers of the key at once, no
+/// writer meanwhile. `"write"` and `"exclusive"` (the default) are the same
+/// exclusive lock, which excludes readers too. Writer-preferring: once a writer
+/// waits, new readers queue behind it.
+///
+/// ```ignore
+/// #[distributed_lock(key = "report_<id>", mode = "read")]
+/// async fn show(id: u64) -> Result<Report, AppError> { /* ... */ }
+///
+/// #[distributed_lock(key = "report_<id>", mode = "write")]
+/// async fn rebuild(id: u64) -> Result<(), AppError> { /* ... */ }
+/// ```
+///
+/// ## `permits = N`
+///
+/// At most `N` calls hold the key at once; each holds a permit of its own
+/// (renewed by the watchdog, freed by its ttl if the holder dies). Callers that
+/// disagree on `N` for one key are the caller's error. Not with `mode` or `keys`.
+///
+/// ```ignore
+/// #[distributed_lock(key = "export", permits = 4)]
+/// async fn export(id: u64) -> Result<(), AppError> { /* ... */ }
+/// ```
+///
+/// ## `keys = ["...", "..."]`
+///
+/// Several exclusive locks at once, all or nothing, without deadlock whatever
+/// the order callers name them in. Each template is a `key` template (same
+/// placeholders, same hash tag rule); a template listed twice is a compile
+/// error, and templates that give the same key at run time lock it once.
+/// `guard = g` binds a `&MultiGuard`. Not with `key`, `mode` or `permits`.
+///
+/// ```ignore
+/// #[distributed_lock(keys = ["account_<from>", "account_<to>"], guard = g)]
+/// async fn transfer(from: u64, to: u64, amount: u64) -> Result<(), BankError> {
+///     /* g.keys(), g.fencing_tokens() */
+/// }
+/// ```
+///
+/// ## `hold_at_least = "30s"`
+///
+/// On release, the key is kept until this long after the grant: at most one
+/// run per period for a scheduled job (ShedLock's `lockAtLeastFor`). With
+/// `wait = "0s"` the other instances skip the run instead of waiting.
+///
+/// ```ignore
+/// #[distributed_lock(key = "nightly_report", hold_at_least = "5m", wait = "0s")]
+/// async fn nightly_report() -> Result<(), AppError> { /* ... */ }
+/// ```
 ///
 /// ## `ttl = "30s"`, `wait = "2s"`
 ///
@@ -135,7 +197,8 @@ mod valid;
 ///
 /// ## `guard = <ident>`
 ///
-/// Binds `<ident>: &LockGuard` in the body, for the fencing token or the key:
+/// Binds `<ident>: &LockGuard` in the body (`&MultiGuard` with `keys`), for the
+/// fencing token or the key:
 ///
 /// ```ignore
 /// #[distributed_lock(key = "ledger_<account>", guard = g)]
@@ -174,12 +237,22 @@ mod valid;
 /// Two annotated calls joined concurrently in one body (`tokio::join!`) share
 /// the outer lock: they are not mutually excluded from each other.
 ///
+/// Only an exclusive call re-enters, and only an exclusive holder: a
+/// `mode = "read"`, `permits` or `keys` call always acquires, and its body's
+/// calls do not re-enter its locks. An exclusive call on a key its caller reads
+/// (or holds a permit or a `keys` lock of) waits like any other writer, until
+/// its `wait` runs out. A re-entering call does not release, so its own
+/// `hold_at_least` does not apply: the outermost call's does.
+///
 /// # Compile errors
 ///
 /// All reported at once, each at the offending token: the function is not
 /// `async`; it does not return `Result`; a placeholder names no parameter; a
 /// duration is malformed or out of range; an option is unknown, duplicated or
-/// has a value of the wrong kind; the key is empty or missing.
+/// has a value of the wrong kind; the key is empty or missing; both `key` and
+/// `keys`; `keys = []` or a template listed twice; an unknown `mode`;
+/// `permits = 0` or more than `u32::MAX`; `mode` with `permits`; `mode` or
+/// `permits` with `keys`.
 #[proc_macro_attribute]
 pub fn distributed_lock(
     args: proc_macro::TokenStream,

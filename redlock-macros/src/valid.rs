@@ -1,56 +1,52 @@
-//! Checks on the annotated function as a whole (is it `async`, does it return a
-//! `Result`), and the error context every part of the macro reports into.
-
-use std::cell::RefCell;
-use std::fmt::Display;
+//! Cross-cutting checks: the options against each other (one of `key` and
+//! `keys`, no `permits` with `mode`, ...) and the annotated function as a whole
+//! (is it `async`, does it return a `Result`). Each check records into the
+//! [`Ctxt`] and goes on.
 
 use proc_macro2::Span;
-use quote::ToTokens;
 use syn::ext::IdentExt;
-use syn::{GenericArgument, ItemFn, PathArguments, ReturnType, Type, TypeParamBound};
+use syn::{ItemFn, ReturnType, Type};
 
-use crate::expand::AsyncTraitBody;
+use crate::async_trait::AsyncTraitBody;
+use crate::attr::Options;
+use crate::ctxt::Ctxt;
 
-/// Collects every error of one expansion, so that all of them are reported in
-/// one pass; [`Ctxt::check`] combines them once at the end.
-pub(crate) struct Ctxt {
-    errors: RefCell<Vec<syn::Error>>,
-}
-
-impl Ctxt {
-    pub(crate) fn new() -> Self {
-        Ctxt {
-            errors: RefCell::new(Vec::new()),
+/// Checks the options against each other: one of `key` and `keys`, and no
+/// option that makes no sense with the kind of lock asked for. Each error is
+/// spanned at the option that does not fit.
+pub(crate) fn check_options(cx: &Ctxt, options: &Options) {
+    match (options.key.tokens(), options.keys.tokens()) {
+        (None, None) => cx.error_at(
+            Span::call_site(),
+            "missing required option `key` (or `keys` for several locks), e.g. \
+             `#[distributed_lock(key = \"order_<id>\")]`",
+        ),
+        (Some(_), Some(keys)) => cx.error_spanned_by(
+            keys,
+            "`key` and `keys` cannot both be set: `key` names one lock, `keys` several",
+        ),
+        _ => {}
+    }
+    if let Some(mode) = options.mode.tokens() {
+        if options.permits.is_written() {
+            cx.error_spanned_by(
+                mode,
+                "`mode` cannot be used with `permits`: a permit is a kind of lock of its own, \
+                 neither read nor write",
+            );
+        }
+        if options.keys.is_written() {
+            cx.error_spanned_by(
+                mode,
+                "`mode` cannot be used with `keys`: several keys are always locked exclusively",
+            );
         }
     }
-
-    /// An error spanned over the tokens of `obj` (first to last token).
-    pub(crate) fn error_spanned_by<T: ToTokens, M: Display>(&self, obj: T, msg: M) {
-        self.errors
-            .borrow_mut()
-            .push(syn::Error::new_spanned(obj.into_token_stream(), msg));
-    }
-
-    /// An error at one span.
-    pub(crate) fn error_at<M: Display>(&self, span: Span, msg: M) {
-        self.errors.borrow_mut().push(syn::Error::new(span, msg));
-    }
-
-    /// A parse error from syn, kept as it is.
-    pub(crate) fn syn_error(&self, err: syn::Error) {
-        self.errors.borrow_mut().push(err);
-    }
-
-    /// All errors so far, combined into one, or `Ok` if there were none.
-    pub(crate) fn check(self) -> syn::Result<()> {
-        let mut errors = self.errors.into_inner().into_iter();
-        let Some(mut combined) = errors.next() else {
-            return Ok(());
-        };
-        for err in errors {
-            combined.combine(err);
-        }
-        Err(combined)
+    if let (Some(permits), true) = (options.permits.tokens(), options.keys.is_written()) {
+        cx.error_spanned_by(
+            permits,
+            "`permits` cannot be used with `keys`: several keys are always locked exclusively",
+        );
     }
 }
 
@@ -63,7 +59,7 @@ pub(crate) fn check_function<'a>(
 ) -> Option<&'a Type> {
     let sig = &func.sig;
     let ret = match async_trait {
-        Some(body) => Some(body.output()),
+        Some(body) => Some(body.output),
         None => {
             if sig.asyncness.is_none() {
                 cx.error_spanned_by(
@@ -116,43 +112,4 @@ fn is_result(ty: &Type) -> bool {
         Type::Group(group) => is_result(&group.elem),
         _ => false,
     }
-}
-
-/// The `Output = T` of the `Future` in an `#[async_trait]` return type
-/// (`Pin<Box<dyn Future<Output = T> + Send + 'async_trait>>`).
-pub(crate) fn future_output(ty: &Type) -> Option<&Type> {
-    match ty {
-        Type::Path(path) => path
-            .path
-            .segments
-            .iter()
-            .find_map(|segment| args_output(&segment.arguments)),
-        Type::TraitObject(object) => bounds_output(object.bounds.iter()),
-        Type::ImplTrait(imp) => bounds_output(imp.bounds.iter()),
-        Type::Paren(paren) => future_output(&paren.elem),
-        Type::Group(group) => future_output(&group.elem),
-        _ => None,
-    }
-}
-
-fn bounds_output<'a>(mut bounds: impl Iterator<Item = &'a TypeParamBound>) -> Option<&'a Type> {
-    bounds.find_map(|bound| match bound {
-        TypeParamBound::Trait(bound) => bound
-            .path
-            .segments
-            .iter()
-            .find_map(|segment| args_output(&segment.arguments)),
-        _ => None,
-    })
-}
-
-fn args_output(args: &PathArguments) -> Option<&Type> {
-    let PathArguments::AngleBracketed(args) = args else {
-        return None;
-    };
-    args.args.iter().find_map(|arg| match arg {
-        GenericArgument::AssocType(assoc) if assoc.ident == "Output" => Some(&assoc.ty),
-        GenericArgument::Type(ty) => future_output(ty),
-        _ => None,
-    })
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::key::LockKey;
 use crate::kind::Mode;
-use crate::{LockError, LockGuard, LockManager, LockOptions};
+use crate::{LockError, LockGuard, LockKind, LockManager, LockOptions, MultiGuard};
 
 pub use ::core;
 pub use ::std;
@@ -34,17 +34,52 @@ impl Held {
     }
 }
 
+/// Which acquisition the attribute asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallKind {
+    /// The default, `mode = "write"` or `mode = "exclusive"`; also every key of `keys`.
+    Exclusive,
+    /// `mode = "read"`.
+    Read,
+    /// `permits = n`.
+    Permits(u32),
+}
+
+impl CallKind {
+    fn mode(self) -> Mode {
+        match self {
+            Self::Exclusive => Mode::Exclusive,
+            Self::Read => Mode::Read,
+            Self::Permits(n) => Mode::Permit(n),
+        }
+    }
+}
+
 /// The options written in the attribute.
 #[derive(Debug, Clone, Copy)]
 pub struct CallOptions {
+    /// `mode = "…"` or `permits = n`; [`enter_all`] takes every key exclusively.
+    pub kind: CallKind,
     /// `ttl = "…"`, else the manager's default.
     pub ttl: Option<Duration>,
     /// `wait = "…"`, else the manager's default.
     pub wait: Option<Duration>,
+    /// `hold_at_least = "…"`, else none.
+    pub hold_at_least: Option<Duration>,
     /// `watchdog = …` (default true).
     pub watchdog: bool,
     /// `on_lost = "abort"` (the default) rather than `"continue"`.
     pub abort_on_lost: bool,
+}
+
+impl CallOptions {
+    fn lock_options(&self) -> LockOptions {
+        let mut options = LockOptions::new().watchdog(self.watchdog);
+        options.ttl = self.ttl;
+        options.wait = self.wait;
+        options.hold_at_least = self.hold_at_least;
+        options
+    }
 }
 
 /// The explicit manager, else the global one: a clone (an `Arc` inside), which
@@ -61,21 +96,36 @@ pub fn key_buffer(manager: &LockManager, capacity: usize) -> String {
     manager.key_buffer(capacity)
 }
 
-/// Acquires `full_key`, or re-enters it when an annotated call further up this task's
-/// call chain holds it on the same `manager` (or a clone of it).
+/// Validates a key built in a [`key_buffer`].
+fn lock_key(manager: &LockManager, full_key: String) -> Result<LockKey, LockError> {
+    if full_key.len() == manager.prefix().len() {
+        return Err(LockError::InvalidKey {
+            reason: "the key is empty".into(),
+        });
+    }
+    LockKey::new(manager.prefix(), full_key)
+}
+
+/// Acquires `full_key` in the kind of `options`. An exclusive call re-enters the key
+/// when an exclusive call further up this task's call chain holds it on the same
+/// `manager` (or a clone of it); read and permit calls always acquire.
 pub async fn enter(
     manager: LockManager,
     full_key: String,
     options: CallOptions,
 ) -> Result<Call, LockError> {
-    let outer = HELD
-        .try_with(|held| {
-            held.iter()
-                .find(|h| h.manager.same_as(&manager) && h.guard.key() == full_key)
-                .map(|h| h.guard.view())
-        })
-        .ok()
-        .flatten();
+    let mode = options.kind.mode();
+    let outer = match mode {
+        Mode::Exclusive => HELD
+            .try_with(|held| {
+                held.iter()
+                    .find(|h| h.manager.same_as(&manager) && h.guard.key() == full_key)
+                    .map(|h| h.guard.view())
+            })
+            .ok()
+            .flatten(),
+        Mode::Read | Mode::Permit(_) => None,
+    };
     if let Some(guard) = outer {
         return Ok(Call {
             manager,
@@ -84,22 +134,9 @@ pub async fn enter(
             abort_on_lost: options.abort_on_lost,
         });
     }
-    if full_key.len() == manager.prefix().len() {
-        return Err(LockError::InvalidKey {
-            reason: "the key is empty".into(),
-        });
-    }
-    let mut lock_options = LockOptions::new().watchdog(options.watchdog);
-    lock_options.ttl = options.ttl;
-    lock_options.wait = options.wait;
-    let resolved = manager.resolve(&lock_options)?;
-    let guard = manager
-        .acquire(
-            LockKey::new(manager.prefix(), full_key)?,
-            Mode::Exclusive,
-            resolved,
-        )
-        .await?;
+    let key = lock_key(&manager, full_key)?;
+    let resolved = manager.resolve(&options.lock_options())?;
+    let guard = manager.acquire(key, mode, resolved).await?;
     Ok(Call {
         manager,
         guard,
@@ -108,23 +145,104 @@ pub async fn enter(
     })
 }
 
-/// One annotated call holding (or re-entering) its lock.
-#[derive(Debug)]
-pub struct Call {
+/// Acquires every key exclusively, all or nothing (`keys = [...]`); keys built equal
+/// are taken once. Never re-enters: a key held further up the call chain is waited for
+/// like any other.
+pub async fn enter_all<I>(
     manager: LockManager,
-    guard: LockGuard,
+    full_keys: I,
+    options: CallOptions,
+) -> Result<Call<MultiGuard>, LockError>
+where
+    I: IntoIterator<Item = String>,
+{
+    let mut keys = full_keys
+        .into_iter()
+        .map(|full_key| lock_key(&manager, full_key))
+        .collect::<Result<Vec<_>, _>>()?;
+    keys.sort_unstable_by(|a, b| a.full().cmp(b.full()));
+    keys.dedup_by(|a, b| a.full() == b.full());
+    let resolved = manager.resolve(&options.lock_options())?;
+    let guard = manager.acquire_all(keys, resolved).await?;
+    Ok(Call {
+        manager,
+        guard,
+        owner: true,
+        abort_on_lost: options.abort_on_lost,
+    })
+}
+
+/// What a call holds: one lock ([`LockGuard`]) or several ([`MultiGuard`]).
+pub trait CallGuard {
+    /// Resolves when the lock (any of the locks) is lost.
+    fn lost(&self) -> impl Future<Output = ()> + Send;
+    /// The error a body aborted by the loss returns: `Lost` with the key, or with
+    /// every key (comma-separated) of a [`MultiGuard`].
+    fn lost_error(&self) -> LockError;
+    /// Releases the lock(s).
+    fn release(self) -> impl Future<Output = Result<(), LockError>> + Send;
+    /// The lock nested calls may re-enter: an exclusive [`LockGuard`] only.
+    fn reentrant(&self) -> Option<LockGuard>;
+}
+
+impl CallGuard for LockGuard {
+    fn lost(&self) -> impl Future<Output = ()> + Send {
+        LockGuard::lost(self)
+    }
+
+    fn lost_error(&self) -> LockError {
+        LockError::Lost {
+            key: self.key().to_owned(),
+        }
+    }
+
+    fn release(self) -> impl Future<Output = Result<(), LockError>> + Send {
+        LockGuard::release(self)
+    }
+
+    fn reentrant(&self) -> Option<LockGuard> {
+        (self.kind() == LockKind::Exclusive).then(|| self.view())
+    }
+}
+
+impl CallGuard for MultiGuard {
+    fn lost(&self) -> impl Future<Output = ()> + Send {
+        MultiGuard::lost(self)
+    }
+
+    fn lost_error(&self) -> LockError {
+        LockError::Lost {
+            key: self.keys().join(", "),
+        }
+    }
+
+    fn release(self) -> impl Future<Output = Result<(), LockError>> + Send {
+        MultiGuard::release(self)
+    }
+
+    fn reentrant(&self) -> Option<LockGuard> {
+        None
+    }
+}
+
+/// One annotated call holding (or re-entering) its lock(s).
+#[derive(Debug)]
+pub struct Call<G = LockGuard> {
+    manager: LockManager,
+    guard: G,
     owner: bool,
     abort_on_lost: bool,
 }
 
-impl Call {
-    /// The lock, for `guard = name`.
-    pub fn guard(&self) -> &LockGuard {
+impl<G: CallGuard> Call<G> {
+    /// The lock(s), for `guard = name`.
+    pub fn guard(&self) -> &G {
         &self.guard
     }
 
-    /// Runs the body where re-entrant calls can see this lock; with `on_lost = "abort"`
-    /// the body is dropped and `Err(Lost)` returned as soon as the lock is lost.
+    /// Runs the body where re-entrant calls can see this call's exclusive lock; with
+    /// `on_lost = "abort"` the body is dropped and `Err(Lost)` returned as soon as the
+    /// lock is lost.
     pub async fn run<F, T, E>(&self, body: F) -> Result<T, E>
     where
         F: Future<Output = Result<T, E>>,
@@ -133,10 +251,10 @@ impl Call {
         let mut held: Vec<Held> = HELD
             .try_with(|held| held.iter().map(Held::view).collect())
             .unwrap_or_default();
-        if self.owner {
+        if let (true, Some(guard)) = (self.owner, self.guard.reentrant()) {
             held.push(Held {
                 manager: self.manager.clone(),
-                guard: self.guard.view(),
+                guard,
             });
         }
         let body = HELD.scope(held, body);
@@ -148,21 +266,18 @@ impl Call {
         // descheduled thread) would run on for several steps after the loss was known.
         tokio::select! {
             biased;
-            () = self.guard.lost() => Err(E::from(LockError::Lost {
-                key: self.guard.key().to_owned(),
-            })),
+            () = self.guard.lost() => Err(E::from(self.guard.lost_error())),
             result = body => result,
         }
     }
 
-    /// Releases the lock if this call acquired it.
+    /// Releases the lock(s) if this call acquired them.
     pub async fn finish(self) {
         if !self.owner {
             return;
         }
-        let key = self.guard.key().to_owned();
         if let Err(e) = self.guard.release().await {
-            tracing::warn!(key, error = %e, "release after the call failed");
+            tracing::warn!(error = %e, "release after the call failed");
         }
     }
 }
