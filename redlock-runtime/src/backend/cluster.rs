@@ -396,7 +396,7 @@ impl Store for ClusterBackend {
                 .invoke(&self.con)
                 .await
         }
-            .map_err(LockError::backend("release"))?;
+        .map_err(LockError::backend("release"))?;
         Ok(released == 1)
     }
 
