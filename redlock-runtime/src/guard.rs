@@ -43,6 +43,11 @@ impl LockGuard {
         }
     }
 
+    /// The lease this guard holds.
+    pub(crate) fn lease(&self) -> &Lease {
+        &self.lease
+    }
+
     /// A non-owning handle on the same lock (dropping it releases nothing).
     pub(crate) fn view(&self) -> Self {
         Self {

@@ -84,7 +84,7 @@ pub(crate) struct Lease {
     pub(crate) mode: Mode,
     /// Until when the key is kept after a release (`hold_at_least`), in [`now`]'s
     /// nanoseconds; 0 for none.
-    hold_until: u64,
+    hold_until: AtomicU64,
     ttl: AtomicU64,
     deadline: AtomicU64,
     next_renewal: AtomicU64,
@@ -110,7 +110,7 @@ impl Lease {
             token,
             fence,
             mode: Mode::Exclusive,
-            hold_until: 0,
+            hold_until: AtomicU64::new(0),
             ttl: AtomicU64::new(nanos(ttl)),
             deadline: AtomicU64::new(0),
             next_renewal: AtomicU64::new(0),
@@ -140,16 +140,28 @@ impl Lease {
     /// Keeps the key until `hold` after the grant's reply was read, `received` (in
     /// [`now`]'s nanoseconds): the server granted it before, so the key is kept at least
     /// `hold` after the grant.
-    pub(crate) fn held_at_least(mut self, received: u64, hold: Duration) -> Self {
-        if !hold.is_zero() {
-            self.hold_until = received.saturating_add(nanos(hold));
-        }
+    pub(crate) fn held_at_least(self, received: u64, hold: Duration) -> Self {
+        self.hold_from(received, hold);
         self
+    }
+
+    /// [`held_at_least`](Self::held_at_least) on a lease already shared: `lock_all`
+    /// sets it once every key is granted, so that the keys a failed call gives back are
+    /// freed at once.
+    pub(crate) fn hold_from(&self, received: u64, hold: Duration) {
+        if !hold.is_zero() {
+            self.hold_until
+                .store(received.saturating_add(nanos(hold)), Ordering::Release);
+        }
     }
 
     /// How much longer a release now must keep the key (`hold_at_least`).
     pub(crate) fn keep(&self) -> Duration {
-        Duration::from_nanos(self.hold_until.saturating_sub(now()))
+        Duration::from_nanos(
+            self.hold_until
+                .load(Ordering::Acquire)
+                .saturating_sub(now()),
+        )
     }
 
     pub(crate) fn ttl(&self) -> Duration {

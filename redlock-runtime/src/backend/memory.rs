@@ -465,6 +465,22 @@ impl Store for MemoryBackend {
         ready(Ok(self.force_unlock_now(key)))
     }
 
+    fn withdraw(
+        &self,
+        key: &LockKey,
+        waiter: u64,
+    ) -> impl Future<Output = Result<(), LockError>> + Send {
+        let listeners = {
+            let mut s = store();
+            s.withdraw(key.full(), waiter);
+            s.listeners.clone()
+        };
+        for w in &listeners {
+            w.wake(key.full());
+        }
+        ready(Ok(()))
+    }
+
     fn subscribe(
         &self,
         _key: &str,

@@ -1271,6 +1271,19 @@ impl Store for RedlockBackend {
         Ok(answers.iter().any(|a| matches!(a, Ok(true))))
     }
 
+    /// Withdraws the intent on every node (those that refused the writer registered
+    /// it), waking the key's waiters there; `Err` when no node could be reached.
+    async fn withdraw(&self, key: &LockKey, waiter: u64) -> Result<(), LockError> {
+        let answers = self
+            .on_all("withdraw", self.node_timeout, |n| n.withdraw(key, waiter))
+            .await;
+        if answers.iter().any(Result::is_ok) {
+            return Ok(());
+        }
+        let error = answers.iter().find_map(|a| a.as_ref().err());
+        Err(self.unavailable(key, 0, error))
+    }
+
     /// Subscribes on every node whose server has not confirmed the channel; succeeds
     /// once it is [`listening`](Self::listening) (enough nodes confirmed it to hear every
     /// successful release), at once if it was already. The interest is counted on every

@@ -21,7 +21,6 @@ use crate::options::{check_ttl, Resolved};
 use crate::watchdog::{Job, Shared};
 use crate::{LockError, LockGuard, LockOptions};
 
-use acquire::PendingAttempt;
 pub use builder::{
     LockManagerBuilder, DEFAULT_MAX_WAITERS_PER_KEY, DEFAULT_PREFIX, DEFAULT_TTL, DEFAULT_WAIT,
 };
@@ -234,11 +233,12 @@ impl LockManager {
             });
         };
         shared.unwatch(lease.id);
-        let mut pending = PendingAttempt {
+        // A release that fails or is cut short is retried in the background as the
+        // lease's own release: with its `hold_at_least` keep, never as an abandoned
+        // attempt (which deletes at once).
+        let mut pending = PendingRelease {
             manager: self,
-            key: &lease.key,
-            token: lease.token,
-            mode: lease.mode,
+            lease,
             armed: true,
         };
         let span = tracing::debug_span!(
@@ -362,6 +362,22 @@ impl fmt::Debug for LockManager {
     }
 }
 
+/// Hands a lease's release to the background task unless disarmed: its request may have
+/// failed, or been applied after the caller's future was dropped.
+struct PendingRelease<'a> {
+    manager: &'a LockManager,
+    lease: &'a Arc<Lease>,
+    armed: bool,
+}
+
+impl Drop for PendingRelease<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let _ = self.manager.0.jobs.send(Job::Release(self.lease.clone()));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -396,3 +412,4 @@ mod tests {
         guard.release().await.unwrap();
     }
 }
+
