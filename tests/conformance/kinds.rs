@@ -636,6 +636,41 @@ pub async fn cancelled_writer_keeps_no_reader_out<H: Harness>(h: &H) {
     }
 }
 
+/// Regression (kinds review, memory parity): the in-memory backend registered a
+/// writer's intent only while readers held the key, where the scripts register it
+/// whoever holds it. A writer waiting behind another writer then had no intent, and a
+/// reader arriving as the first writer released got in before it (writer preference
+/// broken on that backend only). Run on a current-thread runtime: the woken second
+/// writer cannot run between the release and the reader's attempt, so without its
+/// intent the reader always gets in.
+pub async fn writer_waiting_behind_a_writer_keeps_new_readers_out<H: Harness>(h: &H) {
+    let (a, b, c) = (manager(h).await, manager(h).await, manager(h).await);
+    let key = unique("wbw");
+    let first = a.write(&key).await.unwrap();
+    let second = {
+        let (b, key) = (b.clone(), key.clone());
+        tokio::spawn(async move {
+            let guard = b.write_with(&key, waiting(10)).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            guard.release().await.unwrap();
+        })
+    };
+    // The second writer has waited (and been refused) by now.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    first.release().await.unwrap();
+    let reader = c.try_read(&key).await.unwrap();
+    assert!(
+        reader.is_none(),
+        "a reader got in while a writer was waiting for the key"
+    );
+    second.await.unwrap();
+    let reader = c
+        .read_with(&key, waiting(5))
+        .await
+        .expect("a reader after the writers");
+    reader.release().await.unwrap();
+}
+
 /// Bad input of the new calls is a clear error.
 pub async fn kinds_reject_bad_input<H: Harness>(h: &H) {
     let locks = manager(h).await;

@@ -180,14 +180,10 @@ impl Table {
                         }
                     }
                 }
-                (
-                    Held::Many {
-                        kind: LockKind::Read,
-                        ..
-                    },
-                    None,
-                ) => {
-                    if let Some(intent) = claim.intent {
+                // A writer refused, whoever holds the key (readers or another writer),
+                // registers its intent, as `acquire.lua` does.
+                (_, None) => {
+                    if let Some(intent) = claim.intent.filter(|i| !i.until.is_zero()) {
                         let until = now + intent.until;
                         self.intents
                             .entry(key.full().to_owned())
