@@ -39,12 +39,18 @@ async fn failed_hold_at_least_release_is_retried_with_its_keep() {
         .unwrap();
     let key = unique("hold");
     let guard = locks
-        .lock_with(&key, LockOptions::new().hold_at_least(Duration::from_secs(60)))
+        .lock_with(
+            &key,
+            LockOptions::new().hold_at_least(Duration::from_secs(60)),
+        )
         .await
         .unwrap();
     proxy.set(Fault::Blackhole);
     let released = guard.release().await;
-    assert!(released.is_err(), "released through a blackhole: {released:?}");
+    assert!(
+        released.is_err(),
+        "released through a blackhole: {released:?}"
+    );
     proxy.set(Fault::Pass);
     // The background retries run within ~3 s (200 ms, 800 ms, 2 s apart).
     let healed = Instant::now();
@@ -80,7 +86,10 @@ async fn cancelled_read_applied_late_is_given_back() {
     // Connected (scripts loaded) before the delay.
     locks.read(&key).await.unwrap().release().await.unwrap();
     // Applied at once, its reply late: the future is dropped before it comes.
-    proxy.set_direction(Direction::ToClient, Fault::Delay(Duration::from_millis(500)));
+    proxy.set_direction(
+        Direction::ToClient,
+        Fault::Delay(Duration::from_millis(500)),
+    );
     let reading = {
         let (locks, key) = (locks.clone(), key.clone());
         tokio::spawn(async move {
@@ -92,14 +101,21 @@ async fn cancelled_read_applied_late_is_given_back() {
         other.is_locked(&key).await.unwrap(),
         "the read was not applied: the test proves nothing"
     );
-    assert!(reading.await.unwrap().is_err(), "the read was not cut short");
+    assert!(
+        reading.await.unwrap().is_err(),
+        "the read was not cut short"
+    );
     proxy.set(Fault::Pass);
     let start = Instant::now();
     let writer = other
         .write_with(&key, LockOptions::new().wait(Duration::from_secs(10)))
         .await
         .expect("the cancelled reader's place was never given back");
-    assert!(start.elapsed() < Duration::from_secs(5), "{:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
     writer.release().await.unwrap();
 }
 
@@ -133,7 +149,10 @@ async fn cancelled_redlock_permit_applied_late_is_given_back() {
         .await
         .unwrap();
     for p in &proxies {
-        p.set_direction(Direction::ToClient, Fault::Delay(Duration::from_millis(500)));
+        p.set_direction(
+            Direction::ToClient,
+            Fault::Delay(Duration::from_millis(500)),
+        );
     }
     let taking = {
         let (locks, key) = (locks.clone(), key.clone());
@@ -146,7 +165,10 @@ async fn cancelled_redlock_permit_applied_late_is_given_back() {
         other.try_permit(&key, 1).await.unwrap().is_none(),
         "the permit was not applied: the test proves nothing"
     );
-    assert!(taking.await.unwrap().is_err(), "the permit was not cut short");
+    assert!(
+        taking.await.unwrap().is_err(),
+        "the permit was not cut short"
+    );
     for p in &proxies {
         p.set(Fault::Pass);
     }
@@ -155,6 +177,10 @@ async fn cancelled_redlock_permit_applied_late_is_given_back() {
         .permit_with(&key, 1, LockOptions::new().wait(Duration::from_secs(10)))
         .await
         .expect("the cancelled permit's place was never given back");
-    assert!(start.elapsed() < Duration::from_secs(5), "{:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
     permit.release().await.unwrap();
 }

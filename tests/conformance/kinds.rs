@@ -611,8 +611,8 @@ pub async fn cancelled_writer_keeps_no_reader_out<H: Harness>(h: &H) {
     let (a, b, c) = (manager(h).await, manager(h).await, manager(h).await);
     let key = unique("intent");
     let reader = a.read(&key).await.unwrap();
-    let cut = tokio::time::timeout(Duration::from_millis(300), b.write_with(&key, waiting(30)))
-        .await;
+    let cut =
+        tokio::time::timeout(Duration::from_millis(300), b.write_with(&key, waiting(30))).await;
     assert!(cut.is_err(), "the writer got in past a reader");
     let start = Instant::now();
     let second = c
