@@ -671,6 +671,49 @@ pub async fn writer_waiting_behind_a_writer_keeps_new_readers_out<H: Harness>(h:
     reader.release().await.unwrap();
 }
 
+/// Regression (kinds review): a release within `hold_at_least` shortens the key's
+/// expiry to the end of the period but published nothing, so a waiter in another
+/// manager slept on until the expiry it had been told before (here the 10 s ttl), long
+/// after the key was free. Now such a release wakes the waiters, which ask again and
+/// wait for the period's end. For every kind: the writer waits for the exclusive
+/// holder, then for a reader; a permit waiter for a permit holder.
+pub async fn release_within_hold_at_least_wakes_waiters_at_its_end<H: Harness>(h: &H) {
+    let (a, b) = (manager(h).await, manager(h).await);
+    let ttl = Duration::from_secs(10);
+    let hold = Duration::from_millis(500);
+    let opts = || LockOptions::new().ttl(ttl).hold_at_least(hold);
+    for kind in ["exclusive", "read", "permit"] {
+        let key = unique("keepwake");
+        let holder = match kind {
+            "exclusive" => a.lock_with(&key, opts()).await.unwrap(),
+            "read" => a.read_with(&key, opts()).await.unwrap(),
+            _ => a.permit_with(&key, 1, opts()).await.unwrap(),
+        };
+        let waiter = {
+            let (b, key) = (b.clone(), key.clone());
+            tokio::spawn(async move {
+                let start = Instant::now();
+                let wait = LockOptions::new().wait(Duration::from_secs(20));
+                let guard = if kind == "permit" {
+                    b.permit_with(&key, 1, wait).await
+                } else {
+                    b.write_with(&key, wait).await
+                };
+                (guard.map(|g| drop(g)), start.elapsed())
+            })
+        };
+        // The waiter has been refused (told about the 10 s ttl) and sleeps.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        holder.release().await.unwrap();
+        let (got, waited) = waiter.await.unwrap();
+        got.unwrap_or_else(|e| panic!("{kind}: {e}"));
+        assert!(
+            waited < Duration::from_secs(5),
+            "{kind}: the waiter got the key after {waited:?}, the period ended after {hold:?}"
+        );
+    }
+}
+
 /// Bad input of the new calls is a clear error.
 pub async fn kinds_reject_bad_input<H: Harness>(h: &H) {
     let locks = manager(h).await;
@@ -717,7 +760,8 @@ macro_rules! kinds_tests {
             watchdog_keeps_readers_and_permits, extending_one_reader_keeps_the_others,
             lock_all_in_opposite_orders_finishes, lock_all_leaves_no_key_behind,
             hold_at_least_keeps_the_key, kinds_reject_bad_input,
-            lock_all_miss_keeps_no_key_for_hold_at_least, cancelled_writer_keeps_no_reader_out);
+            lock_all_miss_keeps_no_key_for_hold_at_least, cancelled_writer_keeps_no_reader_out,
+            release_within_hold_at_least_wakes_waiters_at_its_end);
     };
     (@each $make:expr; $($name:ident),*) => {
         $(
