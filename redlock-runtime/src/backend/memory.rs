@@ -292,8 +292,9 @@ impl Table {
             return (false, false);
         };
         if !keep.is_zero() {
+            // Waiters told of a later expiry ask again, as the scripts' 'kept'.
             *own = now.checked_add(keep).unwrap_or(*own);
-            return (true, false);
+            return (true, true);
         }
         let (wake, emptied) = match entry {
             Held::One { .. } => (true, true),

@@ -167,7 +167,8 @@ pub(crate) trait Store {
     }
 
     /// True when the lock was ours and is now deleted, or, with a non-zero `keep`
-    /// (`hold_at_least`), kept only `keep` longer, without a wake-up.
+    /// (`hold_at_least`), kept only `keep` longer; either way the key's waiters are
+    /// woken (a kept key may expire sooner than they were told).
     fn release(
         &self,
         lease: LeaseRef<'_>,

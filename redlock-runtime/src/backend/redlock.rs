@@ -868,7 +868,8 @@ impl RedlockBackend {
     }
 
     /// Wakes the permit waiters of `key` (they listen on the key's channel, not their
-    /// places'), on every node, in the background.
+    /// places'), on every node, in the background: a place was freed, or is kept only
+    /// until its `hold_at_least` ends (sooner than the waiters were told).
     fn announce_place_freed(&self, key: &LockKey) {
         let (nodes, channel) = (self.nodes.clone(), key.full().to_owned());
         tokio::spawn(async move {
@@ -1174,7 +1175,7 @@ impl Store for RedlockBackend {
         if released.is_ok() {
             lock(&self.places).remove(&lease.token);
         }
-        if matches!(released, Ok(true)) && keep.is_zero() {
+        if matches!(released, Ok(true)) {
             self.announce_place_freed(lease.key);
         }
         released
