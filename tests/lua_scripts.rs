@@ -250,6 +250,26 @@ fn a_writer_waiting_behind_a_writer_keeps_readers_out_after_it() {
     assert!(!r.exists(W));
 }
 
+/// Regression (kinds review): a writer's intent lasted its whole remaining wait, so a
+/// writer that died (no withdrawal can come) with a long wait kept every new reader out
+/// that long. It now lasts until 2 s after the key's current expiry, which the writer was
+/// told: a live writer asks again by then (or sooner, woken by a release) and renews it.
+#[test]
+fn a_writers_intent_runs_out_soon_after_the_expiry_it_was_told() {
+    let mut r = redis();
+    fence(&r.shared(&token(1), 1_000, READ, 0));
+    refused(&r.write(&token(9), 30_000, "waiter-9", 600_000, false));
+    let w = r.pttl(W);
+    assert!(
+        w > 2_000 && w <= 3_000,
+        "the intent of a writer told 1 s lasts {w} ms"
+    );
+    // Shorter than that: the writer's remaining wait.
+    refused(&r.write(&token(9), 30_000, "waiter-9", 1_500, true));
+    let w = r.pttl(W);
+    assert!(w > 1_000 && w <= 1_500, "{w}");
+}
+
 #[test]
 fn writer_intent_expires_on_its_own() {
     let mut r = redis();

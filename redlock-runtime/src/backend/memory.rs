@@ -506,6 +506,7 @@ impl Store for MemoryBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::Intent;
 
     /// Entries of the shared store under `prefix`: (lock entries, counters).
     fn count(prefix: &str) -> (usize, usize) {
@@ -633,5 +634,33 @@ mod tests {
             }
         }
         panic!("the machine never woke up inside the window the check needs");
+    }
+
+    /// Regression (kinds review): a writer's intent lasted its whole remaining wait (here
+    /// 10 minutes), so a writer that died kept new readers out that long. It runs out 2 s
+    /// after the expiry the writer was told, as in `acquire.lua`.
+    #[test]
+    fn a_writers_intent_runs_out_soon_after_the_expiry_it_was_told() {
+        let b = MemoryBackend(());
+        let k = key("mem-intent:", "report");
+        let reader = Claim {
+            mode: Mode::Read,
+            ..exclusive(&k, Token::random(), Duration::from_secs(1))
+        };
+        fence(b.acquire_now(&reader));
+        let writer = Claim {
+            intent: Some(Intent {
+                waiter: 9,
+                until: Duration::from_secs(600),
+                registered: false,
+            }),
+            ..exclusive(&k, Token::random(), Duration::from_secs(30))
+        };
+        assert!(matches!(b.acquire_now(&writer), Ok(Attempt::Held { .. })));
+        let lasts = store().intents[k.full()][&9].saturating_duration_since(Instant::now());
+        assert!(
+            lasts > Duration::from_secs(2) && lasts <= Duration::from_secs(3),
+            "the intent of a writer told 1 s lasts {lasts:?}"
+        );
     }
 }
