@@ -62,6 +62,10 @@ impl Table {
     }
 }
 
+/// How long a writer's intent outlives the key's expiry it was told (its next attempt
+/// comes by then and renews it), as in `acquire.lua`.
+const INTENT_SLACK: Duration = Duration::from_secs(2);
+
 /// What the store holds for a key.
 enum Held {
     /// One holder: an exclusive lock (or a write lock).
@@ -184,7 +188,11 @@ impl Table {
                 // registers its intent, as `acquire.lua` does.
                 (_, None) => {
                     if let Some(intent) = claim.intent.filter(|i| !i.until.is_zero()) {
-                        let until = now + intent.until;
+                        // At most until INTENT_SLACK after the expiry the writer is told.
+                        let lasts = intent
+                            .until
+                            .min(until.saturating_duration_since(now) + INTENT_SLACK);
+                        let until = now + lasts;
                         self.intents
                             .entry(key.full().to_owned())
                             .or_default()
