@@ -184,3 +184,60 @@ async fn cancelled_redlock_permit_applied_late_is_given_back() {
     );
     permit.release().await.unwrap();
 }
+
+/// A `lock_all` on one server (one atomic script) cancelled with its request applied and
+/// its reply late: every key is given back at once (one abandoned attempt per key), so
+/// another caller takes them well before the 30 s ttl. Checked safe.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_lock_all_applied_late_is_given_back() {
+    let server = RedisServer::start();
+    let proxy = ChaosProxy::start(server.addr()).await.unwrap();
+    let locks = LockManager::builder()
+        .single(&proxy.url())
+        .build()
+        .await
+        .unwrap();
+    let other = LockManager::builder()
+        .single(&server.url())
+        .build()
+        .await
+        .unwrap();
+    let keys = [unique("call"), unique("call"), unique("call")];
+    locks
+        .lock_all(&keys)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    proxy.set_direction(
+        Direction::ToClient,
+        Fault::Delay(Duration::from_millis(500)),
+    );
+    let taking = {
+        let (locks, keys) = (locks.clone(), keys.clone());
+        tokio::spawn(async move {
+            tokio::time::timeout(Duration::from_millis(250), locks.lock_all(&keys)).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    for k in &keys {
+        assert!(
+            other.is_locked(k).await.unwrap(),
+            "{k} not applied: the test proves nothing"
+        );
+    }
+    assert!(taking.await.unwrap().is_err(), "lock_all was not cut short");
+    proxy.set(Fault::Pass);
+    let start = Instant::now();
+    let all = other
+        .lock_all_with(&keys, LockOptions::new().wait(Duration::from_secs(10)))
+        .await
+        .expect("the cancelled lock_all's keys were never given back");
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+    all.release().await.unwrap();
+}
