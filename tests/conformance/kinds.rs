@@ -699,7 +699,7 @@ pub async fn release_within_hold_at_least_wakes_waiters_at_its_end<H: Harness>(h
                 } else {
                     b.write_with(&key, wait).await
                 };
-                (guard.map(|g| drop(g)), start.elapsed())
+                (guard.map(drop), start.elapsed())
             })
         };
         // The waiter has been refused (told about the 10 s ttl) and sleeps.
