@@ -223,6 +223,10 @@ async fn cluster_behaviour() {
         lock_all_leaves_no_key_behind,
         hold_at_least_keeps_the_key,
         kinds_reject_bad_input,
+        lock_all_miss_keeps_no_key_for_hold_at_least,
+        cancelled_writer_keeps_no_reader_out,
+        writer_waiting_behind_a_writer_keeps_new_readers_out,
+        release_within_hold_at_least_wakes_waiters_at_its_end,
     );
 
     // Last: they move slots to other masters.

@@ -250,6 +250,26 @@ fn a_writer_waiting_behind_a_writer_keeps_readers_out_after_it() {
     assert!(!r.exists(W));
 }
 
+/// Regression (kinds review): a writer's intent lasted its whole remaining wait, so a
+/// writer that died (no withdrawal can come) with a long wait kept every new reader out
+/// that long. It now lasts until 2 s after the key's current expiry, which the writer was
+/// told: a live writer asks again by then (or sooner, woken by a release) and renews it.
+#[test]
+fn a_writers_intent_runs_out_soon_after_the_expiry_it_was_told() {
+    let mut r = redis();
+    fence(&r.shared(&token(1), 1_000, READ, 0));
+    refused(&r.write(&token(9), 30_000, "waiter-9", 600_000, false));
+    let w = r.pttl(W);
+    assert!(
+        w > 2_000 && w <= 3_000,
+        "the intent of a writer told 1 s lasts {w} ms"
+    );
+    // Shorter than that: the writer's remaining wait.
+    refused(&r.write(&token(9), 30_000, "waiter-9", 1_500, true));
+    let w = r.pttl(W);
+    assert!(w > 1_000 && w <= 1_500, "{w}");
+}
+
 #[test]
 fn writer_intent_expires_on_its_own() {
     let mut r = redis();
@@ -412,7 +432,8 @@ fn hold_at_least_keeps_the_key() {
     assert_eq!(released, 1);
     let pttl = r.pttl(K);
     assert!(pttl > 4_000 && pttl <= 5_000, "{pttl}");
-    assert_eq!(messages(&mut sub), Vec::<String>::new(), "not free yet");
+    // Not free yet ('' is never published): waiters are told to ask again.
+    assert_eq!(messages(&mut sub), vec!["kept".to_owned()]);
     refused(&r.write(&token(2), 30_000, "", 0, false));
     // '0' deletes as before.
     let released: i64 = r
@@ -435,7 +456,8 @@ fn hold_at_least_keeps_a_permit_counted() {
     let mut sub = listen(&mut con, K);
     fence(&r.shared(&token(1), 30_000, PERMIT, 1));
     assert_eq!(r.release_shared(&token(1), PERMIT, 5_000), 1);
-    assert_eq!(messages(&mut sub), Vec::<String>::new(), "nothing freed");
+    // Nothing freed (no count is published): waiters are told to ask again.
+    assert_eq!(messages(&mut sub), vec!["kept".to_owned()]);
     let (wait, _) = refused(&r.shared(&token(2), 30_000, PERMIT, 1));
     assert!(wait > 4_000 && wait <= 5_000, "{wait}");
     let pttl = r.pttl(K);

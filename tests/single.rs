@@ -612,3 +612,8 @@ async fn lock_all_on_one_server_is_one_script_call() {
         assert!(!h.exists(&format!("lock:{k}")).await, "{k} left behind");
     }
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn writer_waiting_behind_a_writer_keeps_new_readers_out() {
+    conformance::kinds::writer_waiting_behind_a_writer_keeps_new_readers_out(&Single::new()).await;
+}

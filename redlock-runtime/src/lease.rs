@@ -84,7 +84,7 @@ pub(crate) struct Lease {
     pub(crate) mode: Mode,
     /// Until when the key is kept after a release (`hold_at_least`), in [`now`]'s
     /// nanoseconds; 0 for none.
-    hold_until: u64,
+    hold_until: AtomicU64,
     ttl: AtomicU64,
     deadline: AtomicU64,
     next_renewal: AtomicU64,
@@ -110,7 +110,7 @@ impl Lease {
             token,
             fence,
             mode: Mode::Exclusive,
-            hold_until: 0,
+            hold_until: AtomicU64::new(0),
             ttl: AtomicU64::new(nanos(ttl)),
             deadline: AtomicU64::new(0),
             next_renewal: AtomicU64::new(0),
@@ -139,19 +139,30 @@ impl Lease {
 
     /// Keeps the key until `hold` after now, when the grant's reply was just read: the
     /// server granted it before, so the key is kept at least `hold` after the grant.
-    pub(crate) fn held_at_least(mut self, hold: Duration) -> Self {
+    pub(crate) fn held_at_least(self, hold: Duration) -> Self {
         if !hold.is_zero() {
-            self.hold_until = now().saturating_add(nanos(hold));
+            self.hold_from(now(), hold);
         }
         self
     }
 
+    /// [`held_at_least`](Self::held_at_least) on a lease already shared: `lock_all`
+    /// sets it once every key is granted, so that the keys a failed call gives back are
+    /// freed at once.
+    pub(crate) fn hold_from(&self, received: u64, hold: Duration) {
+        if !hold.is_zero() {
+            self.hold_until
+                .store(received.saturating_add(nanos(hold)), Ordering::Release);
+        }
+    }
+
     /// How much longer a release now must keep the key (`hold_at_least`).
     pub(crate) fn keep(&self) -> Duration {
-        if self.hold_until == 0 {
+        let until = self.hold_until.load(Ordering::Acquire);
+        if until == 0 {
             return Duration::ZERO;
         }
-        Duration::from_nanos(self.hold_until.saturating_sub(now()))
+        Duration::from_nanos(until.saturating_sub(now()))
     }
 
     pub(crate) fn ttl(&self) -> Duration {

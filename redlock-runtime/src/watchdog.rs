@@ -36,6 +36,8 @@ pub(crate) enum Job {
     Release(Arc<Lease>),
     /// Release whatever an abandoned or failed acquisition may have taken.
     Abandon(LockKey, Token, Mode),
+    /// A writer stopped waiting for the key without the lock: withdraw its intent.
+    Withdraw(LockKey, u64),
     /// The local queue of this key emptied: drop its channel interest.
     Unsubscribe(String),
 }
@@ -372,6 +374,11 @@ async fn handle(shared: Arc<Shared>, job: Job) -> bool {
                 mode,
             };
             release(&shared, lease, || Duration::ZERO).await;
+        }
+        Job::Withdraw(key, waiter) => {
+            if let Err(e) = shared.backend.withdraw(&key, waiter).await {
+                tracing::debug!(key = key.full(), error = %e, "withdrawing a writer's intent failed; it runs out with the writer's wait");
+            }
         }
         Job::Unsubscribe(key) => {
             if let Err(e) = shared.backend.unsubscribe(&key).await {

@@ -553,6 +553,167 @@ pub async fn hold_at_least_keeps_the_key<H: Harness>(h: &H) {
     );
 }
 
+/// Regression (kinds review): a `lock_all_with(.., hold_at_least(d))` that missed a key
+/// (or was cancelled while waiting for one) released the keys it had already taken with
+/// the `hold_at_least` keep, so a call that never got its guard left those keys held
+/// for the whole period. Only a granted `MultiGuard` keeps its keys.
+pub async fn lock_all_miss_keeps_no_key_for_hold_at_least<H: Harness>(h: &H) {
+    let (a, b) = (manager(h).await, manager(h).await);
+    let mut keys = [unique("allhold"), unique("allhold")];
+    keys.sort();
+    let [first, second] = keys;
+    let hold = Duration::from_secs(60);
+    // The second key (in the order lock_all takes them) is held: the first is taken,
+    // then given back.
+    let held = a.lock(&second).await.unwrap();
+    let err = b
+        .lock_all_with(
+            [&first, &second],
+            LockOptions::new()
+                .hold_at_least(hold)
+                .wait(Duration::from_millis(300)),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::Timeout { .. }), "{err}");
+    let free = a
+        .lock_with(&first, waiting(2))
+        .await
+        .expect("the first key held on by a failed lock_all for its hold_at_least");
+    free.release().await.unwrap();
+    // Cancelled while waiting for the second key.
+    let cut = tokio::time::timeout(
+        Duration::from_millis(300),
+        b.lock_all_with([&first, &second], LockOptions::new().hold_at_least(hold)),
+    )
+    .await;
+    assert!(cut.is_err(), "lock_all got a held key");
+    let free = a
+        .lock_with(&first, waiting(2))
+        .await
+        .expect("the first key held on by a cancelled lock_all for its hold_at_least");
+    free.release().await.unwrap();
+    held.release().await.unwrap();
+    // A granted guard keeps its keys for the period.
+    let all = b
+        .lock_all_with([&first, &second], LockOptions::new().hold_at_least(hold))
+        .await
+        .unwrap();
+    all.release().await.unwrap();
+    assert!(a.try_lock(&first).await.unwrap().is_none(), "not kept");
+}
+
+/// Regression (kinds review): a writer whose wait was cancelled (its future dropped)
+/// left its intent on the server for the rest of its wait, and every new reader was
+/// refused until then (here 30 s) though no writer was waiting any more. The intent is
+/// withdrawn (and the readers woken) when a writer stops waiting without the lock.
+pub async fn cancelled_writer_keeps_no_reader_out<H: Harness>(h: &H) {
+    let (a, b, c) = (manager(h).await, manager(h).await, manager(h).await);
+    let key = unique("intent");
+    let reader = a.read(&key).await.unwrap();
+    let cut =
+        tokio::time::timeout(Duration::from_millis(300), b.write_with(&key, waiting(30))).await;
+    assert!(cut.is_err(), "the writer got in past a reader");
+    let start = Instant::now();
+    let second = c
+        .read_with(&key, waiting(10))
+        .await
+        .expect("a reader kept out by a cancelled writer's intent");
+    let waited = start.elapsed();
+    assert!(waited < Duration::from_secs(5), "reader waited {waited:?}");
+    // A writer that timed out leaves no intent either.
+    let err = b
+        .write_with(&key, LockOptions::new().wait(Duration::from_millis(300)))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::Timeout { .. }), "{err}");
+    let third = c
+        .read_with(&key, waiting(5))
+        .await
+        .expect("a reader kept out by a timed-out writer's intent");
+    for g in [reader, second, third] {
+        g.release().await.unwrap();
+    }
+}
+
+/// Regression (kinds review, memory parity): the in-memory backend registered a
+/// writer's intent only while readers held the key, where the scripts register it
+/// whoever holds it. A writer waiting behind another writer then had no intent, and a
+/// reader arriving as the first writer released got in before it (writer preference
+/// broken on that backend only). Run on a current-thread runtime: the woken second
+/// writer cannot run between the release and the reader's attempt, so without its
+/// intent the reader always gets in.
+pub async fn writer_waiting_behind_a_writer_keeps_new_readers_out<H: Harness>(h: &H) {
+    let (a, b, c) = (manager(h).await, manager(h).await, manager(h).await);
+    let key = unique("wbw");
+    let first = a.write(&key).await.unwrap();
+    let second = {
+        let (b, key) = (b.clone(), key.clone());
+        tokio::spawn(async move {
+            let guard = b.write_with(&key, waiting(10)).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            guard.release().await.unwrap();
+        })
+    };
+    // The second writer has waited (and been refused) by now.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    first.release().await.unwrap();
+    let reader = c.try_read(&key).await.unwrap();
+    assert!(
+        reader.is_none(),
+        "a reader got in while a writer was waiting for the key"
+    );
+    second.await.unwrap();
+    let reader = c
+        .read_with(&key, waiting(5))
+        .await
+        .expect("a reader after the writers");
+    reader.release().await.unwrap();
+}
+
+/// Regression (kinds review): a release within `hold_at_least` shortens the key's
+/// expiry to the end of the period but published nothing, so a waiter in another
+/// manager slept on until the expiry it had been told before (here the 10 s ttl), long
+/// after the key was free. Now such a release wakes the waiters, which ask again and
+/// wait for the period's end. For every kind: the writer waits for the exclusive
+/// holder, then for a reader; a permit waiter for a permit holder.
+pub async fn release_within_hold_at_least_wakes_waiters_at_its_end<H: Harness>(h: &H) {
+    let (a, b) = (manager(h).await, manager(h).await);
+    let ttl = Duration::from_secs(10);
+    let hold = Duration::from_millis(500);
+    let opts = || LockOptions::new().ttl(ttl).hold_at_least(hold);
+    for kind in ["exclusive", "read", "permit"] {
+        let key = unique("keepwake");
+        let holder = match kind {
+            "exclusive" => a.lock_with(&key, opts()).await.unwrap(),
+            "read" => a.read_with(&key, opts()).await.unwrap(),
+            _ => a.permit_with(&key, 1, opts()).await.unwrap(),
+        };
+        let waiter = {
+            let (b, key) = (b.clone(), key.clone());
+            tokio::spawn(async move {
+                let start = Instant::now();
+                let wait = LockOptions::new().wait(Duration::from_secs(20));
+                let guard = if kind == "permit" {
+                    b.permit_with(&key, 1, wait).await
+                } else {
+                    b.write_with(&key, wait).await
+                };
+                (guard.map(drop), start.elapsed())
+            })
+        };
+        // The waiter has been refused (told about the 10 s ttl) and sleeps.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        holder.release().await.unwrap();
+        let (got, waited) = waiter.await.unwrap();
+        got.unwrap_or_else(|e| panic!("{kind}: {e}"));
+        assert!(
+            waited < Duration::from_secs(5),
+            "{kind}: the waiter got the key after {waited:?}, the period ended after {hold:?}"
+        );
+    }
+}
+
 /// Bad input of the new calls is a clear error.
 pub async fn kinds_reject_bad_input<H: Harness>(h: &H) {
     let locks = manager(h).await;
@@ -598,7 +759,9 @@ macro_rules! kinds_tests {
             killed_permit_holder_frees_after_ttl, permit_release_wakes_a_waiter,
             watchdog_keeps_readers_and_permits, extending_one_reader_keeps_the_others,
             lock_all_in_opposite_orders_finishes, lock_all_leaves_no_key_behind,
-            hold_at_least_keeps_the_key, kinds_reject_bad_input);
+            hold_at_least_keeps_the_key, kinds_reject_bad_input,
+            lock_all_miss_keeps_no_key_for_hold_at_least, cancelled_writer_keeps_no_reader_out,
+            release_within_hold_at_least_wakes_waiters_at_its_end);
     };
     (@each $make:expr; $($name:ident),*) => {
         $(

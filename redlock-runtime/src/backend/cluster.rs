@@ -561,6 +561,22 @@ impl Store for ClusterBackend {
         decode::<u32>(deleted, "force_unlock").map(|n| n > 0)
     }
 
+    async fn withdraw(&self, key: &LockKey, waiter: u64) -> Result<(), LockError> {
+        let mut pipe = redis::pipe();
+        pipe.cmd("ZREM")
+            .arg(key.intents())
+            .arg(waiter)
+            .cmd("SPUBLISH")
+            .arg(key.full())
+            .arg("");
+        self.con
+            .clone()
+            .route_pipeline(pipe, 0, 2, master_of(key.full()))
+            .await
+            .map(drop)
+            .map_err(LockError::backend("withdraw"))
+    }
+
     async fn subscribe(&self, key: &str, register: bool) -> Result<(), LockError> {
         self.subscriber.subscribe(key, register).await
     }

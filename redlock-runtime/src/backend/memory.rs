@@ -62,6 +62,10 @@ impl Table {
     }
 }
 
+/// How long a writer's intent outlives the key's expiry it was told (its next attempt
+/// comes by then and renews it), as in `acquire.lua`.
+const INTENT_SLACK: Duration = Duration::from_secs(2);
+
 /// What the store holds for a key.
 enum Held {
     /// One holder: an exclusive lock (or a write lock).
@@ -180,15 +184,15 @@ impl Table {
                         }
                     }
                 }
-                (
-                    Held::Many {
-                        kind: LockKind::Read,
-                        ..
-                    },
-                    None,
-                ) => {
-                    if let Some(intent) = claim.intent {
-                        let until = now + intent.until;
+                // A writer refused, whoever holds the key (readers or another writer),
+                // registers its intent, as `acquire.lua` does.
+                (_, None) => {
+                    if let Some(intent) = claim.intent.filter(|i| !i.until.is_zero()) {
+                        // At most until INTENT_SLACK after the expiry the writer is told.
+                        let lasts = intent
+                            .until
+                            .min(until.saturating_duration_since(now) + INTENT_SLACK);
+                        let until = now + lasts;
                         self.intents
                             .entry(key.full().to_owned())
                             .or_default()
@@ -296,8 +300,9 @@ impl Table {
             return (false, false);
         };
         if !keep.is_zero() {
+            // Waiters told of a later expiry ask again, as the scripts' 'kept'.
             *own = now.checked_add(keep).unwrap_or(*own);
-            return (true, false);
+            return (true, true);
         }
         let (wake, emptied) = match entry {
             Held::One { .. } => (true, true),
@@ -465,6 +470,22 @@ impl Store for MemoryBackend {
         ready(Ok(self.force_unlock_now(key)))
     }
 
+    fn withdraw(
+        &self,
+        key: &LockKey,
+        waiter: u64,
+    ) -> impl Future<Output = Result<(), LockError>> + Send {
+        let listeners = {
+            let mut s = store();
+            s.withdraw(key.full(), waiter);
+            s.listeners.clone()
+        };
+        for w in &listeners {
+            w.wake(key.full());
+        }
+        ready(Ok(()))
+    }
+
     fn subscribe(
         &self,
         _key: &str,
@@ -493,6 +514,7 @@ impl Store for MemoryBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::Intent;
 
     /// Entries of the shared store under `prefix`: (lock entries, counters).
     fn count(prefix: &str) -> (usize, usize) {
@@ -620,5 +642,33 @@ mod tests {
             }
         }
         panic!("the machine never woke up inside the window the check needs");
+    }
+
+    /// Regression (kinds review): a writer's intent lasted its whole remaining wait (here
+    /// 10 minutes), so a writer that died kept new readers out that long. It runs out 2 s
+    /// after the expiry the writer was told, as in `acquire.lua`.
+    #[test]
+    fn a_writers_intent_runs_out_soon_after_the_expiry_it_was_told() {
+        let b = MemoryBackend(());
+        let k = key("mem-intent:", "report");
+        let reader = Claim {
+            mode: Mode::Read,
+            ..exclusive(&k, Token::random(), Duration::from_secs(1))
+        };
+        fence(b.acquire_now(&reader));
+        let writer = Claim {
+            intent: Some(Intent {
+                waiter: 9,
+                until: Duration::from_secs(600),
+                registered: false,
+            }),
+            ..exclusive(&k, Token::random(), Duration::from_secs(30))
+        };
+        assert!(matches!(b.acquire_now(&writer), Ok(Attempt::Held { .. })));
+        let lasts = store().intents[k.full()][&9].saturating_duration_since(Instant::now());
+        assert!(
+            lasts > Duration::from_secs(2) && lasts <= Duration::from_secs(3),
+            "the intent of a writer told 1 s lasts {lasts:?}"
+        );
     }
 }

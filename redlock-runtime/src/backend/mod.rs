@@ -167,7 +167,8 @@ pub(crate) trait Store {
     }
 
     /// True when the lock was ours and is now deleted, or, with a non-zero `keep`
-    /// (`hold_at_least`), kept only `keep` longer, without a wake-up.
+    /// (`hold_at_least`), kept only `keep` longer; either way the key's waiters are
+    /// woken (a kept key may expire sooner than they were told).
     fn release(
         &self,
         lease: LeaseRef<'_>,
@@ -197,6 +198,15 @@ pub(crate) trait Store {
 
     /// Deletes the lock whoever holds it and wakes its waiters; true when it was held.
     fn force_unlock(&self, key: &LockKey) -> impl Future<Output = Result<bool, LockError>> + Send;
+
+    /// Withdraws the intent of a writer (`waiter`, see [`Intent`]) that stopped waiting
+    /// for `key` without the lock, and wakes the key's waiters: readers it kept out may
+    /// enter.
+    fn withdraw(
+        &self,
+        key: &LockKey,
+        waiter: u64,
+    ) -> impl Future<Output = Result<(), LockError>> + Send;
 
     /// Starts receiving wake-ups for `key`: adds one interest when `register` (interests
     /// are counted per key, before the request is sent), and subscribes unless the
@@ -349,6 +359,10 @@ impl Backend {
 
     pub(crate) async fn force_unlock(&self, key: &LockKey) -> Result<bool, LockError> {
         dispatch!(self, b => b.force_unlock(key).await)
+    }
+
+    pub(crate) async fn withdraw(&self, key: &LockKey, waiter: u64) -> Result<(), LockError> {
+        dispatch!(self, b => b.withdraw(key, waiter).await)
     }
 
     pub(crate) async fn subscribe(&self, key: &str, register: bool) -> Result<(), LockError> {

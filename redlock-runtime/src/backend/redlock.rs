@@ -868,7 +868,8 @@ impl RedlockBackend {
     }
 
     /// Wakes the permit waiters of `key` (they listen on the key's channel, not their
-    /// places'), on every node, in the background.
+    /// places'), on every node, in the background: a place was freed, or is kept only
+    /// until its `hold_at_least` ends (sooner than the waiters were told).
     fn announce_place_freed(&self, key: &LockKey) {
         let (nodes, channel) = (self.nodes.clone(), key.full().to_owned());
         tokio::spawn(async move {
@@ -1174,7 +1175,7 @@ impl Store for RedlockBackend {
         if released.is_ok() {
             lock(&self.places).remove(&lease.token);
         }
-        if matches!(released, Ok(true)) && keep.is_zero() {
+        if matches!(released, Ok(true)) {
             self.announce_place_freed(lease.key);
         }
         released
@@ -1269,6 +1270,19 @@ impl Store for RedlockBackend {
             return Err(self.unavailable(key, reached, error));
         }
         Ok(answers.iter().any(|a| matches!(a, Ok(true))))
+    }
+
+    /// Withdraws the intent on every node (those that refused the writer registered
+    /// it), waking the key's waiters there; `Err` when no node could be reached.
+    async fn withdraw(&self, key: &LockKey, waiter: u64) -> Result<(), LockError> {
+        let answers = self
+            .on_all("withdraw", self.node_timeout, |n| n.withdraw(key, waiter))
+            .await;
+        if answers.iter().any(Result::is_ok) {
+            return Ok(());
+        }
+        let error = answers.iter().find_map(|a| a.as_ref().err());
+        Err(self.unavailable(key, 0, error))
     }
 
     /// Subscribes on every node whose server has not confirmed the channel; succeeds

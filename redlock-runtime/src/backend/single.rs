@@ -290,6 +290,21 @@ impl Store for SingleBackend {
         Ok(vec![(self.addr(), self.eviction_policy().await)])
     }
 
+    async fn withdraw(&self, key: &LockKey, waiter: u64) -> Result<(), LockError> {
+        redis::pipe()
+            .cmd("ZREM")
+            .arg(key.intents())
+            .arg(waiter)
+            .ignore()
+            .cmd("PUBLISH")
+            .arg(key.full())
+            .arg("")
+            .ignore()
+            .query_async::<()>(&mut self.con.clone())
+            .await
+            .map_err(LockError::backend("withdraw"))
+    }
+
     async fn subscribe(&self, key: &str, register: bool) -> Result<(), LockError> {
         self.subscriber.subscribe(key, register).await
     }

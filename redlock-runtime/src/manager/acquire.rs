@@ -54,12 +54,12 @@ enum Outcome {
 
 /// Releases in the background what an attempt may have taken, unless disarmed: the
 /// request may have been applied even when its future was dropped or its reply lost.
-pub(super) struct PendingAttempt<'a> {
-    pub(super) manager: &'a LockManager,
-    pub(super) key: &'a LockKey,
-    pub(super) token: Token,
-    pub(super) mode: Mode,
-    pub(super) armed: bool,
+struct PendingAttempt<'a> {
+    manager: &'a LockManager,
+    key: &'a LockKey,
+    token: Token,
+    mode: Mode,
+    armed: bool,
 }
 
 impl Drop for PendingAttempt<'_> {
@@ -70,6 +70,28 @@ impl Drop for PendingAttempt<'_> {
                 .0
                 .jobs
                 .send(Job::Abandon(self.key.clone(), self.token, self.mode));
+        }
+    }
+}
+
+/// Withdraws in the background the intent of a writer that stops waiting without the
+/// lock (out of time, an error, its future dropped), unless disarmed: left registered,
+/// it would keep new readers out for the rest of the writer's wait.
+struct PendingIntent<'a> {
+    manager: &'a LockManager,
+    key: &'a LockKey,
+    waiter: u64,
+    armed: bool,
+}
+
+impl Drop for PendingIntent<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let _ = self
+                .manager
+                .0
+                .jobs
+                .send(Job::Withdraw(self.key.clone(), self.waiter));
         }
     }
 }
@@ -153,9 +175,15 @@ impl LockManager {
                 Err(_) => {}
             }
         }
+        // `hold_at_least` only for keys a granted guard holds: the keys taken before a
+        // miss (or a cancellation) are freed at once when given back.
+        let each = Resolved {
+            hold_at_least: Duration::ZERO,
+            ..opts
+        };
         let mut guards = Vec::with_capacity(keys.len());
         for key in keys {
-            match self.acquire(key, Mode::Exclusive, opts).await {
+            match self.acquire(key, Mode::Exclusive, each).await {
                 Ok(guard) => guards.push(guard),
                 Err(e) => {
                     // Released whatever happens: a guard dropped (this future cancelled
@@ -164,6 +192,10 @@ impl LockManager {
                     return Err(e);
                 }
             }
+        }
+        let granted = lease::now();
+        for guard in &guards {
+            guard.lease().hold_from(granted, opts.hold_at_least);
         }
         Ok(MultiGuard::new(guards))
     }
@@ -348,6 +380,14 @@ impl LockManager {
             until: Duration::ZERO,
             registered: false,
         });
+        // Armed once an attempt carrying the intent is sent (it may register it, even
+        // when its reply is lost); a grant withdraws it itself.
+        let mut withdrawal = intent.map(|i| PendingIntent {
+            manager: self,
+            key,
+            waiter: i.waiter,
+            armed: false,
+        });
         let timeout = || LockError::Timeout {
             key: key.full().to_owned(),
         };
@@ -424,12 +464,23 @@ impl LockManager {
                     .saturating_duration_since(tokio::time::Instant::now())
                     .max(Duration::from_millis(1));
             }
-            let pause = match self.bounded_attempt(request, intent).await {
-                Ok(Outcome::Acquired(guard)) => return Ok(guard),
-                Ok(Outcome::Held(remaining)) => {
-                    if let Some(intent) = &mut intent {
-                        intent.registered = true;
+            if let Some(w) = &mut withdrawal {
+                w.armed = true;
+            }
+            let attempt = self.bounded_attempt(request, intent).await;
+            // Whatever the outcome, the server may have registered the intent: the next
+            // grant withdraws it.
+            if let Some(intent) = &mut intent {
+                intent.registered = true;
+            }
+            let pause = match attempt {
+                Ok(Outcome::Acquired(guard)) => {
+                    if let Some(w) = &mut withdrawal {
+                        w.armed = false;
                     }
+                    return Ok(guard);
+                }
+                Ok(Outcome::Held(remaining)) => {
                     last_error = None;
                     let fallback =
                         remaining.unwrap_or(Duration::from_secs(1)) + Duration::from_millis(1);

@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 
 use tracing::Instrument;
 
-use super::acquire::PendingAttempt;
 use crate::lease::{self, Lease};
 use crate::options::check_ttl;
 use crate::watchdog::Job;
@@ -47,6 +46,11 @@ impl LockGuard {
             manager,
             owner: true,
         }
+    }
+
+    /// The lease this guard holds.
+    pub(crate) fn lease(&self) -> &Lease {
+        &self.lease
     }
 
     /// A non-owning handle on the same lock (dropping it releases nothing).
@@ -176,11 +180,12 @@ impl LockManager {
             });
         };
         shared.unwatch(lease.id);
-        let mut pending = PendingAttempt {
+        // A release that fails or is cut short is retried in the background as the
+        // lease's own release: with its `hold_at_least` keep, never as an abandoned
+        // attempt (which deletes at once).
+        let mut pending = PendingRelease {
             manager: self,
-            key: &lease.key,
-            token: lease.token,
-            mode: lease.mode,
+            lease,
             armed: true,
         };
         let span = tracing::debug_span!(
@@ -272,6 +277,22 @@ impl LockManager {
             Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
             // Only when the runtime shuts down.
             Err(_) => Err(lost(lease)),
+        }
+    }
+}
+
+/// Hands a lease's release to the background task unless disarmed: its request may have
+/// failed, or been applied after the caller's future was dropped.
+struct PendingRelease<'a> {
+    manager: &'a LockManager,
+    lease: &'a Arc<Lease>,
+    armed: bool,
+}
+
+impl Drop for PendingRelease<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let _ = self.manager.0.jobs.send(Job::Release(self.lease.clone()));
         }
     }
 }

@@ -195,7 +195,9 @@ impl LockManager {
         self.acquire(key, Mode::Exclusive, resolved).await
     }
 
-    /// Whether anyone holds `key` now.
+    /// Whether anyone holds `key` now: an exclusive holder, readers or permit holders
+    /// (on Redlock a permit is held on places, keys of their own, which this does not
+    /// see).
     ///
     /// # Errors
     /// [`LockError::InvalidKey`], [`LockError::Backend`].
@@ -206,7 +208,9 @@ impl LockManager {
 
     /// Deletes `key`'s lock whoever holds it, and wakes its waiters: an operator's tool
     /// for a stuck lock. The holder finds out at its next renewal. Returns whether a lock
-    /// was there.
+    /// was there. Readers and permit holders are removed too, except Redlock's permits
+    /// (held on places, keys of their own, which this does not touch: their ttl frees
+    /// them).
     ///
     /// # Errors
     /// [`LockError::InvalidKey`], [`LockError::Backend`].

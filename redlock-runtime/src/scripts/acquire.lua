@@ -16,8 +16,10 @@
 -- nothing anyone could use to release or extend that lock. Readers hold it as the value
 -- '~read', so their holder digest is that of '~read'.
 -- Held, with a writer id and a positive intent: the id is added to KEYS[3] with score =
--- the server's now (TIME, milliseconds) + ARGV[4], expired intents dropped, and KEYS[3]
--- expires with its last intent; new readers are refused while an intent is unexpired
+-- the server's now (TIME, milliseconds) + ARGV[4], but at most KEYS[1]'s PTTL + 2000
+-- (the writer, told that PTTL, asks again by then, or sooner when woken, renewing its
+-- intent; one whose writer died runs out soon, not at the end of its wait), expired
+-- intents dropped, and KEYS[3] expires with its last intent; new readers are refused while an intent is unexpired
 -- (acquire_shared.lua). Every held reply to a call with a writer id means its intent is
 -- registered, whoever holds the lock.
 -- Fails, the lock given back, when the counter does not yield a positive integer
@@ -70,8 +72,12 @@ if held and ARGV[3] and ARGV[3] ~= '' then
   if intent >= 1 then
     local t = redis.call('TIME')
     local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    local ms = math.floor(intent)
+    if pttl > 0 and pttl + 2000 < ms then
+      ms = pttl + 2000
+    end
     redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
-    redis.call('ZADD', KEYS[3], now + math.floor(intent), ARGV[3])
+    redis.call('ZADD', KEYS[3], now + ms, ARGV[3])
     local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
     redis.call('PEXPIRE', KEYS[3], tonumber(last[2]) - now)
   end

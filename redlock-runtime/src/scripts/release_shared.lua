@@ -12,8 +12,10 @@
 --   ''  the lock is free: an exclusive release, or the last reader left (readers publish
 --       nothing else: only writers wait for readers, and they need the lock empty);
 --   'N' (decimal, N >= 1) permits: N places were freed by this call (this holder and
---       expired holders reclaimed), K possibly still held by other permit holders.
--- Nothing is published when nothing was freed (a kept holder, a double release).
+--       expired holders reclaimed), K possibly still held by other permit holders;
+--   'kept' a holder is kept (keep > 0) and nothing else was announced: its place may
+--       now expire sooner than waiters were told, so they ask again.
+-- Nothing is published when nothing was freed nor kept (a double release).
 -- Returns 1 when released (or kept), 0 when this token holds no unexpired place.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -50,11 +52,13 @@ else
     redis.call('PEXPIRE', KEYS[1], ms)
   end
 end
-if ARGV[2] ~= '' and freed > 0 then
-  if ARGV[3] ~= '~read' then
+if ARGV[2] ~= '' then
+  if freed > 0 and ARGV[3] ~= '~read' then
     redis.call(ARGV[2], KEYS[1], tostring(freed))
-  elseif empty and ours then
+  elseif freed > 0 and empty and ours then
     redis.call(ARGV[2], KEYS[1], '')
+  elseif released == 1 and keep >= 1 then
+    redis.call(ARGV[2], KEYS[1], 'kept')
   end
 end
 return released
