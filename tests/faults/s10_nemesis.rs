@@ -3,9 +3,10 @@
 //! Several clients (five `LockManager`s in this process, two tasks each) contend on a few keys
 //! with random operations — acquisitions of every kind (ttl 300 ms–2 s, short waits, some
 //! cancelled by a short timeout, one in eight with `hold_at_least` up to 600 ms):
-//! `lock_with` or `write_with` (40 %) and `read_with` (20 %) on three keys, `permit_with`
-//! (20 %) on two permit keys of 2 and 3 permits, `lock_all_with` (20 %) over 2–3 of the
-//! three keys in random order; then, on whatever guard it got (a `LockGuard` or a
+//! `lock_with` or `write_with` (40 %) and `read_with` (20 %) on four keys, `permit_with`
+//! (20 %) on two permit keys of 2 and 3 permits, `lock_all_with` (20 %, waiting
+//! 100–800 ms) over 2–3 of the four keys in random order (in every other round the four
+//! share a hash slot); then, on whatever guard it got (a `LockGuard` or a
 //! `MultiGuard`), `extend` (longer and shorter than the current ttl, some cancelled
 //! mid-flight by a short `tokio::time::timeout`), holding for random times, `release`,
 //! dropping the guard — while a nemesis task injects random faults for random
@@ -66,7 +67,7 @@ const CLIENTS: usize = 5;
 /// Tasks per manager, each doing its own random operations (a "client" of the checker).
 const TASKS: usize = 2;
 /// Keys contended per round by `lock`, `write`, `read` and `lock_all`.
-const KEYS: usize = 3;
+const KEYS: usize = 4;
 /// Keys contended per round by `permit(key, n)`: their `n`.
 const PERMITS: [u32; 2] = [2, 3];
 /// The longest ttl an extend sets.
@@ -346,7 +347,7 @@ enum Ask<'k> {
 
 impl Ask<'_> {
     /// A random ask over `keys`: exclusive 40 % (a quarter of it `write`), read 20 %,
-    /// permit 20 %, `lock_all` over 2-3 keys 20 %.
+    /// permit 20 %, `lock_all` 20 % (over 2 keys, a quarter of the time 3).
     fn random<'k>(keys: &'k Keys, rng: &mut fastrand::Rng) -> Ask<'k> {
         let key = keys.locks[rng.usize(..keys.locks.len())].as_str();
         match rng.u8(..10) {
@@ -362,7 +363,7 @@ impl Ask<'_> {
             _ => {
                 let mut all: Vec<&str> = keys.locks.iter().map(String::as_str).collect();
                 rng.shuffle(&mut all);
-                all.truncate(rng.usize(2..=3.min(all.len())));
+                all.truncate(if rng.u8(..4) == 0 { 3 } else { 2 });
                 Ask::All(all)
             }
         }
@@ -421,7 +422,10 @@ async fn acquire(
     };
     // Half are single attempts, repeated every few ms: they catch a lock that expired
     // early (waiters sleep until the ttl they last saw, or a release).
-    let wait = if rng.bool() {
+    // A `lock_all` always waits a little: all its keys are seldom free at one instant.
+    let wait = if matches!(ask, Ask::All(_)) {
+        between(rng, Duration::from_millis(100), Duration::from_millis(800))
+    } else if rng.bool() {
         Duration::ZERO
     } else {
         between(rng, Duration::ZERO, Duration::from_millis(600))
@@ -1062,9 +1066,18 @@ async fn run(kind: Kind) {
     let mut report = Report::default();
     let started = std::time::Instant::now();
     for round in 0..rounds {
+        // Every other round the keys share one hash slot (and its fencing counter): a
+        // Cluster's `lock_all` is then one script, else one key after the other.
+        let slot = unique("nemesis");
         let keys = Arc::new(Keys {
             locks: (0..KEYS)
-                .map(|k| format!("{{{}}}", unique(&format!("nemesis{k}"))))
+                .map(|k| {
+                    if round % 2 == 1 {
+                        format!("{{{slot}}}:{k}")
+                    } else {
+                        format!("{{{}}}", unique(&format!("nemesis{k}")))
+                    }
+                })
                 .collect(),
             permits: PERMITS
                 .iter()
