@@ -524,7 +524,10 @@ fn retries_are_idempotent() {
     let mut r = redis();
     let f1 = fence(&r.shared(&token(1), 10_000, READ, 0));
     let again = fence(&r.shared(&token(1), 30_000, READ, 0));
-    assert_eq!(again, f1, "a retry reads the counter back, issues nothing");
+    assert!(
+        again > f1,
+        "a retry gets a fresh token (see the test below)"
+    );
     assert_eq!(r.zcard(H), 1);
     assert!(r.pttl(K) > 25_000, "expiry reset");
     assert_eq!(r.release_shared(&token(1), READ, 0), 1);
@@ -535,6 +538,26 @@ fn retries_are_idempotent() {
     );
     assert!(r.pttl(K) > 25_000, "expiry reset");
     assert_eq!(r.release_shared(&token(9), READ, 0), 0, "not a reader");
+}
+
+/// Found by the nemesis of issue 13: a shared acquire whose reply was lost is sent
+/// again with the same token (the connection's retry); it found its place and read the
+/// counter back, which is the token of whoever was granted meanwhile: two readers (or
+/// permits) with one fencing token.
+#[test]
+fn a_retried_shared_acquire_gets_a_token_of_its_own() {
+    for (marker, limit) in [(READ, 0), (PERMIT, 3)] {
+        let mut r = redis();
+        let first = fence(&r.shared(&token(1), 10_000, marker, limit));
+        let other = fence(&r.shared(&token(2), 10_000, marker, limit));
+        let retried = fence(&r.shared(&token(1), 10_000, marker, limit));
+        assert_ne!(
+            retried, other,
+            "{marker}: the retry got the other holder's token (first {first})"
+        );
+        assert!(retried > other, "{marker}: {retried} after {other}");
+        assert_eq!(r.zcard(H), 2, "{marker}: the retry took no second place");
+    }
 }
 
 #[test]
@@ -549,16 +572,16 @@ fn fences_above_2_pow_53_are_exact_digits() {
         digits(&r.shared(&token(2), 30_000, READ, 0)),
         "9007199254740999"
     );
-    // A retry reads back the exact digits.
+    // A retry gets a fresh token, exact digits too.
     assert_eq!(
         digits(&r.shared(&token(2), 30_000, READ, 0)),
-        "9007199254740999"
+        "9007199254741000"
     );
     r.release_shared(&token(1), READ, 0);
     r.release_shared(&token(2), READ, 0);
     assert_eq!(
         digits(&r.write(&token(3), 30_000, "w", 1_000, true)),
-        "9007199254741000"
+        "9007199254741001"
     );
     let grant: Value = r
         .eval(
@@ -571,8 +594,8 @@ fn fences_above_2_pow_53_are_exact_digits() {
         grant,
         Value::Array(vec![
             Value::Int(1),
-            Value::BulkString(b"9007199254741001".to_vec()),
             Value::BulkString(b"9007199254741002".to_vec()),
+            Value::BulkString(b"9007199254741003".to_vec()),
         ])
     );
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use redis::AsyncCommands;
 use redlock::{LockGuard, LockManager, LockOptions};
-use redlock_testkit::{ChaosProxy, Fault, RedisServer, RedisSet};
+use redlock_testkit::{ChaosProxy, Direction, Fault, RedisServer, RedisSet};
 
 /// A `LockManager` through `proxy`, with every script already cached on the server (as
 /// in any running system: a first `EVALSHA` answered `NOSCRIPT` would add a round trip).
@@ -307,5 +307,60 @@ async fn lock_wait_bounds_the_subscription() {
     assert!(
         took < Duration::from_millis(1100),
         "lock() took {took:?} with a 200 ms wait and 600 ms round trips"
+    );
+}
+
+/// Found by the nemesis of issue 13 (single server, a connection cut while two permits
+/// of one key were being acquired): a permit acquire whose reply was lost (the connection
+/// reset after Redis applied it) was sent again with the same token, found its place, and
+/// read the counter back: the token another permit had got meanwhile. Two holders of the
+/// key, one fencing token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retried_permit_after_a_lost_reply_gets_a_token_of_its_own() {
+    let server = RedisServer::start();
+    let proxy = ChaosProxy::start(server.addr()).await.unwrap();
+    let cut_off = through(&proxy).await;
+    // The shared-acquire script cached too (a NOSCRIPT reply would be held below).
+    cut_off
+        .permit("warm_{0}", 1)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let direct = LockManager::builder()
+        .single(&server.url())
+        .build()
+        .await
+        .unwrap();
+    let key = "retried_permit_{1}";
+    let mut raw = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+
+    proxy.set_direction(Direction::ToClient, Fault::Blackhole);
+    let first = tokio::spawn(async move { cut_off.permit(key, 3).await });
+    // Applied on the server, its reply held by the proxy (bounded: 2 s).
+    let holders = format!("lock:{key}:~holders");
+    let until = Instant::now() + Duration::from_secs(2);
+    while raw.zcard::<_, u64>(&holders).await.unwrap() == 0 && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(raw.zcard::<_, u64>(&holders).await.unwrap(), 1);
+    let other = direct.permit(key, 3).await.unwrap();
+    // The reply lost with its connection (the reset processed well before the heal,
+    // which would deliver held bytes): the client sends the acquire again.
+    proxy.reset_all();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    proxy.heal();
+    let first = first.await.unwrap().unwrap();
+    assert_eq!(raw.zcard::<_, u64>(&holders).await.unwrap(), 2);
+    let (first, other) = (first.fencing_token(), other.fencing_token());
+    assert_ne!(first, other, "two permit holders share a fencing token");
+    assert!(
+        first > other,
+        "the retry's token {first} is not above {other}"
     );
 }

@@ -1,10 +1,15 @@
 //! Scenario 10: the randomized nemesis.
 //!
 //! Several clients (five `LockManager`s in this process, two tasks each) contend on a few keys
-//! with random operations — `lock_with` (ttl 300 ms–2 s, short waits, some acquires
-//! cancelled by a short timeout), `extend` (longer and shorter than the current ttl, some
-//! cancelled mid-flight by a short `tokio::time::timeout`), holding for random times,
-//! `release`, dropping the guard — while a nemesis task injects random faults for random
+//! with random operations — acquisitions of every kind (ttl 300 ms–2 s, short waits, some
+//! cancelled by a short timeout, one in eight with `hold_at_least` up to 600 ms):
+//! `lock_with` or `write_with` (40 %) and `read_with` (20 %) on four keys, `permit_with`
+//! (20 %) on two permit keys of 2 and 3 permits, `lock_all_with` (20 %, waiting
+//! 100–800 ms) over 2–3 of the four keys in random order (in every other round the four
+//! share a hash slot); then, on whatever guard it got (a `LockGuard` or a
+//! `MultiGuard`), `extend` (longer and shorter than the current ttl, some cancelled
+//! mid-flight by a short `tokio::time::timeout`), holding for random times, `release`,
+//! dropping the guard — while a nemesis task injects random faults for random
 //! durations:
 //!
 //! * through each client's own [`ChaosProxy`] per node (single, Redlock; a Cluster's
@@ -23,11 +28,15 @@
 //!
 //! Every client samples `is_held()` every 1–5 ms while it holds a lock (also while an
 //! operation is in flight), and right before and after each operation, reading the clock
-//! *before* the call. The checker ([`redlock_faults::belief`]) reports an overlap of
-//! belief (invariant 1) and fencing-order violations (invariant 2); see there for why it
-//! has no false positives. The test prints per backend: rounds, operations by kind,
-//! faults by kind, grants, violations (the first few in detail, with the seed), and fails
-//! when there is any violation.
+//! *before* the call. Every grant is recorded with what it holds (a `MultiGuard` as one
+//! exclusive grant per key, sampled by its own `is_held()`). The checker
+//! ([`redlock_faults::belief`]) reports overlaps of belief (invariant 1: a reader's may
+//! overlap other readers', never an exclusive holder's; at most `n` permit holders of a
+//! key believing at once) and fencing-order violations (invariant 2; on Redlock, readers or
+//! permits granted at the same moment may share a token); see there for why it has no
+//! false positives. The test prints per backend: rounds, operations by call and outcome,
+//! faults by kind, grants by kind, violations (the first few in detail, with the seed),
+//! and fails when there is any violation or when a kind was never granted.
 //!
 //! Run sizes: the default run takes about 20 s per backend (single, Cluster 3+3, Redlock
 //! over 3 masters); `REDLOCK_SOAK=1` about 200 s per backend (Redlock over 5 masters).
@@ -45,8 +54,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redlock::{LockError, LockGuard, LockManager, LockOptions};
-use redlock_faults::belief::{self, Grant, Violation};
+use redlock::{LockError, LockGuard, LockManager, LockOptions, MultiGuard};
+use redlock_faults::belief::{self, Grant, Hold, Tokens, Violation};
 use redlock_faults::clock::now_ns;
 use redlock_testkit::{ChaosProxy, Direction, Fault, RedisCluster, RedisServer, RedisSet};
 use tokio::time::Instant;
@@ -57,8 +66,10 @@ use crate::support::{require_redis, soak, unique, HEAVY};
 const CLIENTS: usize = 5;
 /// Tasks per manager, each doing its own random operations (a "client" of the checker).
 const TASKS: usize = 2;
-/// Keys contended per round.
-const KEYS: usize = 3;
+/// Keys contended per round by `lock`, `write`, `read` and `lock_all`.
+const KEYS: usize = 4;
+/// Keys contended per round by `permit(key, n)`: their `n`.
+const PERMITS: [u32; 2] = [2, 3];
 /// The longest ttl an extend sets.
 const MAX_EXTEND: Duration = Duration::from_secs(3);
 /// Length of one round.
@@ -135,10 +146,10 @@ impl Servers {
 }
 
 /// Counters by name, printed in the closing note.
-type Counts = BTreeMap<&'static str, u64>;
+type Counts = BTreeMap<String, u64>;
 
-fn bump(counts: &mut Counts, name: &'static str) {
-    *counts.entry(name).or_default() += 1;
+fn bump(counts: &mut Counts, name: &str) {
+    *counts.entry(name.to_owned()).or_default() += 1;
 }
 
 /// A random duration in `lo..hi` from `rng`.
@@ -160,18 +171,70 @@ fn seed() -> u64 {
     }
 }
 
-/// The lock a client holds: the guard and its grant's index in the client's record.
+/// The keys of one round.
+struct Keys {
+    /// Taken by `lock`, `write`, `read` and `lock_all`.
+    locks: Vec<String>,
+    /// Taken by `permit(key, n)`, each with its `n`.
+    permits: Vec<(String, u32)>,
+}
+
+/// What a client holds: one lock, or the keys of a `lock_all`.
+enum Guard {
+    One(LockGuard),
+    All(MultiGuard),
+}
+
+impl Guard {
+    fn is_held(&self) -> bool {
+        match self {
+            Guard::One(g) => g.is_held(),
+            Guard::All(g) => g.is_held(),
+        }
+    }
+
+    async fn extend(&self, ttl: Duration) -> Result<(), LockError> {
+        match self {
+            Guard::One(g) => g.extend(ttl).await,
+            Guard::All(g) => g.extend(ttl).await,
+        }
+    }
+
+    async fn release(self) -> Result<(), LockError> {
+        match self {
+            Guard::One(g) => g.release().await,
+            Guard::All(g) => g.release().await,
+        }
+    }
+
+    /// Each key held and its fencing token.
+    fn locks(&self) -> Vec<(String, u64)> {
+        match self {
+            Guard::One(g) => vec![(g.key().to_owned(), g.fencing_token())],
+            Guard::All(g) => g
+                .keys()
+                .into_iter()
+                .map(str::to_owned)
+                .zip(g.fencing_tokens())
+                .collect(),
+        }
+    }
+}
+
+/// The lock a client holds: the guard, its grants' indices in the client's record (one
+/// per key), its ttl, and what call took it (`lock`, `write`, `read`, `permit`,
+/// `lock_all`), for the counts.
 struct Held {
-    guard: LockGuard,
-    grant: usize,
+    guard: Guard,
+    grants: Vec<usize>,
     ttl: Duration,
+    call: &'static str,
 }
 
 /// One step of a client or of the nemesis, for the report of a violation.
 struct Step {
-    /// The lock's key and token (empty and 0 for the nemesis).
-    key: String,
-    token: u64,
+    /// The keys and tokens it was on (none for the nemesis).
+    locks: Vec<(String, u64)>,
     start: u64,
     end: u64,
     what: String,
@@ -179,26 +242,33 @@ struct Step {
     shorter: Option<bool>,
 }
 
+impl Step {
+    /// Whether the step was on `g`'s lock.
+    fn on(&self, g: &Grant) -> bool {
+        self.locks.iter().any(|(k, t)| *k == g.key && *t == g.token)
+    }
+}
+
 /// One client's record of a round.
 #[derive(Default)]
 struct ClientLog {
     grants: Vec<Grant>,
+    /// Operations by call and outcome (`"read: extend ok"`).
     ops: Counts,
     /// The operations on held locks (and the grants), in order.
     trace: Vec<Step>,
 }
 
 impl ClientLog {
-    /// Counts an operation of kind `name` and, for a held lock, traces it.
-    fn note(&mut self, name: &'static str, held: Option<&Held>, start: u64, detail: &str) {
-        bump(&mut self.ops, name);
+    /// Counts an operation `name` of `call` and, for a held lock, traces it.
+    fn note(&mut self, call: &str, name: &str, held: Option<&Held>, start: u64, detail: &str) {
+        bump(&mut self.ops, &format!("{call}: {name}"));
         if let Some(h) = held {
             self.trace.push(Step {
-                key: h.guard.key().to_owned(),
-                token: h.guard.fencing_token(),
+                locks: h.guard.locks(),
                 start,
                 end: now_ns(),
-                what: format!("{name}{detail}"),
+                what: format!("{call}: {name}{detail}"),
                 shorter: None,
             });
         }
@@ -208,7 +278,9 @@ impl ClientLog {
     fn sample(&mut self, held: &Held) {
         let at = now_ns();
         if held.guard.is_held() {
-            self.grants[held.grant].held_at(at);
+            for &g in &held.grants {
+                self.grants[g].held_at(at);
+            }
         }
     }
 
@@ -238,7 +310,7 @@ impl ClientLog {
 async fn client(
     id: usize,
     locks: LockManager,
-    keys: Arc<Vec<String>>,
+    keys: Arc<Keys>,
     mut rng: fastrand::Rng,
     end: Instant,
 ) -> ClientLog {
@@ -260,15 +332,88 @@ async fn client(
     log
 }
 
-/// A random acquire; the grant is recorded.
+/// What an acquire asks for.
+enum Ask<'k> {
+    /// `lock_with` (`write` false) or `write_with` (the same exclusive lock).
+    Exclusive {
+        key: &'k str,
+        write: bool,
+    },
+    Read(&'k str),
+    Permit(&'k str, u32),
+    /// `lock_all_with` over these keys, in this (random) order.
+    All(Vec<&'k str>),
+}
+
+impl Ask<'_> {
+    /// A random ask over `keys`: exclusive 40 % (a quarter of it `write`), read 20 %,
+    /// permit 20 %, `lock_all` 20 % (over 2 keys, a quarter of the time 3).
+    fn random<'k>(keys: &'k Keys, rng: &mut fastrand::Rng) -> Ask<'k> {
+        let key = keys.locks[rng.usize(..keys.locks.len())].as_str();
+        match rng.u8(..10) {
+            0..=3 => Ask::Exclusive {
+                key,
+                write: rng.u8(..4) == 0,
+            },
+            4 | 5 => Ask::Read(key),
+            6 | 7 => {
+                let (key, n) = &keys.permits[rng.usize(..keys.permits.len())];
+                Ask::Permit(key, *n)
+            }
+            _ => {
+                let mut all: Vec<&str> = keys.locks.iter().map(String::as_str).collect();
+                rng.shuffle(&mut all);
+                all.truncate(if rng.u8(..4) == 0 { 3 } else { 2 });
+                Ask::All(all)
+            }
+        }
+    }
+
+    /// The call's name, for the counts.
+    fn call(&self) -> &'static str {
+        match self {
+            Ask::Exclusive { write: false, .. } => "lock",
+            Ask::Exclusive { write: true, .. } => "write",
+            Ask::Read(_) => "read",
+            Ask::Permit(..) => "permit",
+            Ask::All(_) => "lock_all",
+        }
+    }
+
+    /// What each grant of it holds.
+    fn hold(&self) -> Hold {
+        match self {
+            Ask::Read(_) => Hold::Read,
+            Ask::Permit(_, n) => Hold::Permit(*n),
+            Ask::Exclusive { .. } | Ask::All(_) => Hold::Exclusive,
+        }
+    }
+
+    async fn run(&self, locks: &LockManager, opts: LockOptions) -> Result<Guard, LockError> {
+        match self {
+            Ask::Exclusive { key, write: false } => {
+                locks.lock_with(key, opts).await.map(Guard::One)
+            }
+            Ask::Exclusive { key, write: true } => {
+                locks.write_with(key, opts).await.map(Guard::One)
+            }
+            Ask::Read(key) => locks.read_with(key, opts).await.map(Guard::One),
+            Ask::Permit(key, n) => locks.permit_with(key, *n, opts).await.map(Guard::One),
+            Ask::All(keys) => locks.lock_all_with(keys, opts).await.map(Guard::All),
+        }
+    }
+}
+
+/// A random acquire of a random kind; its grants (one per key) are recorded.
 async fn acquire(
     id: usize,
     locks: &LockManager,
-    keys: &[String],
+    keys: &Keys,
     rng: &mut fastrand::Rng,
     log: &mut ClientLog,
 ) -> Option<Held> {
-    let key = &keys[rng.usize(..keys.len())];
+    let ask = Ask::random(keys, rng);
+    let call = ask.call();
     // Mostly short ttls: the watchdog renews every ttl/3 (100-300 ms), racing extends.
     let ttl = match rng.u8(..4) {
         0 => between(rng, Duration::from_millis(900), Duration::from_secs(2)),
@@ -277,46 +422,64 @@ async fn acquire(
     };
     // Half are single attempts, repeated every few ms: they catch a lock that expired
     // early (waiters sleep until the ttl they last saw, or a release).
-    let wait = if rng.bool() {
+    // A `lock_all` always waits a little: all its keys are seldom free at one instant.
+    let wait = if matches!(ask, Ask::All(_)) {
+        between(rng, Duration::from_millis(100), Duration::from_millis(800))
+    } else if rng.bool() {
         Duration::ZERO
     } else {
         between(rng, Duration::ZERO, Duration::from_millis(600))
     };
-    let opts = LockOptions::new().ttl(ttl).wait(wait);
+    let mut opts = LockOptions::new().ttl(ttl).wait(wait);
+    // Some keep the key after an early release (ShedLock's lockAtLeastFor).
+    let at_least = (rng.u8(..8) == 0)
+        .then(|| between(rng, Duration::from_millis(1), Duration::from_millis(600)));
+    if let Some(d) = at_least {
+        opts = opts.hold_at_least(d);
+    }
     let cancel_after = (rng.u8(..8) == 0)
         .then(|| between(rng, Duration::from_millis(1), Duration::from_millis(50)));
     let sent = now_ns();
     let result = match cancel_after {
-        Some(limit) => match tokio::time::timeout(limit, locks.lock_with(key, opts)).await {
+        Some(limit) => match tokio::time::timeout(limit, ask.run(locks, opts)).await {
             Ok(r) => r,
             Err(_) => {
-                bump(&mut log.ops, "lock cancelled");
+                log.note(call, "cancelled", None, sent, "");
                 return None;
             }
         },
-        None => locks.lock_with(key, opts).await,
+        None => ask.run(locks, opts).await,
     };
     let returned = now_ns();
     match result {
         Ok(guard) => {
-            log.grants.push(Grant::new(
-                id,
-                guard.key(),
-                guard.fencing_token(),
-                sent,
-                returned,
-            ));
+            let mut grants = Vec::new();
+            for (key, token) in guard.locks() {
+                log.grants
+                    .push(Grant::new(id, key, token, sent, returned).holding(ask.hold()));
+                grants.push(log.grants.len() - 1);
+            }
             let held = Held {
                 guard,
-                grant: log.grants.len() - 1,
+                grants,
                 ttl,
+                call,
             };
-            log.note("lock ok", Some(&held), sent, &format!(" (ttl {ttl:?})"));
+            let detail = match at_least {
+                Some(d) => format!(" (ttl {ttl:?}, hold_at_least {d:?})"),
+                None => format!(" (ttl {ttl:?})"),
+            };
+            let name = if at_least.is_some() {
+                "ok, hold_at_least"
+            } else {
+                "ok"
+            };
+            log.note(call, name, Some(&held), sent, &detail);
             log.sample(&held);
             Some(held)
         }
         Err(LockError::Timeout { .. }) => {
-            bump(&mut log.ops, "lock timeout");
+            log.note(call, "timeout", None, sent, "");
             if wait.is_zero() {
                 tokio::time::sleep(between(
                     rng,
@@ -328,7 +491,7 @@ async fn acquire(
             None
         }
         Err(_) => {
-            bump(&mut log.ops, "lock error");
+            log.note(call, "error", None, sent, "");
             // A failing backend: do not spin.
             tokio::time::sleep(Duration::from_millis(5)).await;
             None
@@ -344,6 +507,7 @@ async fn operate(
     end: Instant,
 ) -> Option<Held> {
     let start = now_ns();
+    let call = h.call;
     match rng.u8(..10) {
         // Hold for a while (sampling): mostly short, some up to 1.5 ttl (outliving the
         // lease when renewals fail); never past the round's end.
@@ -357,11 +521,11 @@ async fn operate(
                 .min(end.saturating_duration_since(Instant::now()));
             log.sampled(rng, &h, tokio::time::sleep(hold)).await;
             if !h.guard.is_held() {
-                log.note("hold, then found lost", Some(&h), start, "");
+                log.note(call, "hold, then found lost", Some(&h), start, "");
                 drop(h.guard);
                 return None;
             }
-            log.note("hold", Some(&h), start, "");
+            log.note(call, "hold", Some(&h), start, "");
             Some(h)
         }
         // Extend, longer or (much) shorter than the current ttl; some cancelled mid-flight.
@@ -401,11 +565,11 @@ async fn operate(
             let shorter = ttl < h.ttl;
             match result {
                 Ok(Ok(())) => {
-                    log.note("extend ok", Some(&h), start, &detail);
+                    log.note(call, "extend ok", Some(&h), start, &detail);
                     h.ttl = ttl;
                 }
-                Ok(Err(_)) => log.note("extend error", Some(&h), start, &detail),
-                Err(_) => log.note("extend cancelled", Some(&h), start, &detail),
+                Ok(Err(_)) => log.note(call, "extend error", Some(&h), start, &detail),
+                Err(_) => log.note(call, "extend cancelled", Some(&h), start, &detail),
             }
             if let Some(step) = log.trace.last_mut() {
                 step.shorter = Some(shorter);
@@ -415,21 +579,19 @@ async fn operate(
         // Release.
         7 | 8 => {
             log.sample(&h);
-            let key = h.guard.key().to_owned();
-            let token = h.guard.fencing_token();
+            let locks = h.guard.locks();
             let result = h.guard.release().await;
             let name = if result.is_ok() {
                 "release ok"
             } else {
                 "release error"
             };
-            bump(&mut log.ops, name);
+            bump(&mut log.ops, &format!("{call}: {name}"));
             log.trace.push(Step {
-                key,
-                token,
+                locks,
                 start,
                 end: now_ns(),
-                what: name.to_owned(),
+                what: format!("{call}: {name}"),
                 shorter: None,
             });
             None
@@ -437,7 +599,7 @@ async fn operate(
         // Drop (released in the background).
         _ => {
             log.sample(&h);
-            log.note("drop", Some(&h), start, "");
+            log.note(call, "drop", Some(&h), start, "");
             drop(h.guard);
             None
         }
@@ -455,8 +617,7 @@ impl FaultLog {
     fn note(&mut self, name: &'static str, start: u64, target: &str) {
         bump(&mut self.counts, name);
         self.trace.push(Step {
-            key: String::new(),
-            token: 0,
+            locks: Vec::new(),
             start,
             end: now_ns(),
             what: format!("{name} {target}"),
@@ -759,7 +920,8 @@ struct Report {
     rounds: usize,
     ops: Counts,
     faults: Counts,
-    grants: usize,
+    /// Grants by what they hold (a `lock_all` counts once per key).
+    grants: Counts,
     violations: Vec<Violation>,
     /// The first few violations, explained.
     details: Vec<String>,
@@ -778,12 +940,12 @@ fn suspect<'a>(
         steps
             .iter()
             .rev()
-            .filter(|st| st.key == earlier.key && st.token == earlier.token)
+            .filter(|st| st.on(earlier))
             .find(|st| st.shorter.is_some() && st.start <= later.returned)
     });
     let kind = match step {
         None => "no extend",
-        Some(st) => match (st.what.starts_with("extend ok"), st.shorter) {
+        Some(st) => match (st.what.contains(": extend ok"), st.shorter) {
             (true, Some(false)) => "a longer extend succeeded (as in finding 1)",
             (true, _) => "a shorter extend succeeded (or was in flight)",
             (false, Some(true)) => "a shorter extend failed or was cancelled (as in finding 2)",
@@ -793,9 +955,9 @@ fn suspect<'a>(
     (kind, step)
 }
 
-/// A violation with what led to it: the steps of both grants' holders on that lock (times
-/// in ms from the earlier grant's acquire start) and the faults from 1 s before the
-/// earlier grant until its holder's last belief.
+/// A violation with what led to it: the steps of the holders of the grants involved on
+/// those locks (times in ms from the first grant's acquire start) and the faults from 1 s
+/// before the first grant until the last belief.
 fn explain(
     v: &Violation,
     traces: &[Vec<Step>],
@@ -805,39 +967,23 @@ fn explain(
 ) -> String {
     use std::fmt::Write as _;
 
-    let (earlier, later) = match v {
-        Violation::Overlap { earlier, later } => (earlier, later),
-        Violation::Fencing {
-            earlier: Some(e),
-            later,
-        } => (e, later),
-        Violation::Fencing {
-            earlier: None,
-            later,
-        } => (later, later),
-    };
-    let base = earlier.sent;
+    let grants = v.grants();
+    let (first, last) = (grants[0], grants[grants.len() - 1]);
+    let base = first.sent;
     let ms = |t: u64| redlock_faults::clock::ms(base, t);
     let mut out = format!("  seed {seed}, round {round}: {v}\n");
-    let pair = if std::ptr::eq(earlier, later) {
-        vec![earlier]
-    } else {
-        vec![earlier, later]
-    };
-    for g in pair {
+    for g in &grants {
         let _ = writeln!(
             out,
-            "    client {} = manager {}, task {} (token {}):",
+            "    client {} = manager {}, task {} ({}, token {}):",
             g.client,
             g.client / TASKS,
             g.client % TASKS,
+            g.hold,
             g.token
         );
         let steps = traces.get(g.client).map_or(&[][..], Vec::as_slice);
-        for st in steps
-            .iter()
-            .filter(|st| st.key == g.key && st.token == g.token)
-        {
+        for st in steps.iter().filter(|st| st.on(g)) {
             let _ = writeln!(
                 out,
                 "      {:8.1} .. {:8.1} ms  {}",
@@ -847,19 +993,20 @@ fn explain(
             );
         }
     }
-    let (kind, step) = suspect(earlier, later, traces);
+    let (kind, step) = suspect(first, last, traces);
     let suspect = step.map_or_else(
         || kind.to_owned(),
         |st| format!("{:.1} ms: {} => {kind}", ms(st.start), st.what),
     );
     let _ = writeln!(
         out,
-        "    holder's last extend before the other grant: {suspect}"
+        "    first holder's last extend before the last grant: {suspect}"
     );
-    let until = earlier
-        .last_held
-        .unwrap_or(later.returned)
-        .max(later.returned);
+    let until = grants
+        .iter()
+        .map(|g| g.last_held.unwrap_or(g.returned).max(g.returned))
+        .max()
+        .unwrap_or(base);
     let _ = writeln!(out, "    faults:");
     for f in faults
         .iter()
@@ -919,11 +1066,25 @@ async fn run(kind: Kind) {
     let mut report = Report::default();
     let started = std::time::Instant::now();
     for round in 0..rounds {
-        let keys: Arc<Vec<String>> = Arc::new(
-            (0..KEYS)
-                .map(|k| format!("{{{}}}", unique(&format!("nemesis{k}"))))
+        // Every other round the keys share one hash slot (and its fencing counter): a
+        // Cluster's `lock_all` is then one script, else one key after the other.
+        let slot = unique("nemesis");
+        let keys = Arc::new(Keys {
+            locks: (0..KEYS)
+                .map(|k| {
+                    if round % 2 == 1 {
+                        format!("{{{slot}}}:{k}")
+                    } else {
+                        format!("{{{}}}", unique(&format!("nemesis{k}")))
+                    }
+                })
                 .collect(),
-        );
+            permits: PERMITS
+                .iter()
+                .enumerate()
+                .map(|(k, &n)| (format!("{{{}}}", unique(&format!("permits{k}"))), n))
+                .collect(),
+        });
         let end = Instant::now() + ROUND;
         // Client `id` is task `id % TASKS` of manager `id / TASKS`.
         let tasks: Vec<_> = (0..CLIENTS * TASKS)
@@ -965,8 +1126,15 @@ async fn run(kind: Kind) {
             grants.extend(log.grants);
             traces.push(log.trace);
         }
-        report.grants += grants.len();
-        let found = belief::check(&grants);
+        for g in &grants {
+            bump(&mut report.grants, &g.hold.to_string());
+        }
+        let tokens = if kind == Kind::Redlock {
+            Tokens::SharedMayRepeat
+        } else {
+            Tokens::Unique
+        };
+        let found = belief::check(&grants, tokens);
         if !found.is_empty() {
             println!(
                 "s10 nemesis {kind:?}: round {round}: {} violation(s)",
@@ -977,20 +1145,14 @@ async fn run(kind: Kind) {
         // usually share one cause.
         let mut explained = std::collections::HashSet::new();
         for v in &found {
-            let culprit = match v {
-                Violation::Overlap { earlier, .. } => (earlier.key.clone(), earlier.token),
-                Violation::Fencing { later, .. } => (later.key.clone(), later.token),
-            };
-            if !explained.insert(culprit) {
+            let grants = v.grants();
+            let (first, last) = (grants[0], grants[grants.len() - 1]);
+            if !explained.insert((first.key.clone(), first.token)) {
                 continue;
             }
-            let (earlier, later) = match v {
-                Violation::Overlap { earlier, later } => (earlier, later),
-                Violation::Fencing { later, .. } => (later, later),
-            };
             let kind = match v {
-                Violation::Overlap { .. } => suspect(earlier, later, &traces).0,
                 Violation::Fencing { .. } => "fencing",
+                _ => suspect(first, last, &traces).0,
             };
             // The first few, and the first of every kind of suspect.
             let first_of_kind = !report.suspects.contains_key(kind);
@@ -1010,16 +1172,29 @@ async fn run(kind: Kind) {
 
     let total: u64 = report.ops.values().sum();
     let faults: u64 = report.faults.values().sum();
+    let grants: u64 = report.grants.values().sum();
     println!(
-        "s10 nemesis {kind:?}: seed {seed}, {} rounds in {:.1} s, {CLIENTS} managers x {TASKS} tasks, {KEYS} keys/round; \
-         {total} operations {:?}; {faults} faults {:?}; {} grants; {} violations",
+        "s10 nemesis {kind:?}: seed {seed}, {} rounds in {:.1} s, {CLIENTS} managers x {TASKS} tasks, \
+         {KEYS} keys + permit keys of {PERMITS:?}/round; {total} operations; {faults} faults {:?}; \
+         {grants} grants {:?}; {} violations",
         report.rounds,
         started.elapsed().as_secs_f64(),
-        report.ops,
         report.faults,
         report.grants,
         report.violations.len(),
     );
+    // Operations by call: "lock: ok" counted under `lock`.
+    let mut by_call: BTreeMap<&str, Counts> = BTreeMap::new();
+    for (name, n) in &report.ops {
+        let (call, op) = name.split_once(": ").unwrap_or(("?", name));
+        by_call.entry(call).or_default().insert(op.to_owned(), *n);
+    }
+    for (call, ops) in &by_call {
+        println!(
+            "s10 nemesis {kind:?}: {call}: {} operations {ops:?}",
+            ops.values().sum::<u64>()
+        );
+    }
     if !report.suspects.is_empty() {
         println!(
             "s10 nemesis {kind:?}: grants involved in violations, by the holder's last extend: {:?}",
@@ -1035,10 +1210,12 @@ async fn run(kind: Kind) {
         report.violations.len(),
         report.violations[0]
     );
-    assert!(
-        report.grants > 0,
-        "no lock was ever granted: the run checked nothing"
-    );
+    for hold in ["exclusive", "read", "permit of 2", "permit of 3"] {
+        assert!(
+            report.grants.contains_key(hold),
+            "s10 nemesis {kind:?}: no {hold} lock was ever granted: the run did not check that kind"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

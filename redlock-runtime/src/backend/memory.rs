@@ -137,7 +137,8 @@ impl Table {
         Ok(fence)
     }
 
-    /// The fence a retry finding its own token gets: the counter as it is. Every grant
+    /// The fence an exclusive retry finding its own token gets: the counter as it is
+    /// (nobody else was granted the key since). Every grant
     /// set the counter to at least 1; an operator cannot reach it, unlike a Redis key,
     /// but a missing one is still no token 0.
     fn current_fence(&mut self, key: &LockKey) -> Result<u64, LockError> {
@@ -169,7 +170,13 @@ impl Table {
         if let Some(entry) = self.live(key.full(), now) {
             if let Some(own) = entry.expiry_of(claim.token) {
                 *own = expires;
-                return self.current_fence(key).map(|fence| Attempt::Acquired {
+                // A shared holder gets a fresh token: others may have been granted since.
+                let fence = if shared.is_some() {
+                    self.next_fence(key)
+                } else {
+                    self.current_fence(key)
+                };
+                return fence.map(|fence| Attempt::Acquired {
                     fence,
                     replicas: None,
                 });

@@ -10,8 +10,10 @@
 -- Expired holders (score <= now) are reclaimed before anything is counted.
 -- Returns the fencing token when granted (INCR of KEYS[3]): an integer below 2^53, else
 -- the counter read back as its decimal digits. A retried call that finds its own token
--- unexpired is granted again (expiry reset to now + ttl, the counter read back, no
--- intent or limit check: it already holds its place).
+-- unexpired is granted again (expiry reset to now + ttl, no intent or limit check: it
+-- already holds its place) with a fresh token: other shared holders may have been
+-- granted since its first call, so reading the counter back could hand it one of their
+-- tokens.
 -- Returns {ms, holder} when refused, holder being 16 hex digits of a SHA1, the same on
 -- every node for the same situation:
 --   K holds anything but the marker: {PTTL of K, digest of K's value} as acquire.lua;
@@ -79,14 +81,12 @@ end
 redis.call('ZADD', KEYS[2], now + ttl, ARGV[1])
 redis.call('SET', KEYS[1], marker)
 expire_with_latest()
-if not mine then
-  local n = redis.pcall('INCR', KEYS[3])
-  if type(n) == 'table' then
-    return fail(': ' .. n.err)
-  end
-  if n >= 1 and n < 9007199254740992 then
-    return n
-  end
+local n = redis.pcall('INCR', KEYS[3])
+if type(n) == 'table' then
+  return fail(': ' .. n.err)
+end
+if n >= 1 and n < 9007199254740992 then
+  return n
 end
 local fence = redis.pcall('GET', KEYS[3])
 if type(fence) == 'string' and string.match(fence, '^[1-9][0-9]*$') then
