@@ -23,7 +23,8 @@ use redlock_testkit::{RedisCluster, RedisServer};
 use crate::support::{require_redis, HEAVY};
 
 /// Every command the library sends, as ACL rules: the scripts' commands are checked
-/// against the caller's ACL too (`get set incr del pexpire pttl publish`), and `INFO`
+/// against the caller's ACL too (`get set incr del pexpire pttl publish`, and for
+/// readers, permits and writer intents `time` and the sorted-set commands), and `INFO`
 /// reads `maxmemory-policy` at connect.
 const ACL_COMMANDS: &[&str] = &[
     "+evalsha",
@@ -42,6 +43,15 @@ const ACL_COMMANDS: &[&str] = &[
     "+ping",
     "+wait",
     "+info",
+    // The other kinds of lock: holders and writer intents are sorted sets whose scores
+    // are the server's clock (`TIME`); a writer that gives up withdraws its intent.
+    "+time",
+    "+zadd",
+    "+zrem",
+    "+zremrangebyscore",
+    "+zrange",
+    "+zcard",
+    "+zscore",
 ];
 
 /// The same for a Redis Cluster: sharded pub/sub instead of pub/sub, and the slot map.
@@ -63,6 +73,13 @@ const ACL_CLUSTER_COMMANDS: &[&str] = &[
     "+wait",
     "+cluster|slots",
     "+info",
+    "+time",
+    "+zadd",
+    "+zrem",
+    "+zremrangebyscore",
+    "+zrange",
+    "+zcard",
+    "+zscore",
 ];
 
 /// Keys and channels of the default prefix `lock:`: lock keys and the fencing counters
@@ -170,6 +187,63 @@ async fn workload(servers: &[&RedisServer], user: &str, tag: &str) -> Result<(),
     {
         return Err("the lock of a failed min_replicas acquire was left".into());
     }
+    // The other kinds. A writer waits behind a reader (its intent registered, then
+    // withdrawn by its grant); the reader extends and releases.
+    let reader = a.read(&tagged).await.map_err(e("read"))?;
+    let (b2, k2) = (b.clone(), tagged.clone());
+    let writer = tokio::spawn(async move {
+        b2.write_with(&k2, LockOptions::new().wait(Duration::from_secs(5)))
+            .await
+            .map(drop)
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    reader
+        .extend(Duration::from_millis(300))
+        .await
+        .map_err(e("extend read"))?;
+    reader.release().await.map_err(e("release read"))?;
+    writer
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(e("writer behind a reader"))?;
+    // A writer that gives up withdraws its intent.
+    let reader = a.read(&tagged).await.map_err(e("read"))?;
+    match b
+        .write_with(&tagged, LockOptions::new().wait(Duration::from_millis(200)))
+        .await
+    {
+        Err(LockError::Timeout { .. }) => {}
+        other => return Err(format!("writer giving up: {other:?}")),
+    }
+    reader.release().await.map_err(e("release read"))?;
+    // Permits: the count is checked, a place renewed and released.
+    let permit = a.permit(&untagged, 1).await.map_err(e("permit"))?;
+    if b.try_permit(&untagged, 1)
+        .await
+        .map_err(e("try_permit"))?
+        .is_some()
+    {
+        return Err("a second permit of 1".into());
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    permit.release().await.map_err(e("release permit"))?;
+    // Several keys at once, and hold_at_least.
+    let both = [tagged.clone(), format!("acl2_{{{tag}}}")];
+    a.lock_all(&both)
+        .await
+        .map_err(e("lock_all"))?
+        .release()
+        .await
+        .map_err(e("release lock_all"))?;
+    a.lock_with(
+        &tagged,
+        LockOptions::new().hold_at_least(Duration::from_millis(100)),
+    )
+    .await
+    .map_err(e("lock hold_at_least"))?
+    .release()
+    .await
+    .map_err(e("release hold_at_least"))?;
     // Recovery from an empty script cache (EVAL fallback, SCRIPT LOAD before renewals).
     let flush = || {
         for s in servers {
