@@ -34,9 +34,9 @@ const PLACE_INFIX: &str = ":~permit:";
 
 /// Whether `full` names a key the lock kinds keep beside a lock key.
 fn is_reserved(full: &str) -> bool {
-    let place = full
-        .rsplit_once(PLACE_INFIX)
-        .is_some_and(|(_, n)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+    // Suffix checks only: a substring search would cost every acquisition more.
+    let number = full.trim_end_matches(|c: char| c.is_ascii_digit());
+    let place = number.len() < full.len() && number.ends_with(PLACE_INFIX);
     place || full.ends_with(HOLDERS_SUFFIX) || full.ends_with(INTENTS_SUFFIX)
 }
 
