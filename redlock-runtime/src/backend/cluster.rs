@@ -54,9 +54,9 @@ use redis::{FromRedisValue, IntoConnectionInfo, ProtocolVersion, PushInfo, PushK
 use tokio::sync::mpsc;
 
 use super::server::{
-    acquire_all_call, acquire_call, chunk_outcomes, decode_acquire, decode_acquire_all,
-    extend_shared_call, parse_eviction_policy, release_call, renew_call, script_loads, ttl_ms,
-    ScriptCall, Timeouts, WaitAttempt, WaitPool, MAX_REPLICA_WAIT,
+    acquire_all_call, acquire_by_call, by_script_call, chunk_outcomes, decode_acquire,
+    decode_acquire_all, extend_shared_call, parse_eviction_policy, release_call, renew_call,
+    script_loads, ttl_ms, ScriptCall, Timeouts, WaitAttempt, WaitPool, MAX_REPLICA_WAIT,
 };
 use super::{Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Store, Together, Wake};
 use crate::key::{key_slot, LockKey, SLOTS};
@@ -318,12 +318,8 @@ impl Store for ClusterBackend {
             replicas,
             ..
         } = *claim;
-        if claim.mode.is_shared() || claim.intent.is_some() {
-            let reply: Value = acquire_call(claim)
-                .invoke(&self.con)
-                .await
-                .map_err(LockError::backend("acquire"))?;
-            return decode_acquire(reply, None);
+        if by_script_call(claim) {
+            return acquire_by_call(&self.con, claim).await;
         }
         let keys = [key.full(), key.fence()];
         let args = (token.as_bytes(), ttl_ms(ttl));

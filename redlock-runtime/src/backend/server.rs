@@ -439,6 +439,27 @@ pub(crate) fn acquire_call(claim: &Claim<'_>) -> ScriptCall {
     }
 }
 
+/// Whether an attempt goes through [`acquire_call`] (a reader, a permit, a writer with
+/// an intent) rather than the plain exclusive request the uncontended path builds in
+/// place.
+pub(crate) fn by_script_call(claim: &Claim<'_>) -> bool {
+    claim.mode.is_shared() || claim.intent.is_some()
+}
+
+/// One attempt through [`acquire_call`] on `con`, sent again once if the connection
+/// dropped under it (a retry finding its own place is granted again, with a token of
+/// its own).
+pub(crate) async fn acquire_by_call<C>(con: &C, claim: &Claim<'_>) -> Result<Attempt, LockError>
+where
+    C: ConnectionLike + Clone,
+{
+    let call = acquire_call(claim);
+    let reply: Value = reconnecting(|| call.invoke(con))
+        .await
+        .map_err(LockError::backend("acquire"))?;
+    decode_acquire(reply, None)
+}
+
 /// A release: compare-token delete (or keep, with `keep` > 0) and a wake-up with
 /// `publish` (`PUBLISH`, `SPUBLISH`, or `""` for none).
 pub(crate) fn release_call(lease: LeaseRef<'_>, keep: Duration, publish: &str) -> ScriptCall {

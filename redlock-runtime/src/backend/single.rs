@@ -13,10 +13,10 @@ use redis::io::tcp::TcpSettings;
 use redis::{AsyncConnectionConfig, Client, IntoConnectionInfo, ProtocolVersion, Value};
 
 use super::server::{
-    acquire_all_call, acquire_call, chunk_outcomes, decode_acquire, decode_acquire_all,
-    extend_shared_call, in_batch_order, is_dropped, parse_eviction_policy, reconnecting,
-    release_call, renew_calls, renew_groups, script_loads, ttl_ms, Timeouts, WaitAttempt, WaitPool,
-    MAX_REPLICA_WAIT,
+    acquire_all_call, acquire_by_call, by_script_call, chunk_outcomes, decode_acquire,
+    decode_acquire_all, extend_shared_call, in_batch_order, is_dropped, parse_eviction_policy,
+    reconnecting, release_call, renew_calls, renew_groups, script_loads, ttl_ms, Timeouts,
+    WaitAttempt, WaitPool, MAX_REPLICA_WAIT,
 };
 use super::{Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Store, Together, Wake};
 use crate::key::LockKey;
@@ -138,12 +138,8 @@ impl Store for SingleBackend {
             replicas,
             ..
         } = *claim;
-        if claim.mode.is_shared() || claim.intent.is_some() {
-            let call = acquire_call(claim);
-            let reply: Value = reconnecting(|| call.invoke(&self.con))
-                .await
-                .map_err(LockError::backend("acquire"))?;
-            return decode_acquire(reply, None);
+        if by_script_call(claim) {
+            return acquire_by_call(&self.con, claim).await;
         }
         let keys = [key.full(), key.fence()];
         let args = (token.as_bytes(), ttl_ms(ttl));
