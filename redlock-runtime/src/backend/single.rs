@@ -18,7 +18,9 @@ use super::server::{
     reconnecting, release_call, renew_calls, renew_groups, script_loads, ttl_ms, Timeouts,
     WaitAttempt, WaitPool, MAX_REPLICA_WAIT,
 };
-use super::{Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Store, Together, Wake};
+use super::{
+    Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, ReplicaWait, Store, Together, Wake,
+};
 use crate::key::LockKey;
 use crate::notify::{push_handler, Channels, Subscriber};
 use crate::scripts::{ACQUIRE, EXTEND, RELEASE};
@@ -118,37 +120,18 @@ impl SingleBackend {
             .map_err(LockError::backend("info"))?;
         parse_eviction_policy(&info)
     }
-}
 
-impl Store for SingleBackend {
-    fn name(&self) -> &'static str {
-        "single"
-    }
-
-    /// One request's bound (the connection manager's response timeout).
-    fn request_timeout(&self, _ttl: Duration) -> Duration {
-        self.timeouts.response
-    }
-
-    async fn acquire(&self, claim: &Claim<'_>) -> Result<Attempt, LockError> {
+    /// An acquisition followed by `WAIT` for `rw.replicas` acknowledgements.
+    async fn acquire_and_wait(
+        &self,
+        claim: &Claim<'_>,
+        rw: ReplicaWait,
+    ) -> Result<Attempt, LockError> {
         let Claim {
-            key,
-            token,
-            ttl,
-            replicas,
-            ..
+            key, token, ttl, ..
         } = *claim;
-        if by_script_call(claim) {
-            return acquire_by_call(&self.con, claim).await;
-        }
         let keys = [key.full(), key.fence()];
         let args = (token.as_bytes(), ttl_ms(ttl));
-        let Some(rw) = replicas else {
-            let reply: Value = reconnecting(|| ACQUIRE.invoke(&self.con, &keys, args))
-                .await
-                .map_err(LockError::backend("acquire"))?;
-            return decode_acquire(reply, None);
-        };
         // WAIT counts the writes of its own connection and blocks it meanwhile: a
         // connection of its own. A pooled one found broken (the server restarted) is
         // dropped with the other idle ones, broken too, and the request retried once on
@@ -179,6 +162,40 @@ impl Store for SingleBackend {
         let (reply, acked) = reply.map_err(LockError::backend("acquire"))?;
         self.wait_pool.put(attempt.finish());
         decode_acquire(reply, Some(acked))
+    }
+}
+
+impl Store for SingleBackend {
+    fn name(&self) -> &'static str {
+        "single"
+    }
+
+    /// One request's bound (the connection manager's response timeout).
+    fn request_timeout(&self, _ttl: Duration) -> Duration {
+        self.timeouts.response
+    }
+
+    async fn acquire(&self, claim: &Claim<'_>) -> Result<Attempt, LockError> {
+        let Claim {
+            key,
+            token,
+            ttl,
+            replicas,
+            ..
+        } = *claim;
+        if by_script_call(claim) {
+            return Box::pin(acquire_by_call(&self.con, claim)).await;
+        }
+        let keys = [key.full(), key.fence()];
+        let args = (token.as_bytes(), ttl_ms(ttl));
+        let Some(rw) = replicas else {
+            let reply: Value = reconnecting(|| ACQUIRE.invoke(&self.con, &keys, args))
+                .await
+                .map_err(LockError::backend("acquire"))?;
+            return decode_acquire(reply, None);
+        };
+        // Boxed: the uncontended path above does not carry (and move) this future's state.
+        Box::pin(self.acquire_and_wait(claim, rw)).await
     }
 
     async fn acquire_together(
