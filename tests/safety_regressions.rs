@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use redis::AsyncCommands;
 use redlock::{LockGuard, LockManager, LockOptions};
-use redlock_testkit::{ChaosProxy, Direction, Fault, RedisServer, RedisSet};
+use redlock_testkit::{ChaosProxy, Direction, Fault, ProxiedSet, RedisServer, RedisSet};
 
 /// A `LockManager` through `proxy`, with every script already cached on the server (as
 /// in any running system: a first `EVALSHA` answered `NOSCRIPT` would add a round trip).
@@ -98,15 +98,21 @@ fn drift(ttl: Duration) -> Duration {
 struct Rig {
     holder: LockManager,
     other: LockManager,
-    proxies: Vec<ChaosProxy>,
     /// The one-way delay of finding 1's race and the ttl finding 2's shrinking extend
     /// asks for: on Redlock a request's round trip must stay under its per-node timeout
     /// (ttl/10 at most).
     race_delay: Duration,
     shrink_to: Duration,
-    /// The servers, stopped when the rig is dropped.
-    _server: Option<RedisServer>,
-    _set: Option<RedisSet>,
+    servers: Servers,
+}
+
+/// The servers and the holder's proxies, stopped when the rig is dropped.
+enum Servers {
+    Single {
+        _server: RedisServer,
+        proxy: ChaosProxy,
+    },
+    Redlock(ProxiedSet),
 }
 
 impl Rig {
@@ -119,23 +125,20 @@ impl Rig {
         Self {
             holder,
             other,
-            proxies: vec![proxy],
             race_delay: Duration::from_millis(150),
             shrink_to: Duration::from_millis(500),
-            _server: Some(server),
-            _set: None,
+            servers: Servers::Single {
+                _server: server,
+                proxy,
+            },
         }
     }
 
     /// Three Redlock nodes, each behind a proxy for the holder.
     async fn redlock() -> Self {
-        let set = RedisSet::start(3);
-        let mut proxies = Vec::new();
-        for node in set.nodes() {
-            proxies.push(ChaosProxy::start(node.addr()).await.unwrap());
-        }
+        let set = ProxiedSet::start(3).await.unwrap();
         let holder = LockManager::builder()
-            .redlock(proxies.iter().map(ChaosProxy::url))
+            .redlock(set.proxy_urls())
             .redlock_node_timeout(Duration::from_secs(1))
             .build()
             .await
@@ -149,17 +152,16 @@ impl Rig {
         Self {
             holder,
             other,
-            proxies,
             race_delay: Duration::from_millis(50),
             shrink_to: Duration::from_secs(3),
-            _server: None,
-            _set: Some(set),
+            servers: Servers::Redlock(set),
         }
     }
 
     fn set(&self, fault: Fault) {
-        for proxy in &self.proxies {
-            proxy.set(fault);
+        match &self.servers {
+            Servers::Single { proxy, .. } => proxy.set(fault),
+            Servers::Redlock(set) => set.set_all(fault),
         }
     }
 }
@@ -328,12 +330,7 @@ async fn redlock_stale_grant_after_a_lost_undo() {
     let key = "stale_{1}";
     let full = format!("lock:{key}");
     // Another client holds node 3 for 1.5 s.
-    let mut n3 = set
-        .node(2)
-        .client()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut n3 = set.node(2).connection().await;
     let _: () = redis::cmd("SET")
         .arg(&full)
         .arg("someone else")
@@ -363,12 +360,7 @@ async fn redlock_stale_grant_after_a_lost_undo() {
     // The undo for node 1, sent at ~200 ms, is still in the proxy: node 1 drops A's
     // connection, so it never arrives.
     tokio::time::sleep_until((t0 + Duration::from_millis(250)).into()).await;
-    let mut n1 = set
-        .node(0)
-        .client()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut n1 = set.node(0).connection().await;
     let _: () = redis::cmd("CLIENT")
         .arg("KILL")
         .arg("TYPE")
@@ -411,11 +403,7 @@ async fn release_after_a_lost_reply_reports_released() {
     proxy.reset_all();
     let outcome = release.await.unwrap();
     assert!(outcome.is_ok(), "released, but reported {outcome:?}");
-    let mut raw = server
-        .client()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut raw = server.connection().await;
     let exists: bool = raw.exists(format!("lock:{key}")).await.unwrap();
     assert!(!exists);
 }
@@ -440,11 +428,7 @@ async fn cancelled_subscribe_leaks_no_subscription() {
     .await;
     assert!(waited.is_err(), "cancelled while subscribing");
     proxy.heal();
-    let mut raw = server
-        .client()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut raw = server.connection().await;
     let subscribed = || {
         let mut raw = raw.clone();
         let full = full.clone();
@@ -515,11 +499,7 @@ async fn retried_permit_after_a_lost_reply_gets_a_token_of_its_own() {
         .await
         .unwrap();
     let key = "retried_permit_{1}";
-    let mut raw = server
-        .client()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut raw = server.connection().await;
 
     proxy.set_direction(Direction::ToClient, Fault::Blackhole);
     let first = tokio::spawn(async move { cut_off.permit(key, 3).await });
