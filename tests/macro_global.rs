@@ -85,11 +85,7 @@ async fn global_manager_lifecycle() {
         _ = &mut call => panic!("the body waits for `go`"),
         () = entered.notified() => {}
     }
-    let mut raw = server
-        .client()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut raw = server.connection().await;
     let exists: bool = raw.exists("lock:buy_{42}").await.unwrap();
     assert!(exists, "the global Redis manager does not hold the lock");
     assert!(!memory.is_locked("buy_{42}").await.unwrap());

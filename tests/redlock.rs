@@ -11,27 +11,6 @@ use redis::AsyncCommands;
 use redlock::{LockError, LockManager, LockOptions};
 use redlock_testkit::{wait_until, ChaosProxy, Fault, RedisServer, RedisSet};
 
-/// A fresh connection to one server.
-async fn raw(server: &RedisServer) -> redis::aio::MultiplexedConnection {
-    server
-        .client()
-        .get_multiplexed_async_connection()
-        .await
-        .expect("raw connection")
-}
-
-/// `GET` of an integer key on one server (0 when absent).
-fn get_int(server: &RedisServer, key: &str) -> i64 {
-    match server.cmd_sync(&["GET", key]).expect("GET") {
-        redis::Value::BulkString(b) => String::from_utf8_lossy(&b).parse().expect("integer"),
-        _ => 0,
-    }
-}
-
-fn exists(server: &RedisServer, key: &str) -> bool {
-    server.cmd_sync(&["EXISTS", key]).expect("EXISTS") == redis::Value::Int(1)
-}
-
 conformance_tests!(Redlock::new());
 
 /// Several managers and tasks over many keys: exact counts, never two holders, and
@@ -107,7 +86,7 @@ async fn two_dead_nodes_are_tolerated_three_are_quorum_unavailable() {
     for i in 3..5 {
         assert!(
             wait_until(Duration::from_secs(3), Duration::from_millis(10), || {
-                !exists(h.set.node(i), &format!("lock:{key}"))
+                !h.set.node(i).exists(&format!("lock:{key}"))
             }),
             "a failed attempt left its key"
         );
@@ -147,7 +126,7 @@ async fn a_node_paused_past_the_ttl() {
     let full = guard.key().to_owned();
     assert!(
         wait_until(Duration::from_secs(2), Duration::from_millis(5), || {
-            exists(h.set.node(0), &full)
+            h.set.node(0).exists(&full)
         }),
         "node 0 granted its copy"
     );
@@ -177,7 +156,7 @@ async fn a_node_paused_past_the_ttl() {
     assert!(guard.is_held());
     assert!(
         wait_until(Duration::from_secs(2), Duration::from_millis(20), || {
-            !exists(h.set.node(0), &full)
+            !h.set.node(0).exists(&full)
         }),
         "the frozen node's copy expired in wall-clock time"
     );
@@ -206,22 +185,19 @@ async fn release_reaches_a_node_whose_reply_was_late() {
     let full = guard.key().to_owned();
     let late = h.set.node(4);
     assert!(
-        wait_until(
-            Duration::from_secs(3),
-            Duration::from_millis(20),
-            || exists(late, &full)
-        ),
+        wait_until(Duration::from_secs(3), Duration::from_millis(20), || late
+            .exists(&full)),
         "the late node applied the SET"
     );
     guard.release().await.expect("released on a quorum");
     assert!(
         wait_until(Duration::from_secs(3), Duration::from_millis(20), || {
-            !exists(late, &full)
+            !late.exists(&full)
         }),
         "the release reached the late node"
     );
     for node in h.set.nodes() {
-        assert!(!exists(node, &full));
+        assert!(!node.exists(&full));
     }
 }
 
@@ -260,11 +236,11 @@ async fn fencing_tokens_across_node_restarts() {
     // up-to-date nodes already vouched for it).
     for i in 0..2 {
         assert!(
-            wait_until(
-                Duration::from_secs(2),
-                Duration::from_millis(10),
-                || get_int(h.set.node(i), &fence_key) == i64::try_from(token).unwrap()
-            ),
+            wait_until(Duration::from_secs(2), Duration::from_millis(10), || h
+                .set
+                .node(i)
+                .get_int(&fence_key)
+                == i64::try_from(token).unwrap()),
             "node {i} did not catch up"
         );
     }
@@ -280,7 +256,7 @@ async fn fencing_tokens_across_node_restarts() {
     assert_eq!(g.fencing_token(), 51, "the maximum over the quorum");
     take(51);
     let vouching = (0..5)
-        .filter(|&i| get_int(h.set.node(i), &fence_key) >= 51)
+        .filter(|&i| h.set.node(i).get_int(&fence_key) >= 51)
         .count();
     assert!(
         vouching >= 3,
@@ -290,7 +266,7 @@ async fn fencing_tokens_across_node_restarts() {
     for i in 0..5 {
         assert!(
             wait_until(Duration::from_secs(2), Duration::from_millis(10), || {
-                get_int(h.set.node(i), &fence_key) >= 51
+                h.set.node(i).get_int(&fence_key) >= 51
             }),
             "node {i} did not catch up"
         );
@@ -410,7 +386,7 @@ async fn latency_redlock_vs_single() {
     // cores with the client here; on separate hosts this ratio is close to 1).
     let mut cons = Vec::new();
     for node in h.set.nodes() {
-        cons.push(raw(node).await);
+        cons.push(node.connection().await);
     }
     let raw_samples = |parallel: usize| {
         let cons = cons[..parallel].to_vec();
@@ -452,7 +428,7 @@ async fn fence_floor_settles_on_the_exact_max_above_2_pow_53() {
     let locks = h.managers().build().await.unwrap();
     let key = unique("floor53");
     locks.lock(&key).await.unwrap().release().await.unwrap();
-    let mut counters: Vec<String> = raw(h.set.node(0)).await.keys("*").await.unwrap();
+    let mut counters: Vec<String> = h.set.node(0).connection().await.keys("*").await.unwrap();
     assert_eq!(counters.len(), 1, "only the counter is left: {counters:?}");
     let counter = counters.remove(0);
     // [2^53+2, 2^53+2, 2^53+2, 2^53+1, 2^53+1]: after the INCRs three nodes hold the
@@ -470,7 +446,7 @@ async fn fence_floor_settles_on_the_exact_max_above_2_pow_53() {
     let g = locks.lock(&key).await.unwrap();
     assert_eq!(g.fencing_token(), base + 3);
     for i in 0..5 {
-        let mut con = raw(h.set.node(i)).await;
+        let mut con = h.set.node(i).connection().await;
         let mut v = String::new();
         for _ in 0..200 {
             v = con.get(&counter).await.unwrap();
@@ -518,7 +494,7 @@ async fn require_noeviction_checks_every_redlock_node() {
 
 /// Waits (bounded) until `key` is gone from `server`, polling without blocking the runtime.
 async fn gone_within(server: &RedisServer, key: &str, bound: Duration) -> bool {
-    let mut con = raw(server).await;
+    let mut con = server.connection().await;
     let until = Instant::now() + bound;
     loop {
         let there: bool = con.exists(key).await.expect("EXISTS");
@@ -771,7 +747,7 @@ async fn redlock_renewals_survive_many_locks_and_one_short_ttl() {
     let since = start.elapsed();
     let mut stale = Vec::new();
     for node in set.nodes() {
-        let mut con = raw(node).await;
+        let mut con = node.connection().await;
         let mut not_fresh = 0;
         for chunk in guards.chunks(1000) {
             let mut pipe = redis::pipe();

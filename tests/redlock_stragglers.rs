@@ -5,31 +5,10 @@
 use std::time::{Duration, Instant};
 
 use redlock::{LockManager, LockOptions};
-use redlock_testkit::{wait_until, ChaosProxy, Direction, Fault, RedisServer, RedisSet};
+use redlock_testkit::{unique, wait_until, ChaosProxy, Direction, Fault, RedisSet};
 
 const EXTEND_LUA: &str = include_str!("../redlock-runtime/src/scripts/extend.lua");
 const RELEASE_LUA: &str = include_str!("../redlock-runtime/src/scripts/release.lua");
-
-fn unique(prefix: &str) -> String {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static N: AtomicU64 = AtomicU64::new(0);
-    format!(
-        "{prefix}_{}_{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-fn pttl(server: &RedisServer, key: &str) -> i64 {
-    match server.cmd_sync(&["PTTL", key]).expect("PTTL") {
-        redis::Value::Int(n) => n,
-        other => panic!("PTTL replied {other:?}"),
-    }
-}
-
-fn exists(server: &RedisServer, key: &str) -> bool {
-    server.cmd_sync(&["EXISTS", key]).expect("EXISTS") == redis::Value::Int(1)
-}
 
 async fn sleep_until(at: Instant) {
     tokio::time::sleep_until(at.into()).await;
@@ -94,7 +73,7 @@ async fn redlock_extend_straggler_is_not_resent_after_a_later_extend() {
     e2.expect("E2 confirmed by nodes 1 and 2");
     // Every request of E1 and E2 has been applied or given up by now.
     sleep_until(t0 + Duration::from_millis(1500)).await;
-    let node2 = pttl(set.node(2), &full);
+    let node2 = set.node(2).pttl(&full);
     // Past E1's 3 s on node 0 (applied at t0) and on node 2 (applied at ~t0 + 600 ms
     // with the bug): both would be free.
     sleep_until(t0 + Duration::from_millis(4000)).await;
@@ -158,10 +137,9 @@ async fn redlock_late_grant_is_not_resent_after_an_extend() {
     assert!(t0.elapsed() < Duration::from_millis(100));
     let full = guard.key().to_owned();
     assert!(
-        wait_until(Duration::from_secs(1), Duration::from_millis(5), || exists(
-            set.node(2),
-            &full
-        )),
+        wait_until(Duration::from_secs(1), Duration::from_millis(5), || set
+            .node(2)
+            .exists(&full)),
         "node 2 applied A"
     );
     // Node 2 loses the acquire script (extend.lua and release.lua stay cached); the
@@ -186,7 +164,7 @@ async fn redlock_late_grant_is_not_resent_after_an_extend() {
         .await
         .expect("E confirmed by nodes 1 and 2");
     sleep_until(t0 + Duration::from_millis(60 + 6 * D + 400)).await;
-    let node2 = pttl(set.node(2), &full);
+    let node2 = set.node(2).pttl(&full);
     // Past 3 s on node 0 (A at t0) and on node 2 (A' EVAL at ~t0 + 60 ms + 5D, with
     // the bug): both would be free.
     sleep_until(t0 + Duration::from_millis(60 + 5 * D + 3000 + 300)).await;
@@ -231,7 +209,7 @@ async fn redlock_release_retries_a_node_that_failed_before_the_vote() {
         tokio::time::sleep(Duration::from_millis(50)).await;
         guard.release().await.expect("released on nodes 1 and 2");
         if !wait_until(Duration::from_secs(3), Duration::from_millis(20), || {
-            !exists(set.node(0), &full)
+            !set.node(0).exists(&full)
         }) {
             left_behind += 1;
             set.node(0).cmd_sync(&["DEL", &full]).unwrap();

@@ -4,21 +4,7 @@
 use std::time::{Duration, Instant};
 
 use redlock::{LockError, LockManager, LockOptions};
-use redlock_testkit::{ChaosProxy, Direction, Fault, RedisServer, RedisSet};
-
-fn unique(prefix: &str) -> String {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static N: AtomicU64 = AtomicU64::new(0);
-    format!(
-        "{prefix}_{}_{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-fn exists(server: &RedisServer, key: &str) -> bool {
-    server.cmd_sync(&["EXISTS", key]).expect("EXISTS") == redis::Value::Int(1)
-}
+use redlock_testkit::{unique, Direction, Fault, ProxiedSet, RedisSet};
 
 /// Smaller defect "extra attempt per late Redlock node": the push handler woke the head
 /// on any node's first confirmation of its channel. A node confirming after `subscribe`
@@ -28,11 +14,7 @@ fn exists(server: &RedisServer, key: &str) -> bool {
 /// subscribed) and then sleeps until the release.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redlock_late_node_confirmation_costs_the_waiter_no_extra_attempt() {
-    let set = RedisSet::start(3);
-    let mut p = Vec::new();
-    for n in 0..3 {
-        p.push(ChaosProxy::start(set.node(n).addr()).await.unwrap());
-    }
+    let set = ProxiedSet::start(3).await.unwrap();
     let holder = LockManager::builder()
         .redlock(set.urls())
         .build()
@@ -41,7 +23,7 @@ async fn redlock_late_node_confirmation_costs_the_waiter_no_extra_attempt() {
     // A per-node timeout that a loaded machine does not miss on the healthy nodes (a
     // subscription that timed out would make the waiter poll).
     let waiter = LockManager::builder()
-        .redlock(p.iter().map(|p| p.url()))
+        .redlock(set.proxy_urls())
         .redlock_node_timeout(Duration::from_secs(1))
         .build()
         .await
@@ -58,7 +40,7 @@ async fn redlock_late_node_confirmation_costs_the_waiter_no_extra_attempt() {
         )
         .await
         .unwrap();
-    p[2].set(Fault::Delay(Duration::from_millis(300)));
+    set.proxy(2).set(Fault::Delay(Duration::from_millis(300)));
     set.node(0).cmd_sync(&["CONFIG", "RESETSTAT"]).unwrap();
     let wait = tokio::spawn({
         let (waiter, key) = (waiter.clone(), key.clone());
@@ -73,7 +55,7 @@ async fn redlock_late_node_confirmation_costs_the_waiter_no_extra_attempt() {
     let attempts = set.node(0).command_calls(&["eval", "evalsha"]);
     guard.release().await.unwrap();
     let got = wait.await.unwrap();
-    p[2].heal();
+    set.proxy(2).heal();
     assert!(
         got.is_ok(),
         "the waiter acquires after the release: {got:?}"
@@ -94,21 +76,17 @@ async fn redlock_late_node_confirmation_costs_the_waiter_no_extra_attempt() {
 /// connections: the attempt fails with `QuorumUnavailable`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redlock_failed_attempt_is_undone_once_without_a_wake_up() {
-    let set = RedisSet::start(3);
-    let mut p = Vec::new();
-    for n in 0..3 {
-        p.push(ChaosProxy::start(set.node(n).addr()).await.unwrap());
-    }
+    let set = ProxiedSet::start(3).await.unwrap();
     let locks = LockManager::builder()
-        .redlock(p.iter().map(|p| p.url()))
+        .redlock(set.proxy_urls())
         .build()
         .await
         .unwrap();
     let key = unique("undo_once");
     let full = format!("lock:{key}");
     locks.lock(&key).await.unwrap().release().await.unwrap();
-    p[1].set(Fault::Refuse);
-    p[2].set(Fault::Refuse);
+    set.proxy(1).set(Fault::Refuse);
+    set.proxy(2).set(Fault::Refuse);
     set.node(0).cmd_sync(&["CONFIG", "RESETSTAT"]).unwrap();
     let err = locks.try_lock(&key).await.unwrap_err();
     assert!(matches!(err, LockError::QuorumUnavailable { .. }), "{err}");
@@ -117,9 +95,9 @@ async fn redlock_failed_attempt_is_undone_once_without_a_wake_up() {
     // The release script goes as `EVAL`, the acquire script as `EVALSHA`.
     let releases = set.node(0).command_calls(&["eval"]);
     let publishes = set.node(0).command_calls(&["publish"]);
-    p[1].heal();
-    p[2].heal();
-    assert!(!exists(set.node(0), &full), "node 0's grant was undone");
+    set.proxy(1).heal();
+    set.proxy(2).heal();
+    assert!(!set.node(0).exists(&full), "node 0's grant was undone");
     println!("failed attempt: {releases} release scripts, {publishes} PUBLISH on node 0");
     assert_eq!(
         (releases, publishes),
@@ -134,15 +112,11 @@ async fn redlock_failed_attempt_is_undone_once_without_a_wake_up() {
 /// reply is held and the connection reset; node 2 refuses: `QuorumUnavailable`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redlock_failed_attempt_leaves_nothing_on_a_node_whose_reply_was_lost() {
-    let set = RedisSet::start(3);
-    let mut p = Vec::new();
-    for n in 0..3 {
-        p.push(ChaosProxy::start(set.node(n).addr()).await.unwrap());
-    }
+    let set = ProxiedSet::start(3).await.unwrap();
     // A per-node timeout long enough that node 1's failure decides the attempt (rather
     // than leaving node 1 in flight, undone once it answers).
     let locks = LockManager::builder()
-        .redlock(p.iter().map(|p| p.url()))
+        .redlock(set.proxy_urls())
         .redlock_node_timeout(Duration::from_secs(2))
         .build()
         .await
@@ -150,20 +124,22 @@ async fn redlock_failed_attempt_leaves_nothing_on_a_node_whose_reply_was_lost() 
     let key = unique("undo_lost_reply");
     let full = format!("lock:{key}");
     locks.lock(&key).await.unwrap().release().await.unwrap();
-    p[2].set(Fault::Refuse);
-    p[1].set_direction(Direction::ToClient, Fault::Blackhole);
+    set.proxy(2).set(Fault::Refuse);
+    set.proxy(1)
+        .set_direction(Direction::ToClient, Fault::Blackhole);
     let reset = async {
         // Within the 2 s per-node timeout.
         for _ in 0..100 {
-            if exists(set.node(1), &full) {
+            if set.node(1).exists(&full) {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        assert!(exists(set.node(1), &full), "node 1 applied the grant");
+        assert!(set.node(1).exists(&full), "node 1 applied the grant");
         // Connections reset, the held reply discarded (replies stay held: not flushed
         // before the reset), and the retry after the reset refused.
-        p[1].set_direction(Direction::ToServer, Fault::Refuse);
+        set.proxy(1)
+            .set_direction(Direction::ToServer, Fault::Refuse);
     };
     let started = Instant::now();
     let (attempt, ()) = tokio::join!(locks.try_lock(&key), reset);
@@ -171,22 +147,22 @@ async fn redlock_failed_attempt_leaves_nothing_on_a_node_whose_reply_was_lost() 
     let err = attempt.map(|g| g.is_some()).unwrap_err();
     assert!(matches!(err, LockError::QuorumUnavailable { .. }), "{err}");
     tokio::time::sleep(Duration::from_millis(100)).await;
-    p[1].heal();
+    set.proxy(1).heal();
     let start = Instant::now();
     let mut gone = false;
     while start.elapsed() < Duration::from_secs(8) {
-        if !exists(set.node(0), &full) && !exists(set.node(1), &full) {
+        if !set.node(0).exists(&full) && !set.node(1).exists(&full) {
             gone = true;
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    p[2].heal();
+    set.proxy(2).heal();
     assert!(
         gone,
         "the failed attempt's grants are left: node 0 {}, node 1 {}",
-        exists(set.node(0), &full),
-        exists(set.node(1), &full)
+        set.node(0).exists(&full),
+        set.node(1).exists(&full)
     );
     println!(
         "attempt failed after {decided:?}; lost-reply grant undone within {:?}",
@@ -216,18 +192,14 @@ fn numsub(set: &RedisSet, channel: &str) -> Vec<i64> {
 /// asks node 2 again. It is asked again in the background once its path is back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redlock_waiter_at_the_threshold_asks_a_missing_node_again() {
-    let set = RedisSet::start(3);
-    let mut w = Vec::new();
-    for n in 0..3 {
-        w.push(ChaosProxy::start(set.node(n).addr()).await.unwrap());
-    }
+    let set = ProxiedSet::start(3).await.unwrap();
     let holder = LockManager::builder()
         .redlock(set.urls())
         .build()
         .await
         .unwrap();
     let waiter = LockManager::builder()
-        .redlock(w.iter().map(|p| p.url()))
+        .redlock(set.proxy_urls())
         .build()
         .await
         .unwrap();
@@ -237,7 +209,7 @@ async fn redlock_waiter_at_the_threshold_asks_a_missing_node_again() {
         .await
         .unwrap();
     let channel = guard.key().to_owned();
-    w[2].set(Fault::Refuse);
+    set.proxy(2).set(Fault::Refuse);
     let wait = tokio::spawn({
         let (waiter, key) = (waiter.clone(), key.clone());
         async move {
@@ -249,14 +221,14 @@ async fn redlock_waiter_at_the_threshold_asks_a_missing_node_again() {
     });
     // Longer than the connection manager's own reconnection attempts.
     tokio::time::sleep(Duration::from_millis(2500)).await;
-    let before = numsub(&set, &channel);
+    let before = numsub(set.servers(), &channel);
     assert_eq!(before, [1, 1, 0], "W listens on nodes 0 and 1");
-    w[2].heal();
+    set.proxy(2).heal();
     let healed = Instant::now();
     let mut after = before;
     while healed.elapsed() < Duration::from_secs(8) && after != [1, 1, 1] {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        after = numsub(&set, &channel);
+        after = numsub(set.servers(), &channel);
     }
     let asked = healed.elapsed();
     let released = Instant::now();

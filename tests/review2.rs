@@ -6,16 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redlock::{LockGuard, LockManager, LockOptions};
-use redlock_testkit::{ChaosProxy, Direction, Fault, RedisSet};
-
-fn unique(prefix: &str) -> String {
-    static N: AtomicU64 = AtomicU64::new(0);
-    format!(
-        "{prefix}_{}_{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
-}
+use redlock_testkit::{unique, ChaosProxy, Direction, Fault, ProxiedSet, RedisSet};
 
 /// A small xorshift generator (no rand dependency in the tests).
 struct Rng(u64);
@@ -342,22 +333,18 @@ async fn single_burst_of_waiters_on_distinct_keys_is_woken_within_a_few_round_tr
 /// first node's confirmation, but every node's subscriber serialises too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redlock_burst_of_waiters_on_distinct_keys_is_woken_within_a_few_round_trips() {
-    let set = RedisSet::start(3);
-    let mut proxies = Vec::new();
-    for n in 0..3 {
-        proxies.push(ChaosProxy::start(set.node(n).addr()).await.unwrap());
-    }
+    let set = ProxiedSet::start(3).await.unwrap();
     let holder = LockManager::builder()
         .redlock(set.urls())
         .build()
         .await
         .unwrap();
     let waiters = LockManager::builder()
-        .redlock(proxies.iter().map(|p| p.url()))
+        .redlock(set.proxy_urls())
         .build()
         .await
         .unwrap();
-    for p in &proxies {
+    for p in set.proxies() {
         p.set(Fault::Delay(Duration::from_millis(5)));
     }
     let latencies = burst_of_waiters(&waiters, &holder, 150, Duration::from_millis(1500)).await;
@@ -414,18 +401,14 @@ async fn one_node_listening(blip_after_subscribing: bool) {
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_test_writer()
         .try_init();
-    let set = RedisSet::start(3);
-    let mut p = Vec::new();
-    for n in 0..3 {
-        p.push(ChaosProxy::start(set.node(n).addr()).await.unwrap());
-    }
+    let set = ProxiedSet::start(3).await.unwrap();
     let holder = LockManager::builder()
         .redlock(set.urls())
         .build()
         .await
         .unwrap();
     let waiter = LockManager::builder()
-        .redlock(p.iter().map(|p| p.url()))
+        .redlock(set.proxy_urls())
         .build()
         .await
         .unwrap();
@@ -439,8 +422,8 @@ async fn one_node_listening(blip_after_subscribing: bool) {
     // W's paths to nodes 1 and 2 are down while it starts waiting (and subscribing),
     // or for a while once it has subscribed everywhere.
     if !blip_after_subscribing {
-        p[1].set(Fault::Refuse);
-        p[2].set(Fault::Refuse);
+        set.proxy(1).set(Fault::Refuse);
+        set.proxy(2).set(Fault::Refuse);
     }
     let started = std::time::Instant::now();
     let wait = tokio::spawn({
@@ -454,23 +437,27 @@ async fn one_node_listening(blip_after_subscribing: bool) {
     });
     if blip_after_subscribing {
         tokio::time::sleep(Duration::from_millis(500)).await;
-        assert_eq!(numsub(&set, &channel), [1, 1, 1], "W subscribed everywhere");
-        p[1].set(Fault::Refuse);
-        p[2].set(Fault::Refuse);
+        assert_eq!(
+            numsub(set.servers(), &channel),
+            [1, 1, 1],
+            "W subscribed everywhere"
+        );
+        set.proxy(1).set(Fault::Refuse);
+        set.proxy(2).set(Fault::Refuse);
     }
     tokio::time::sleep(Duration::from_millis(2500)).await;
-    p[1].heal();
-    p[2].heal();
+    set.proxy(1).heal();
+    set.proxy(2).heal();
     // W's attempts now see H's quorum; it waits for H's release notification.
     tokio::time::sleep(Duration::from_millis(2000)).await;
-    let subscribed = numsub(&set, &channel);
+    let subscribed = numsub(set.servers(), &channel);
     // Later, W's path to node 0 goes down; H releases on every node (a quorum, 1 and 2,
     // reaches W too).
-    p[0].set(Fault::Blackhole);
+    set.proxy(0).set(Fault::Blackhole);
     let released = std::time::Instant::now();
     guard.release().await.unwrap();
     let (at, got) = wait.await.unwrap();
-    p[0].heal();
+    set.proxy(0).heal();
     let after = at.saturating_duration_since(released);
     eprintln!("subscribed before the release: {subscribed:?}; got the lock {after:?} after it");
     assert!(

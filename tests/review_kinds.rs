@@ -1,20 +1,10 @@
 //! Review of the other kinds of lock (issue 13): adversarial tests on a real server
 //! behind the testkit's proxy.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use redlock::{LockManager, LockOptions};
-use redlock_testkit::{ChaosProxy, Direction, Fault, RedisServer};
-
-fn unique(prefix: &str) -> String {
-    static N: AtomicU64 = AtomicU64::new(0);
-    format!(
-        "{prefix}_{}_{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
-}
+use redlock_testkit::{unique, ChaosProxy, Direction, Fault, ProxiedSet, RedisServer};
 
 /// Regression: a `release` of a `hold_at_least` lock whose request failed (a timeout,
 /// here a blackholed server) handed the retry to the background as an abandoned
@@ -124,13 +114,9 @@ async fn cancelled_read_applied_late_is_given_back() {
 /// on every node. Checked safe.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelled_redlock_permit_applied_late_is_given_back() {
-    let set = redlock_testkit::RedisSet::start(3);
-    let mut proxies = Vec::new();
-    for i in 0..3 {
-        proxies.push(ChaosProxy::start(set.node(i).addr()).await.unwrap());
-    }
+    let set = ProxiedSet::start(3).await.unwrap();
     let locks = LockManager::builder()
-        .redlock(proxies.iter().map(ChaosProxy::url))
+        .redlock(set.proxy_urls())
         .redlock_node_timeout(Duration::from_secs(2))
         .build()
         .await
@@ -148,12 +134,10 @@ async fn cancelled_redlock_permit_applied_late_is_given_back() {
         .release()
         .await
         .unwrap();
-    for p in &proxies {
-        p.set_direction(
-            Direction::ToClient,
-            Fault::Delay(Duration::from_millis(500)),
-        );
-    }
+    set.set_direction_all(
+        Direction::ToClient,
+        Fault::Delay(Duration::from_millis(500)),
+    );
     let taking = {
         let (locks, key) = (locks.clone(), key.clone());
         tokio::spawn(async move {
@@ -169,9 +153,7 @@ async fn cancelled_redlock_permit_applied_late_is_given_back() {
         taking.await.unwrap().is_err(),
         "the permit was not cut short"
     );
-    for p in &proxies {
-        p.set(Fault::Pass);
-    }
+    set.set_all(Fault::Pass);
     let start = Instant::now();
     let permit = other
         .permit_with(&key, 1, LockOptions::new().wait(Duration::from_secs(10)))

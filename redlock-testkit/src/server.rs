@@ -477,6 +477,53 @@ impl RedisServer {
         conn::query(self.port, args, CMD_TIMEOUT)
     }
 
+    /// A fresh multiplexed async connection to this server (the test's own, beside the
+    /// manager's).
+    ///
+    /// # Panics
+    ///
+    /// When the server cannot be reached.
+    pub async fn connection(&self) -> redis::aio::MultiplexedConnection {
+        self.client()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap_or_else(|e| panic!("redlock-testkit: connecting to {}: {e}", self.url()))
+    }
+
+    /// Whether `key` exists (`EXISTS`, through [`cmd_sync`](Self::cmd_sync)).
+    ///
+    /// # Panics
+    ///
+    /// When the command fails.
+    pub fn exists(&self, key: &str) -> bool {
+        self.cmd_sync(&["EXISTS", key]).expect("EXISTS") == Value::Int(1)
+    }
+
+    /// The remaining ttl of `key` in milliseconds (`PTTL`: -1 without expiry, -2 when
+    /// absent).
+    ///
+    /// # Panics
+    ///
+    /// When the command fails or replies something other than an integer.
+    pub fn pttl(&self, key: &str) -> i64 {
+        match self.cmd_sync(&["PTTL", key]).expect("PTTL") {
+            Value::Int(n) => n,
+            other => panic!("PTTL replied {other:?}"),
+        }
+    }
+
+    /// The integer stored at `key` (`GET`; 0 when absent), e.g. a fencing counter.
+    ///
+    /// # Panics
+    ///
+    /// When the command fails or the value is not an integer.
+    pub fn get_int(&self, key: &str) -> i64 {
+        match self.cmd_sync(&["GET", key]).expect("GET") {
+            Value::BulkString(b) => String::from_utf8_lossy(&b).parse().expect("integer"),
+            _ => 0,
+        }
+    }
+
     /// The `calls` of the commands named `names` (lower case, e.g. `["eval", "evalsha"]`)
     /// in `INFO commandstats`, summed.
     ///

@@ -20,11 +20,7 @@ impl Single {
     }
 
     pub async fn raw(&self) -> redis::aio::MultiplexedConnection {
-        self.server
-            .client()
-            .get_multiplexed_async_connection()
-            .await
-            .expect("raw connection")
+        self.server.connection().await
     }
 
     pub async fn keys(&self) -> Vec<String> {
@@ -146,15 +142,6 @@ impl Redlock {
     }
 }
 
-/// A fresh connection to one node.
-async fn node_connection(server: &RedisServer) -> redis::aio::MultiplexedConnection {
-    server
-        .client()
-        .get_multiplexed_async_connection()
-        .await
-        .expect("raw connection")
-}
-
 impl Harness for Redlock {
     fn builder(&self) -> LockManagerBuilder {
         self.managers()
@@ -163,7 +150,7 @@ impl Harness for Redlock {
     async fn delete(&self, full_key: &str) {
         let mut deleted = 0;
         for node in self.set.nodes() {
-            let n: i64 = node_connection(node).await.del(full_key).await.unwrap();
+            let n: i64 = node.connection().await.del(full_key).await.unwrap();
             deleted += n;
         }
         assert!(deleted >= 3, "the lock was on {deleted} nodes");
@@ -171,7 +158,8 @@ impl Harness for Redlock {
 
     async fn steal(&self, full_key: &str) {
         for node in self.set.nodes() {
-            let _: () = node_connection(node)
+            let _: () = node
+                .connection()
                 .await
                 .set_ex(full_key, "someone-else", 60)
                 .await
@@ -181,7 +169,7 @@ impl Harness for Redlock {
 
     async fn exists(&self, full_key: &str) -> bool {
         for node in self.set.nodes() {
-            let there: bool = node_connection(node).await.exists(full_key).await.unwrap();
+            let there: bool = node.connection().await.exists(full_key).await.unwrap();
             if there {
                 return true;
             }
