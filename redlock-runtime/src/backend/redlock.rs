@@ -30,6 +30,13 @@
 //!   at once on its release notification — or as [`LockError::QuorumUnavailable`] when
 //!   fewer than a quorum of nodes answered. Either way the undo is this one: the manager
 //!   does not release a failed attempt again (it does for one whose future it dropped).
+//! - **`lock_all`** (several exclusive keys, one token) is one `acquire_all.lua` call per
+//!   node, all keys or none there, decided, kept and undone as one acquisition (above):
+//!   won on a quorum within the validity, each key's fencing token the maximum of its
+//!   deciding grants vouched for by a quorum (see "Fencing tokens"); a late grant is
+//!   kept, or undone for every key when the keys (released together) were released
+//!   before it landed; a lost attempt is undone for every key on every node that granted,
+//!   failed or is still in flight. The manager then takes the keys one by one.
 //! - **Release and extend** go to every node; they succeed when a quorum confirms, report
 //!   the lock lost when so many nodes deny it that no quorum can, and fail with
 //!   `QuorumUnavailable` when too few answered to tell. A release unconfirmed by a node
@@ -156,10 +163,9 @@ pub(crate) struct RedlockBackend {
     nodes: Arc<[SingleBackend]>,
     quorum: usize,
     node_timeout: Duration,
-    /// Won attempts whose requests to some nodes are still in flight, by token: the
-    /// keys released meanwhile (see [`RedlockBackend::keep_late_grants`]; the keys of a
-    /// `lock_all` share a token).
-    landing: Arc<Mutex<HashMap<Token, Vec<String>>>>,
+    /// Won attempts whose requests to some nodes are still in flight, by token: `true`
+    /// once the lock was released meanwhile (see [`RedlockBackend::keep_late_grants`]).
+    landing: Arc<Mutex<HashMap<Token, bool>>>,
     /// Requests that set a lock's expiry (a won acquisition's late grants, an extend's
     /// stragglers) and may still be written, by token and full key: see
     /// [`RedlockBackend::settle`].
@@ -679,8 +685,9 @@ impl RedlockBackend {
     /// cannot land after an extend the node already applied. A request cut unanswered is
     /// undone if the lock was released meanwhile, like one that failed.
     ///
-    /// The keys of a `lock_all` share the token and one request per node: a late grant
-    /// is kept or undone key by key, as each key was released or not when it landed.
+    /// The keys of a `lock_all` share the token and one request per node, and are
+    /// released together (`MultiGuard`): the release of any of them undoes a late grant
+    /// of all of them.
     fn keep_late_grants<T: Grant>(
         &self,
         keys: &[Arc<LockKey>],
@@ -693,31 +700,24 @@ impl RedlockBackend {
             return;
         }
         let token = stake.token;
-        lock(&self.landing).insert(token, Vec::new());
+        lock(&self.landing).insert(token, false);
         let (nodes, landing) = (self.nodes.clone(), self.landing.clone());
         let keys = keys.to_vec();
         let names = keys.iter().map(|k| k.full().to_owned()).collect::<Vec<_>>();
         let mut unanswered = in_flight.len();
         self.settle(token, names, deadline, cut, false, in_flight, move |(i, answer)| {
             let landed = answer.as_ref().ok().and_then(|a| a.fences().ok());
-            let held = refused(&answer);
-            let released: Vec<bool> = {
-                let landing = lock(&landing);
-                let released = landing.get(&token);
-                keys.iter()
-                    .map(|k| released.is_none_or(|r| r.iter().any(|r| r == k.full())))
-                    .collect()
-            };
+            let released =
+                !refused(&answer) && lock(&landing).get(&token).copied().unwrap_or(true);
             unanswered -= 1;
             if unanswered == 0 {
                 lock(&landing).remove(&token);
             }
-            for (k, key) in keys.iter().enumerate() {
-                let (nodes, key) = (nodes.clone(), key.clone());
-                let fence = fences.get(k).copied().unwrap_or(0);
+            for (k, (key, &fence)) in keys.iter().zip(&fences).enumerate() {
                 let behind = landed.and_then(|f| f.get(k)).is_some_and(|&f| f < fence);
+                let (nodes, key) = (nodes.clone(), key.clone());
                 // Its own task: the next answers (and the end of `settle`) do not wait for it.
-                if !held && released.get(k).copied().unwrap_or(true) {
+                if released {
                     tokio::spawn(undo(nodes, key, stake, i));
                 } else if behind {
                     tokio::spawn(async move {
@@ -1158,7 +1158,7 @@ impl RedlockBackend {
         let LeaseRef { key, token, mode } = lease;
         let stake = Stake { token, mode, keep };
         if let Some(released) = lock(&self.landing).get_mut(&token) {
-            released.push(key.full().to_owned());
+            *released = true;
         }
         let shared_key = Arc::new(key.clone());
         self.decide(
