@@ -471,3 +471,92 @@ async fn opposite_order_lock_alls_and_single_lockers_exclude_each_other() {
     }
     assert!(nothing_left(&set, &prefixed(&[a, b]), Duration::from_secs(3)));
 }
+
+fn pttl(server: &RedisServer, key: &str) -> i64 {
+    match server.cmd_sync(&["PTTL", key]).expect("PTTL") {
+        redis::Value::Int(n) => n,
+        other => panic!("PTTL replied {other:?}"),
+    }
+}
+
+/// The keys of a `lock_all` share a token and `MultiGuard::extend` extends them at once:
+/// the stragglers each extend leaves are settled per key, not per token (where the
+/// second key's entry replaced the first's, whose straggler the next extend then
+/// neither cut nor waited for). Node 2 lost its script cache and is 200 ms away each
+/// way: E1 = `extend(3s)` is decided by nodes 0 and 1, and its `EVALSHA`s to node 2 get
+/// `NOSCRIPT`, their `EVAL`s to be written ~400 ms later. Node 0 is partitioned, the
+/// script cached on node 2 again, and E2 = `extend(60s)` confirmed by nodes 1 and 2. A
+/// straggler of E1 landing after E2 would leave nodes 0 and 2 expiring after 3 s while
+/// the lease believes 60 s: another client takes that key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multi_guard_extend_stragglers_are_settled_per_key() {
+    const EXTEND_LUA: &str = include_str!("../redlock-runtime/src/scripts/extend.lua");
+    let set = RedisSet::start(3);
+    let p0 = ChaosProxy::start(set.node(0).addr()).await.unwrap();
+    let p2 = ChaosProxy::start(set.node(2).addr()).await.unwrap();
+    let urls = [p0.url(), set.node(1).url(), p2.url()];
+    let locks = LockManager::builder()
+        .redlock(urls)
+        .redlock_node_timeout(Duration::from_secs(1))
+        .build()
+        .await
+        .unwrap();
+    let other = LockManager::builder()
+        .redlock(set.urls())
+        .build()
+        .await
+        .unwrap();
+    let keys = vec![
+        format!("{}_{{a}}", unique("settle")),
+        format!("{}_{{b}}", unique("settle")),
+    ];
+    let full = prefixed(&keys);
+    let opts = LockOptions::new()
+        .ttl(Duration::from_secs(30))
+        .watchdog(false);
+    let guard = locks.lock_all_with(keys.clone(), opts).await.unwrap();
+    // extend.lua cached on every node, as in any running system; then node 2 loses it.
+    guard.extend(Duration::from_secs(30)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    set.node(2).cmd_sync(&["SCRIPT", "FLUSH"]).unwrap();
+    p2.set(Fault::Delay(Duration::from_millis(200)));
+
+    let t0 = Instant::now();
+    let at = |ms: u64| tokio::time::sleep_until((t0 + Duration::from_millis(ms)).into());
+    guard.extend(Duration::from_secs(3)).await.expect("E1");
+    at(100).await;
+    p0.set(Fault::Blackhole);
+    let e2 = async {
+        at(150).await;
+        guard.extend(Duration::from_secs(60)).await
+    };
+    let reload = async {
+        // After E1's EVALSHAs hit node 2 (t0 + 200 ms), before E2's do (≥ t0 + 350 ms).
+        at(270).await;
+        set.node(2)
+            .cmd_sync(&["SCRIPT", "LOAD", EXTEND_LUA])
+            .unwrap();
+    };
+    let (e2, ()) = tokio::join!(e2, reload);
+    e2.expect("E2 confirmed by nodes 1 and 2");
+    // Every request of E1 and E2 has been applied or given up by now.
+    at(1500).await;
+    let node2: Vec<i64> = full.iter().map(|k| pttl(set.node(2), k)).collect();
+    // Past E1's 3 s on node 0 (applied at t0) and on node 2 (at ~t0 + 600 ms if resent).
+    at(4000).await;
+    assert!(guard.is_held());
+    for key in &keys {
+        let stolen = other.try_lock(key).await;
+        assert!(
+            matches!(stolen, Ok(None)),
+            "{key} taken while held: {stolen:?} (node 2's PTTLs at 1.5 s: {node2:?})"
+        );
+    }
+    assert!(
+        node2.iter().all(|&p| p > 30_000),
+        "node 2 applied E1 (3 s) after E2 (60 s): PTTLs {node2:?}"
+    );
+    p0.heal();
+    p2.heal();
+    guard.release().await.unwrap();
+}
