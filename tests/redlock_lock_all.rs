@@ -483,11 +483,11 @@ fn pttl(server: &RedisServer, key: &str) -> i64 {
 /// the stragglers each extend leaves are settled per key, not per token (where the
 /// second key's entry replaced the first's, whose straggler the next extend then
 /// neither cut nor waited for). Node 2 lost its script cache and is 200 ms away each
-/// way: E1 = `extend(3s)` is decided by nodes 0 and 1, and its `EVALSHA`s to node 2 get
-/// `NOSCRIPT`, their `EVAL`s to be written ~400 ms later. Node 0 is partitioned, the
-/// script cached on node 2 again, and E2 = `extend(60s)` confirmed by nodes 1 and 2. A
-/// straggler of E1 landing after E2 would leave nodes 0 and 2 expiring after 3 s while
-/// the lease believes 60 s: another client takes that key.
+/// way: E1 = `extend(6s)` (per-node timeout 600 ms) is decided by nodes 0 and 1, and its
+/// `EVALSHA`s to node 2 get `NOSCRIPT`, their `EVAL`s to be written ~400 ms later. Node 0
+/// is partitioned, the script cached on node 2 again, and E2 = `extend(60s)` confirmed by
+/// nodes 1 and 2. A straggler of E1 landing after E2 would leave nodes 0 and 2 expiring
+/// after 6 s while the lease believes 60 s: another client takes that key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn multi_guard_extend_stragglers_are_settled_per_key() {
     const EXTEND_LUA: &str = include_str!("../redlock-runtime/src/scripts/extend.lua");
@@ -523,7 +523,7 @@ async fn multi_guard_extend_stragglers_are_settled_per_key() {
 
     let t0 = Instant::now();
     let at = |ms: u64| tokio::time::sleep_until((t0 + Duration::from_millis(ms)).into());
-    guard.extend(Duration::from_secs(3)).await.expect("E1");
+    guard.extend(Duration::from_secs(6)).await.expect("E1");
     at(100).await;
     p0.set(Fault::Blackhole);
     let e2 = async {
@@ -542,8 +542,8 @@ async fn multi_guard_extend_stragglers_are_settled_per_key() {
     // Every request of E1 and E2 has been applied or given up by now.
     at(1500).await;
     let node2: Vec<i64> = full.iter().map(|k| pttl(set.node(2), k)).collect();
-    // Past E1's 3 s on node 0 (applied at t0) and on node 2 (at ~t0 + 600 ms if resent).
-    at(4000).await;
+    // Past E1's 6 s on node 0 (applied at t0) and on node 2 (at ~t0 + 600 ms if resent).
+    at(7000).await;
     assert!(guard.is_held());
     for key in &keys {
         let stolen = other.try_lock(key).await;
@@ -554,7 +554,7 @@ async fn multi_guard_extend_stragglers_are_settled_per_key() {
     }
     assert!(
         node2.iter().all(|&p| p > 30_000),
-        "node 2 applied E1 (3 s) after E2 (60 s): PTTLs {node2:?}"
+        "node 2 applied E1 (6 s) after E2 (60 s): PTTLs {node2:?}"
     );
     p0.heal();
     p2.heal();
