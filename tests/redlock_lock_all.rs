@@ -79,7 +79,10 @@ async fn lock_all_is_one_script_call_per_node() {
         .unwrap();
     let opts = || LockOptions::new().watchdog(false);
     // Scripts cached on every node, as in any running system.
-    let warm = locks.lock_all_with(three_keys("warm"), opts()).await.unwrap();
+    let warm = locks
+        .lock_all_with(three_keys("warm"), opts())
+        .await
+        .unwrap();
     warm.release().await.unwrap();
     let keys = three_keys("once");
     let full = prefixed(&keys);
@@ -92,7 +95,10 @@ async fn lock_all_is_one_script_call_per_node() {
     assert!(wait_until(
         Duration::from_secs(2),
         Duration::from_millis(10),
-        || set.nodes().iter().all(|n| full.iter().all(|k| exists(n, k)))
+        || set
+            .nodes()
+            .iter()
+            .all(|n| full.iter().all(|k| exists(n, k)))
     ));
     let calls: Vec<u64> = set
         .nodes()
@@ -143,7 +149,10 @@ async fn a_frozen_node_during_lock_all_is_outvoted_and_its_late_grant_released()
     );
     // Kept: still there well after its arrival (the lock's 10 s ttl).
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(full.iter().all(|k| exists(set.node(2), k)), "late grant kept");
+    assert!(
+        full.iter().all(|k| exists(set.node(2), k)),
+        "late grant kept"
+    );
     assert!(guard.is_held());
     guard.release().await.unwrap();
     assert!(
@@ -205,11 +214,7 @@ async fn a_lost_lock_all_leaves_nothing_on_any_node() {
     let set = RedisSet::start(3);
     let proxy = ChaosProxy::start(set.node(2).addr()).await.unwrap();
     let urls = [set.node(0).url(), set.node(1).url(), proxy.url()];
-    let locks = LockManager::builder()
-        .redlock(urls)
-        .build()
-        .await
-        .unwrap();
+    let locks = LockManager::builder().redlock(urls).build().await.unwrap();
     let opts = || LockOptions::new().ttl(Duration::from_secs(10));
     locks
         .lock_all_with(three_keys("warm"), opts())
@@ -228,9 +233,7 @@ async fn a_lost_lock_all_leaves_nothing_on_any_node() {
     }
     proxy.set(Fault::Delay(Duration::from_millis(300)));
     let before = scripts_run(set.node(2));
-    let got = locks
-        .lock_all_with(keys, opts().wait(Duration::ZERO))
-        .await;
+    let got = locks.lock_all_with(keys, opts().wait(Duration::ZERO)).await;
     assert!(
         matches!(got, Err(redlock::LockError::Timeout { .. })),
         "{got:?}"
@@ -251,7 +254,10 @@ async fn a_lost_lock_all_leaves_nothing_on_any_node() {
         || !exists(set.node(2), &full[1])
     ));
     for i in 0..2 {
-        assert!(exists(set.node(i), &full[1]), "the holder's key on node {i}");
+        assert!(
+            exists(set.node(i), &full[1]),
+            "the holder's key on node {i}"
+        );
     }
 }
 
@@ -290,9 +296,7 @@ async fn fencing_tokens_increase_per_key_across_restarts_and_lagging_counters() 
     let apart: [[u64; 3]; 3] = [[50, 50, 7], [7, 60, 60], [70, 3, 70]];
     for (c, values) in counters.iter().zip(apart) {
         for (i, v) in values.into_iter().enumerate() {
-            set.node(i)
-                .cmd_sync(&["SET", c, &v.to_string()])
-                .unwrap();
+            set.node(i).cmd_sync(&["SET", c, &v.to_string()]).unwrap();
         }
     }
     let g = locks.lock_all_with(keys.clone(), opts()).await.unwrap();
@@ -428,12 +432,19 @@ async fn opposite_order_lock_alls_and_single_lockers_exclude_each_other() {
     let hold = |state: Arc<HashMap<String, Key>>, held: Vec<(String, u64)>| async move {
         for (k, token) in &held {
             let key = &state[k];
-            assert_eq!(key.holders.fetch_add(1, Ordering::SeqCst), 0, "two holders of {k}");
+            assert_eq!(
+                key.holders.fetch_add(1, Ordering::SeqCst),
+                0,
+                "two holders of {k}"
+            );
             let mut last = key.last.lock().unwrap();
             assert!(*token > *last, "{k}: token {token} after {}", *last);
             *last = *token;
         }
-        let counts: Vec<usize> = held.iter().map(|(k, _)| *state[k].count.lock().unwrap()).collect();
+        let counts: Vec<usize> = held
+            .iter()
+            .map(|(k, _)| *state[k].count.lock().unwrap())
+            .collect();
         tokio::time::sleep(Duration::from_millis(2)).await;
         for ((k, _), c) in held.iter().zip(counts) {
             *state[k].count.lock().unwrap() = c + 1;
@@ -448,7 +459,11 @@ async fn opposite_order_lock_alls_and_single_lockers_exclude_each_other() {
         tasks.push(tokio::spawn(async move {
             for _ in 0..ROUNDS {
                 let g = locks.lock_all_with(keys.clone(), opts()).await.unwrap();
-                let held = g.keys().into_iter().map(str::to_owned).zip(g.fencing_tokens());
+                let held = g
+                    .keys()
+                    .into_iter()
+                    .map(str::to_owned)
+                    .zip(g.fencing_tokens());
                 hold(state.clone(), held.collect()).await;
                 g.release().await.unwrap();
             }
@@ -470,7 +485,11 @@ async fn opposite_order_lock_alls_and_single_lockers_exclude_each_other() {
     for (k, key) in state.iter() {
         assert_eq!(*key.count.lock().unwrap(), ROUNDS * 3, "{k}");
     }
-    assert!(nothing_left(&set, &prefixed(&[a, b]), Duration::from_secs(3)));
+    assert!(nothing_left(
+        &set,
+        &prefixed(&[a, b]),
+        Duration::from_secs(3)
+    ));
 }
 
 fn pttl(server: &RedisServer, key: &str) -> i64 {

@@ -705,30 +705,38 @@ impl RedlockBackend {
         let keys = keys.to_vec();
         let names = keys.iter().map(|k| k.full().to_owned()).collect::<Vec<_>>();
         let mut unanswered = in_flight.len();
-        self.settle(token, names, deadline, cut, false, in_flight, move |(i, answer)| {
-            let landed = answer.as_ref().ok().and_then(|a| a.fences().ok());
-            let released =
-                !refused(&answer) && lock(&landing).get(&token).copied().unwrap_or(true);
-            unanswered -= 1;
-            if unanswered == 0 {
-                lock(&landing).remove(&token);
-            }
-            for (k, (key, &fence)) in keys.iter().zip(&fences).enumerate() {
-                let behind = landed.and_then(|f| f.get(k)).is_some_and(|&f| f < fence);
-                let (nodes, key) = (nodes.clone(), key.clone());
-                // Its own task: the next answers (and the end of `settle`) do not wait for it.
-                if released {
-                    tokio::spawn(undo(nodes, key, stake, i));
-                } else if behind {
-                    tokio::spawn(async move {
-                        if let Some(node) = nodes.get(i) {
-                            // Compare-token: a no-op if the lock is gone meanwhile.
-                            let _ = raise_fence(node, &key, stake, fence).await;
-                        }
-                    });
+        self.settle(
+            token,
+            names,
+            deadline,
+            cut,
+            false,
+            in_flight,
+            move |(i, answer)| {
+                let landed = answer.as_ref().ok().and_then(|a| a.fences().ok());
+                let released =
+                    !refused(&answer) && lock(&landing).get(&token).copied().unwrap_or(true);
+                unanswered -= 1;
+                if unanswered == 0 {
+                    lock(&landing).remove(&token);
                 }
-            }
-        });
+                for (k, (key, &fence)) in keys.iter().zip(&fences).enumerate() {
+                    let behind = landed.and_then(|f| f.get(k)).is_some_and(|&f| f < fence);
+                    let (nodes, key) = (nodes.clone(), key.clone());
+                    // Its own task: the next answers (and the end of `settle`) do not wait for it.
+                    if released {
+                        tokio::spawn(undo(nodes, key, stake, i));
+                    } else if behind {
+                        tokio::spawn(async move {
+                            if let Some(node) = nodes.get(i) {
+                                // Compare-token: a no-op if the lock is gone meanwhile.
+                                let _ = raise_fence(node, &key, stake, fence).await;
+                            }
+                        });
+                    }
+                }
+            },
+        );
     }
 
     /// Removes a writer's intent from every node once it won, in the background: the
@@ -1104,8 +1112,11 @@ impl RedlockBackend {
         // written after a later extend: see `settle`); a lost attempt's stragglers are
         // followed by their undo.
         let cut = CancellationToken::new();
-        let mut in_flight =
-            self.send_to(0..self.nodes.len(), Some((&cut, "acquire", timeout)), request);
+        let mut in_flight = self.send_to(
+            0..self.nodes.len(),
+            Some((&cut, "acquire", timeout)),
+            request,
+        );
         let (nodes, quorum) = (self.nodes.len(), self.quorum);
         let mut tally = Tally::default();
         gather(&mut in_flight, timeout, |answer| {
