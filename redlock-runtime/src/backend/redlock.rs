@@ -478,10 +478,10 @@ impl RedlockBackend {
     }
 
     /// Drives the expiry-setting requests of `keys` held with `token` still in flight
-    /// after their call returned, in a task of its own, handing each answer to `then`; at `deadline` the
-    /// unanswered ones are cut (`cut`: see [`send_to`](Self::send_to)) and answer a
-    /// timeout. The next extend of the lock waits for that, cutting them at once when
-    /// `cut_early` (an extend's stragglers: see [`settled`](Self::settled)).
+    /// after their call returned, in a task of its own, handing each answer to `then`;
+    /// at `deadline` the unanswered ones are cut (`cut`: see [`send_to`](Self::send_to))
+    /// and answer a timeout. The next extend of each key waits for that, cutting them at
+    /// once when `cut_early` (an extend's stragglers: see [`settled`](Self::settled)).
     ///
     /// Why: a request may be written long after its call returned — `reconnecting`
     /// sends it again after a dropped connection, `LuaScript::invoke` sends `EVAL` after
