@@ -1030,6 +1030,7 @@ impl RedlockBackend {
                 if let Some(intent) = intent {
                     self.withdraw_intent(key, intent.waiter);
                 }
+                // One fence per key: never missing.
                 let fence = fences.first().copied().ok_or_else(|| {
                     LockError::invalid_option("redlock: a grant without its fencing token")
                 })?;
