@@ -23,6 +23,8 @@ pub enum Locker {
     /// Redlock: every node's SET NX in parallel, then every node's compare-and-delete).
     RawParallel(Vec<Raw>),
     Redlock(LockManager),
+    /// `lock_all` of three keys (the key with three suffixes) + release.
+    RedlockAll3(LockManager),
     Rslock(rslock::LockManager),
     Arl(async_redis_lock::Locker),
 }
@@ -52,6 +54,11 @@ impl Locker {
                 let guard = m.lock(key).await.map_err(err)?;
                 guard.release().await.map_err(err)
             }
+            Self::RedlockAll3(m) => {
+                let keys = [1, 2, 3].map(|k| format!("{key}:{k}"));
+                let guard = m.lock_all(keys).await.map_err(err)?;
+                guard.release().await.map_err(err)
+            }
             Self::Rslock(m) => {
                 let lock = m.lock(key, TTL).await.map_err(err)?;
                 lock.release().await;
@@ -69,7 +76,7 @@ impl Locker {
         match self {
             Self::Raw(_) => format!("raw:{tag}_{{{i}}}"),
             Self::RawParallel(_) => format!("rawp:{tag}_{{{i}}}"),
-            Self::Redlock(_) => format!("{tag}_{{{i}}}"),
+            Self::Redlock(_) | Self::RedlockAll3(_) => format!("{tag}_{{{i}}}"),
             Self::Rslock(_) => format!("rsl:{tag}_{{{i}}}"),
             Self::Arl(_) => format!("arl:{tag}_{{{i}}}"),
         }

@@ -42,7 +42,11 @@ pub async fn run(cfg: &Config, urls: &[String], pids: &[u32]) -> Res<Ratios> {
         vec![("redlock single".into(), Arc::new(Locker::Redlock(single)))];
     let mut missing = None;
     match redlock_manager(urls).await {
-        Some(Ok(m)) => impls.push(("redlock Redlock-5".into(), Arc::new(Locker::Redlock(m)))),
+        Some(Ok(m)) => {
+            let all3 = Locker::RedlockAll3(m.clone());
+            impls.push(("redlock Redlock-5".into(), Arc::new(Locker::Redlock(m))));
+            impls.push(("redlock Redlock-5 lock_all ×3".into(), Arc::new(all3)));
+        }
         Some(Err(e)) => missing = Some(e),
         None => missing = Some("redlock backend not available".into()),
     }
@@ -133,6 +137,7 @@ pub async fn run(cfg: &Config, urls: &[String], pids: &[u32]) -> Res<Ratios> {
         }
     }
     t.note("single = the first server of the same set; Redlock-5 acquires on all masters concurrently and needs a quorum of 3");
+    t.note("lock_all ×3 = lock_all of three keys + release on Redlock-5: one acquire_all.lua call per node, then three releases");
     t.note("servers' CPU: all five redis-server processes, charged to the operations of each row");
     t.note(format!("floor: raw SET NX PX on all {} servers at once, then compare-and-delete on all at once (what a Redlock lock+release has to wait for, without any library); {RAW_ONE}: the same on the first server alone", urls.len()));
     t.print();

@@ -155,7 +155,8 @@ pub(crate) trait Store {
 
     /// One attempt at every key of `keys` (distinct, exclusive, one `token`), all or
     /// nothing in one step, where the backend can (one server; one slot of a
-    /// cluster); `Ok(None)` where it cannot, having sent nothing.
+    /// cluster; each Redlock node, decided by a quorum); `Ok(None)` where it cannot,
+    /// having sent nothing.
     fn acquire_together(
         &self,
         keys: &[&LockKey],

@@ -30,6 +30,13 @@
 //!   at once on its release notification — or as [`LockError::QuorumUnavailable`] when
 //!   fewer than a quorum of nodes answered. Either way the undo is this one: the manager
 //!   does not release a failed attempt again (it does for one whose future it dropped).
+//! - **`lock_all`** (several exclusive keys, one token) is one `acquire_all.lua` call per
+//!   node, all keys or none there, decided, kept and undone as one acquisition (above):
+//!   won on a quorum within the validity, each key's fencing token the maximum of its
+//!   deciding grants vouched for by a quorum (see "Fencing tokens"); a late grant is
+//!   kept, or undone for every key when the keys (released together) were released
+//!   before it landed; a lost attempt is undone for every key on every node that granted,
+//!   failed or is still in flight. The manager then takes the keys one by one.
 //! - **Release and extend** go to every node; they succeed when a quorum confirms, report
 //!   the lock lost when so many nodes deny it that no quorum can, and fail with
 //!   `QuorumUnavailable` when too few answered to tell. A release unconfirmed by a node
@@ -110,7 +117,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::server::{marker, release_call};
 use super::single::SingleBackend;
-use super::{jitter, Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Store, Timeouts, Wake};
+use super::{
+    jitter, Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Store, Timeouts, Together, Wake,
+};
 use crate::key::LockKey;
 use crate::kind::Mode;
 use crate::lease::drift;
@@ -158,8 +167,9 @@ pub(crate) struct RedlockBackend {
     /// once the lock was released meanwhile (see [`RedlockBackend::keep_late_grants`]).
     landing: Arc<Mutex<HashMap<Token, bool>>>,
     /// Requests that set a lock's expiry (a won acquisition's late grants, an extend's
-    /// stragglers) and may still be written, by token: see [`RedlockBackend::settle`].
-    settling: Arc<Mutex<HashMap<Token, Settling>>>,
+    /// stragglers) and may still be written, by token and full key: see
+    /// [`RedlockBackend::settle`].
+    settling: Arc<Mutex<HashMap<(Token, String), Settling>>>,
     /// Tells the entries of `settling` apart.
     settle_ids: AtomicU64,
     /// The place of each permit held or being acquired, by token (see
@@ -196,6 +206,46 @@ enum Stragglers {
     Settle(Token),
 }
 
+/// One node's answer to an acquisition, one lock or several at once.
+trait Grant: Send + 'static {
+    /// The fencing counters of a grant, one per key in key order; `Err` with the
+    /// remaining ttl and holder when someone else holds a key.
+    fn fences(&self) -> Result<&[u64], (Option<Duration>, Option<u64>)>;
+}
+
+impl Grant for Attempt {
+    fn fences(&self) -> Result<&[u64], (Option<Duration>, Option<u64>)> {
+        match self {
+            Attempt::Acquired { fence, .. } => Ok(std::slice::from_ref(fence)),
+            Attempt::Held { remaining, holder } => Err((*remaining, *holder)),
+        }
+    }
+}
+
+/// `acquire_all.lua` does not say who holds the key it found.
+impl Grant for Together {
+    fn fences(&self) -> Result<&[u64], (Option<Duration>, Option<u64>)> {
+        match self {
+            Together::Acquired(fences) => Ok(fences),
+            Together::Held(remaining) => Err((*remaining, None)),
+        }
+    }
+}
+
+/// Whether a node answered that someone else holds a key (it took nothing then).
+fn refused<T: Grant>(answer: &Result<T, LockError>) -> bool {
+    matches!(answer, Ok(a) if a.fences().is_err())
+}
+
+/// How a contended acquisition of one or more keys came out (see
+/// [`RedlockBackend::contend`]).
+enum Contest {
+    /// Ours, with the fencing token of each key.
+    Won(Vec<u64>),
+    /// Lost; retry after this long.
+    Lost(Duration),
+}
+
 /// One node's answer: its index and its outcome.
 type Answer<T> = (usize, Result<T, LockError>);
 
@@ -219,8 +269,8 @@ enum Vote {
 /// The answers to an acquisition so far.
 #[derive(Default)]
 struct Tally {
-    /// Node and fencing counter of every grant.
-    granted: Vec<(usize, u64)>,
+    /// Node and fencing counters (one per key) of every grant.
+    granted: Vec<(usize, Vec<u64>)>,
     /// Remaining ttl and holder of every node held by someone else.
     held: Vec<(Option<Duration>, Option<u64>)>,
     /// Every node that answered "held".
@@ -231,23 +281,27 @@ struct Tally {
 }
 
 impl Tally {
-    fn add(&mut self, (i, answer): Answer<Attempt>) {
-        match answer {
-            Ok(Attempt::Acquired { fence, .. }) => self.granted.push((i, fence)),
-            Ok(Attempt::Held { remaining, holder }) => {
-                self.held.push((remaining, holder));
-                self.held_by.push(i);
-            }
+    fn add<T: Grant>(&mut self, (i, answer): Answer<T>) {
+        let answer = match answer {
+            Ok(answer) => answer,
             Err(e) => {
                 self.failed.push(i);
                 self.last_error = Some(e);
+                return;
+            }
+        };
+        match answer.fences() {
+            Ok(fences) => self.granted.push((i, fences.to_vec())),
+            Err(held) => {
+                self.held.push(held);
+                self.held_by.push(i);
             }
         }
     }
 
     /// Whether node `i` answered, or its request failed.
     fn answered_by(&self, i: usize) -> bool {
-        self.granted.iter().any(|&(g, _)| g == i)
+        self.granted.iter().any(|(g, _)| *g == i)
             || self.held_by.contains(&i)
             || self.failed.contains(&i)
     }
@@ -398,9 +452,11 @@ impl RedlockBackend {
             .collect()
     }
 
-    /// Waits until the requests that may still set `token`'s expiry on some node (the
-    /// late grants of its acquisition, the stragglers of its last extend) were answered
-    /// or cut, so that none of them can be written after a request sent from now on.
+    /// Waits until the requests that may still set the expiry of `key` held with `token`
+    /// on some node (the late grants of its acquisition, the stragglers of its last
+    /// extend) were answered or cut, so that none of them can be written after a request
+    /// sent from now on. By key: the keys of a `lock_all` share a token, and are
+    /// extended at once (`MultiGuard::extend`), each waiting for its own stragglers only.
     ///
     /// An extend's stragglers are cut at once: one already written was written before
     /// anything sent from now on over the same connection, so the node applies it
@@ -409,9 +465,9 @@ impl RedlockBackend {
     /// grants of an acquisition are waited for (bounded by its per-node timeout): cut
     /// unwritten (an `EVAL` after `NOSCRIPT`), a grant would leave its node without the
     /// key for good, and the lock on a bare quorum.
-    async fn settled(&self, token: Token) {
+    async fn settled(&self, token: Token, key: &LockKey) {
         let pending = lock(&self.settling)
-            .get(&token)
+            .get(&(token, key.full().to_owned()))
             .map(|s| (s.cut.clone(), s.done.clone()));
         if let Some((cut, done)) = pending {
             if let Some(cut) = cut {
@@ -421,11 +477,11 @@ impl RedlockBackend {
         }
     }
 
-    /// Drives the expiry-setting requests of `token` still in flight after their call
-    /// returned, in a task of its own, handing each answer to `then`; at `deadline` the
-    /// unanswered ones are cut (`cut`: see [`send_to`](Self::send_to)) and answer a
-    /// timeout. The next extend of the lock waits for that, cutting them at once when
-    /// `cut_early` (an extend's stragglers: see [`settled`](Self::settled)).
+    /// Drives the expiry-setting requests of `keys` held with `token` still in flight
+    /// after their call returned, in a task of its own, handing each answer to `then`;
+    /// at `deadline` the unanswered ones are cut (`cut`: see [`send_to`](Self::send_to))
+    /// and answer a timeout. The next extend of each key waits for that, cutting them at
+    /// once when `cut_early` (an extend's stragglers: see [`settled`](Self::settled)).
     ///
     /// Why: a request may be written long after its call returned — `reconnecting`
     /// sends it again after a dropped connection, `LuaScript::invoke` sends `EVAL` after
@@ -440,9 +496,11 @@ impl RedlockBackend {
     /// of these requests landing after a renewal sets an expiry at least as late as the
     /// one the renewal booked; and a renewal's own requests are dropped, never re-sent,
     /// when its call returns (under the operation lock).
+    #[allow(clippy::too_many_arguments)] // Each one says what to settle, or how.
     fn settle<T, G>(
         &self,
         token: Token,
+        keys: impl IntoIterator<Item = String>,
         deadline: tokio::time::Instant,
         cut: CancellationToken,
         cut_early: bool,
@@ -457,14 +515,17 @@ impl RedlockBackend {
         }
         let done = CancellationToken::new();
         let id = self.settle_ids.fetch_add(1, Ordering::Relaxed);
-        lock(&self.settling).insert(
-            token,
-            Settling {
+        let keys: Vec<(Token, String)> = keys.into_iter().map(|k| (token, k)).collect();
+        let mut settling = lock(&self.settling);
+        for key in &keys {
+            let entry = Settling {
                 id,
                 cut: cut_early.then(|| cut.clone()),
                 done: done.clone(),
-            },
-        );
+            };
+            settling.insert(key.clone(), entry);
+        }
+        drop(settling);
         let settling = self.settling.clone();
         tokio::spawn(async move {
             let answers = in_flight.for_each(move |answer| {
@@ -481,8 +542,10 @@ impl RedlockBackend {
                 }
             }
             let mut settling = lock(&settling);
-            if settling.get(&token).is_some_and(|s| s.id == id) {
-                settling.remove(&token);
+            for key in keys {
+                if settling.get(&key).is_some_and(|s| s.id == id) {
+                    settling.remove(&key);
+                }
             }
             done.cancel();
         });
@@ -589,7 +652,10 @@ impl RedlockBackend {
                     }
                 });
             }
-            Stragglers::Settle(token) => self.settle(token, deadline, cut, true, in_flight, |_| {}),
+            Stragglers::Settle(token) => {
+                let key = std::iter::once_with(|| key.full().to_owned());
+                self.settle(token, key, deadline, cut, true, in_flight, |_| {});
+            }
         }
         match vote {
             Vote::Yes => Ok(true),
@@ -618,46 +684,56 @@ impl RedlockBackend {
     /// [`settle`](Self::settle)), so that a grant re-sent late (its `PEXPIRE ttl` branch)
     /// cannot land after an extend the node already applied. A request cut unanswered is
     /// undone if the lock was released meanwhile, like one that failed.
-    fn keep_late_grants(
+    ///
+    /// The keys of a `lock_all` share the token and one request per node, and are
+    /// released together (`MultiGuard`): the release of any of them undoes a late grant
+    /// of all of them.
+    fn keep_late_grants<T: Grant>(
         &self,
-        key: &Arc<LockKey>,
+        keys: &[Arc<LockKey>],
         stake: Stake,
-        fence: u64,
+        fences: Vec<u64>,
         (deadline, cut): (tokio::time::Instant, CancellationToken),
-        in_flight: InFlight<Attempt>,
+        in_flight: InFlight<T>,
     ) {
         if in_flight.is_empty() {
             return;
         }
         let token = stake.token;
         lock(&self.landing).insert(token, false);
-        let (nodes, key, landing) = (self.nodes.clone(), key.clone(), self.landing.clone());
+        let (nodes, landing) = (self.nodes.clone(), self.landing.clone());
+        let keys = keys.to_vec();
+        let names = keys.iter().map(|k| k.full().to_owned()).collect::<Vec<_>>();
         let mut unanswered = in_flight.len();
         self.settle(
             token,
+            names,
             deadline,
             cut,
             false,
             in_flight,
             move |(i, answer)| {
-                let released = !matches!(answer, Ok(Attempt::Held { .. }))
-                    && lock(&landing).get(&token).copied().unwrap_or(true);
-                let behind = matches!(answer, Ok(Attempt::Acquired { fence: f, .. }) if f < fence);
+                let landed = answer.as_ref().ok().and_then(|a| a.fences().ok());
+                let released =
+                    !refused(&answer) && lock(&landing).get(&token).copied().unwrap_or(true);
                 unanswered -= 1;
                 if unanswered == 0 {
                     lock(&landing).remove(&token);
                 }
-                let (nodes, key) = (nodes.clone(), key.clone());
-                // Its own task: the next answers (and the end of `settle`) do not wait for it.
-                if released {
-                    tokio::spawn(undo(nodes, key, stake, i));
-                } else if behind {
-                    tokio::spawn(async move {
-                        if let Some(node) = nodes.get(i) {
-                            // Compare-token: a no-op if the lock is gone meanwhile.
-                            let _ = raise_fence(node, &key, stake, fence).await;
-                        }
-                    });
+                for (k, (key, &fence)) in keys.iter().zip(&fences).enumerate() {
+                    let behind = landed.and_then(|f| f.get(k)).is_some_and(|&f| f < fence);
+                    let (nodes, key) = (nodes.clone(), key.clone());
+                    // Its own task: the next answers (and the end of `settle`) do not wait for it.
+                    if released {
+                        tokio::spawn(undo(nodes, key, stake, i));
+                    } else if behind {
+                        tokio::spawn(async move {
+                            if let Some(node) = nodes.get(i) {
+                                // Compare-token: a no-op if the lock is gone meanwhile.
+                                let _ = raise_fence(node, &key, stake, fence).await;
+                            }
+                        });
+                    }
                 }
             },
         );
@@ -696,34 +772,45 @@ impl RedlockBackend {
     /// them, when a majority was frozen or slow, would look like a holder of the whole
     /// ttl, and the undo wakes nobody). The undo after the answer still covers a request
     /// written later than that (re-sent after a reconnect, or `EVAL` after `NOSCRIPT`).
-    fn undo_in_background(
+    fn undo_in_background<T: Grant>(
         &self,
-        key: &Arc<LockKey>,
+        keys: &[Arc<LockKey>],
         stake: Stake,
         won: Vec<usize>,
         pending: Vec<usize>,
-        in_flight: InFlight<Attempt>,
+        in_flight: InFlight<T>,
     ) {
         if won.is_empty() && in_flight.is_empty() {
             return;
         }
-        let (nodes, key) = (self.nodes.clone(), key.clone());
-        let ahead = join_all(pending.into_iter().map(|i| {
-            let (nodes, key) = (nodes.clone(), key.clone());
-            async move {
-                if let Some(node) = nodes.get(i) {
-                    release_until_confirmed(node, &key, stake, NO_PUBLISH, &[Duration::ZERO]).await;
-                }
+        let (nodes, keys) = (self.nodes.clone(), keys.to_vec());
+        let every_key = {
+            let (nodes, keys) = (nodes.clone(), keys.clone());
+            move |i: usize| {
+                let nodes = nodes.clone();
+                join_all(
+                    keys.clone()
+                        .into_iter()
+                        .map(move |key| undo(nodes.clone(), key, stake, i)),
+                )
             }
+        };
+        let ahead = join_all(pending.into_iter().flat_map(|i| {
+            let nodes = nodes.clone();
+            keys.clone().into_iter().map(move |key| {
+                let nodes = nodes.clone();
+                async move {
+                    if let Some(node) = nodes.get(i) {
+                        release_until_confirmed(node, &key, stake, NO_PUBLISH, &[Duration::ZERO])
+                            .await;
+                    }
+                }
+            })
         }));
-        let at_once = join_all(
-            won.into_iter()
-                .map(|i| undo(nodes.clone(), key.clone(), stake, i)),
-        );
+        let at_once = join_all(won.into_iter().map(every_key.clone()));
         let at_once = futures_util::future::join(ahead, at_once);
         let stragglers = in_flight.for_each_concurrent(None, move |(i, answer)| {
-            let held = matches!(answer, Ok(Attempt::Held { .. }));
-            let undo = (!held).then(|| undo(nodes.clone(), key.clone(), stake, i));
+            let undo = (!refused(&answer)).then(|| every_key(i));
             async move {
                 if let Some(undo) = undo {
                     undo.await;
@@ -917,6 +1004,108 @@ impl RedlockBackend {
                 "min_replicas is not available with the redlock backend (its quorum of masters replaces it)",
             ));
         }
+        let shared_key = Arc::new(key.clone());
+        let request = |nodes: Arc<[SingleBackend]>, i: usize| {
+            let key = shared_key.clone();
+            async move {
+                match nodes.get(i) {
+                    Some(node) => {
+                        let claim = Claim {
+                            key: &key,
+                            token,
+                            ttl,
+                            replicas: None,
+                            mode,
+                            intent,
+                        };
+                        node.acquire(&claim).await
+                    }
+                    None => Err(LockError::invalid_option("no such redlock node")),
+                }
+            }
+        };
+        let keys = [shared_key.clone()];
+        match self.contend(&keys, stake, ttl, request).await? {
+            Contest::Won(fences) => {
+                if let Some(intent) = intent {
+                    self.withdraw_intent(key, intent.waiter);
+                }
+                // One fence per key: never missing.
+                let fence = fences.first().copied().ok_or_else(|| {
+                    LockError::invalid_option("redlock: a grant without its fencing token")
+                })?;
+                Ok(Attempt::Acquired {
+                    fence,
+                    replicas: None,
+                })
+            }
+            Contest::Lost(retry) => Ok(Attempt::Held {
+                remaining: Some(retry),
+                holder: None,
+            }),
+        }
+    }
+
+    /// Every key of `keys` (distinct, exclusive) with one `token`, by one
+    /// `acquire_all.lua` call per node: all keys or none on each node. Won on a quorum
+    /// as [`contend`](Self::contend) says, with a fencing token per key.
+    async fn acquire_all_quorum(
+        &self,
+        keys: &[&LockKey],
+        token: Token,
+        ttl: Duration,
+    ) -> Result<Together, LockError> {
+        let stake = Stake {
+            token,
+            mode: Mode::Exclusive,
+            keep: Duration::ZERO,
+        };
+        let keys: Vec<Arc<LockKey>> = keys.iter().map(|&k| Arc::new(k.clone())).collect();
+        let shared: Arc<[Arc<LockKey>]> = keys.clone().into();
+        let request = |nodes: Arc<[SingleBackend]>, i: usize| {
+            let keys = shared.clone();
+            async move {
+                let Some(node) = nodes.get(i) else {
+                    return Err(LockError::invalid_option("no such redlock node"));
+                };
+                let refs: Vec<&LockKey> = keys.iter().map(|k| &**k).collect();
+                match node.acquire_together(&refs, token, ttl).await? {
+                    Some(together) => Ok(together),
+                    None => Err(LockError::invalid_option(
+                        "a redlock node cannot take several keys at once",
+                    )),
+                }
+            }
+        };
+        Ok(match self.contend(&keys, stake, ttl, request).await? {
+            Contest::Won(fences) => Together::Acquired(fences),
+            Contest::Lost(retry) => Together::Held(Some(retry)),
+        })
+    }
+
+    /// One acquisition of `keys` (one key, or the keys of a `lock_all`, all with the
+    /// stake's token) on every node, `request(nodes, i)` asking node `i` for all of them
+    /// at once. Won iff a quorum granted within the validity and, for each key, a quorum
+    /// vouches for its fencing token (the highest counter among the deciding grants: see
+    /// "Fencing tokens"); late grants are kept ([`keep_late_grants`](Self::keep_late_grants)).
+    /// Lost: everything the attempt may have taken on any node is undone in the
+    /// background ([`undo_in_background`](Self::undo_in_background)), and the answer is
+    /// when to retry, or `QuorumUnavailable` when fewer than a quorum answered.
+    async fn contend<T, F, Fut>(
+        &self,
+        keys: &[Arc<LockKey>],
+        stake: Stake,
+        ttl: Duration,
+        request: F,
+    ) -> Result<Contest, LockError>
+    where
+        T: Grant,
+        F: Fn(Arc<[SingleBackend]>, usize) -> Fut,
+        Fut: Future<Output = Result<T, LockError>> + Send + 'static,
+    {
+        let first = keys
+            .first()
+            .ok_or_else(|| LockError::invalid_option("an acquisition of no key"))?;
         let started = Instant::now();
         let timeout = self.node_timeout(ttl);
         let deadline = tokio::time::Instant::now() + timeout;
@@ -924,29 +1113,10 @@ impl RedlockBackend {
         // written after a later extend: see `settle`); a lost attempt's stragglers are
         // followed by their undo.
         let cut = CancellationToken::new();
-        let shared_key = Arc::new(key.clone());
         let mut in_flight = self.send_to(
             0..self.nodes.len(),
             Some((&cut, "acquire", timeout)),
-            |nodes, i| {
-                let key = shared_key.clone();
-                async move {
-                    match nodes.get(i) {
-                        Some(node) => {
-                            let claim = Claim {
-                                key: &key,
-                                token,
-                                ttl,
-                                replicas: None,
-                                mode,
-                                intent,
-                            };
-                            node.acquire(&claim).await
-                        }
-                        None => Err(LockError::invalid_option("no such redlock node")),
-                    }
-                }
-            },
+            request,
         );
         let (nodes, quorum) = (self.nodes.len(), self.quorum);
         let mut tally = Tally::default();
@@ -956,22 +1126,26 @@ impl RedlockBackend {
         })
         .await;
         if tally.granted.len() >= quorum {
-            if let Some(fence) = self.settle_fence(key, stake, &tally.granted, timeout).await {
+            // Each key's token vouched for by a quorum, the keys at once.
+            let vouched = join_all(keys.iter().enumerate().map(|(k, key)| {
+                let granted: Vec<(usize, u64)> = tally
+                    .granted
+                    .iter()
+                    .filter_map(|(i, fences)| fences.get(k).map(|&f| (*i, f)))
+                    .collect();
+                async move { self.settle_fence(key, stake, &granted, timeout).await }
+            }))
+            .await;
+            if let Some(fences) = vouched.into_iter().collect::<Option<Vec<u64>>>() {
                 // Measured from before the requests were sent, after the last grant counted.
                 let validity = ttl
                     .saturating_sub(started.elapsed())
                     .saturating_sub(drift(ttl));
                 if !validity.is_zero() {
-                    self.keep_late_grants(&shared_key, stake, fence, (deadline, cut), in_flight);
-                    if let Some(intent) = intent {
-                        self.withdraw_intent(key, intent.waiter);
-                    }
-                    return Ok(Attempt::Acquired {
-                        fence,
-                        replicas: None,
-                    });
+                    self.keep_late_grants(keys, stake, fences.clone(), (deadline, cut), in_flight);
+                    return Ok(Contest::Won(fences));
                 }
-                tracing::debug!(key = key.full(), elapsed = ?started.elapsed(), "redlock: quorum won too late; undoing");
+                tracing::debug!(key = first.full(), elapsed = ?started.elapsed(), "redlock: quorum won too late; undoing");
             }
         }
         // Lost: undo what was won, in the background, and retry (the manager) without
@@ -979,17 +1153,14 @@ impl RedlockBackend {
         // A node whose request failed is undone too (its reply may have been lost after
         // it was applied): the manager leaves a failed attempt to this undo, silent
         // (see `Backend::undoes_failed_attempts`).
-        let undone = tally.granted.iter().map(|&(i, _)| i);
+        let undone = tally.granted.iter().map(|(i, _)| *i);
         let undone = undone.chain(tally.failed.iter().copied()).collect();
         let pending = (0..nodes).filter(|i| !tally.answered_by(*i)).collect();
-        self.undo_in_background(&shared_key, stake, undone, pending, in_flight);
+        self.undo_in_background(keys, stake, undone, pending, in_flight);
         if tally.answered() < quorum {
-            return Err(self.unavailable(key, tally.answered(), tally.last_error.as_ref()));
+            return Err(self.unavailable(first, tally.answered(), tally.last_error.as_ref()));
         }
-        Ok(Attempt::Held {
-            remaining: Some(self.retry_after(&tally.held, ttl)),
-            holder: None,
-        })
+        Ok(Contest::Lost(self.retry_after(&tally.held, ttl)))
     }
 
     /// Releases on every node; true when a quorum deleted our token. Returns once a
@@ -1025,7 +1196,7 @@ impl RedlockBackend {
     /// late grants of its acquisition) before sending: see [`settled`](Self::settled).
     async fn extend_quorum(&self, lease: LeaseRef<'_>, ttl: Duration) -> Result<bool, LockError> {
         let LeaseRef { key, token, mode } = lease;
-        self.settled(token).await;
+        self.settled(token, key).await;
         let shared_key = Arc::new(key.clone());
         self.decide(
             key,
@@ -1160,6 +1331,16 @@ impl Store for RedlockBackend {
             Mode::Permit(n) => self.acquire_place(claim, n).await,
             Mode::Exclusive | Mode::Read => self.acquire_quorum(claim).await,
         }
+    }
+
+    /// One `acquire_all.lua` call per node (see [`acquire_all_quorum`](Self::acquire_all_quorum)).
+    async fn acquire_together(
+        &self,
+        keys: &[&LockKey],
+        token: Token,
+        ttl: Duration,
+    ) -> Result<Option<Together>, LockError> {
+        self.acquire_all_quorum(keys, token, ttl).await.map(Some)
     }
 
     async fn release(&self, lease: LeaseRef<'_>, keep: Duration) -> Result<bool, LockError> {

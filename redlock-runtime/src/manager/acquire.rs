@@ -226,12 +226,21 @@ impl LockManager {
         let refs: Vec<&LockKey> = keys.iter().collect();
         let bound = shared.backend.request_timeout(opts.ttl);
         let attempt = shared.backend.acquire_together(&refs, token, opts.ttl);
-        let outcome = tokio::time::timeout(bound, attempt)
-            .await
-            .unwrap_or_else(|_| Err(LockError::timed_out("acquire", bound)))?;
-        for p in &mut pending {
-            p.armed = false;
-        }
+        // A failed request may have been applied: released in the background, unless
+        // the backend undoes its failed attempts itself (Redlock, silently: a release
+        // from here would do it again, with a wake-up). An attempt cut short by the
+        // bound was undone by nobody: released from here.
+        let outcome = match tokio::time::timeout(bound, attempt).await {
+            Ok(outcome) => {
+                if outcome.is_ok() || shared.backend.undoes_failed_attempts() {
+                    for p in &mut pending {
+                        p.armed = false;
+                    }
+                }
+                outcome?
+            }
+            Err(_) => return Err(LockError::timed_out("acquire", bound)),
+        };
         let fences = match outcome {
             None => return Ok(None),
             Some(Together::Held(_)) if opts.wait.is_zero() => {
