@@ -18,6 +18,8 @@
 //!
 //! See the README for the guarantees each backend gives, and their limits.
 #![warn(missing_docs, unreachable_pub)]
+// docs.rs builds with `--cfg docsrs`: items behind a feature say which one.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub use redlock_runtime::{
     LockError, LockGuard, LockKind, LockManager, LockManagerBuilder, LockOptions, MultiGuard,
@@ -26,12 +28,14 @@ pub use redlock_runtime::{
 };
 
 #[cfg(feature = "macros")]
+#[cfg_attr(docsrs, doc(cfg(feature = "macros")))]
 #[doc = include_str!("distributed_lock.md")]
 pub use redlock_macros::distributed_lock;
 
 // Web integration (feature `tower`): `LockLayer`, key extractors, the HTTP error
 // mapping; inlined so the module's documentation (status codes) shows here.
 #[cfg(feature = "tower")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 #[doc(inline)]
 pub use redlock_runtime::layer as tower;
 

@@ -6,6 +6,8 @@
 //! `#[distributed_lock]` attribute.
 #![warn(missing_docs, unreachable_pub)]
 #![forbid(unsafe_code)]
+// docs.rs builds with `--cfg docsrs`: items behind a feature say which one.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod backend;
 mod error;
@@ -27,6 +29,7 @@ mod watchdog;
 pub mod macro_support;
 
 #[cfg(feature = "tower")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 pub mod layer;
 
 pub use error::LockError;

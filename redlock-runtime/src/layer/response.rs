@@ -108,6 +108,7 @@ fn json_string(out: &mut String, s: &str) {
 }
 
 #[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 impl axum::response::IntoResponse for LockError {
     /// The response of [`error_response`] (feature `axum`).
     ///
