@@ -16,7 +16,8 @@
 //! # Ok(()) }
 //! ```
 //!
-//! See the README for the guarantees each backend gives, and their limits.
+//! The guarantees each backend gives, and their limits: `docs/guarantees.md` in the
+//! repository, summed up in the README.
 #![warn(missing_docs, unreachable_pub)]
 // docs.rs builds with `--cfg docsrs`: items behind a feature say which one.
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -38,6 +39,11 @@ pub use redlock_macros::distributed_lock;
 #[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 #[doc(inline)]
 pub use redlock_runtime::layer as tower;
+
+// The README's code, compiled and run as doctests (`cargo test --doc --all-features`).
+#[cfg(all(doctest, feature = "macros", feature = "axum"))]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
 
 /// What `#[distributed_lock]` expansions use. Not public API.
 #[doc(hidden)]

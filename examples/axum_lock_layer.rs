@@ -14,8 +14,8 @@
 //! Backend: `REDIS_URL` when set, else the in-memory backend. Port: `PORT`, else 3000.
 //!
 //! ```text
-//! cargo run --example axum_shop --features axum
-//! REDIS_URL=redis://127.0.0.1:6379 cargo run --example axum_shop --features axum
+//! cargo run --example axum_lock_layer --features axum
+//! REDIS_URL=redis://127.0.0.1:6379 cargo run --example axum_lock_layer --features axum
 //! ```
 
 use std::collections::HashMap;
