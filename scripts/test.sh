@@ -5,13 +5,29 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v redis-server >/dev/null 2>&1; then
+# The tests need redis-server 7.0 or later (the cluster tests use sharded pub/sub, new in
+# 7.0); Debian 11 and Ubuntu 22.04 and older install 6.x.
+need_redis() {
+  echo "scripts/test.sh: $1" >&2
+  echo "  The tests need redis-server >= 7.0 on PATH (or REDLOCK_REDIS_SERVER naming it)." >&2
+  echo "  Debian 12+/Ubuntu 24.04+: apt-get install redis-server; older releases: the" >&2
+  echo "  packages.redis.io repository; elsewhere: brew install redis, dnf install redis," >&2
+  echo "  or build it from https://redis.io/download." >&2
+  exit 1
+}
+REDIS_SERVER="${REDLOCK_REDIS_SERVER:-redis-server}"
+if ! command -v "$REDIS_SERVER" >/dev/null 2>&1; then
+  [ -z "${REDLOCK_REDIS_SERVER:-}" ] || need_redis "REDLOCK_REDIS_SERVER=$REDIS_SERVER not found"
+  command -v apt-get >/dev/null 2>&1 || need_redis "$REDIS_SERVER not found, and no apt-get to install it"
   echo "== installing redis-server"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq redis-server >/dev/null
 fi
-redis-server --version
+version=$("$REDIS_SERVER" --version | sed -n 's/.* v=\([0-9][0-9]*\)\..*/\1/p')
+[ -n "$version" ] || need_redis "cannot read the version of $REDIS_SERVER: $("$REDIS_SERVER" --version)"
+[ "$version" -ge 7 ] || need_redis "$("$REDIS_SERVER" --version) is too old"
+"$REDIS_SERVER" --version
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
@@ -19,5 +35,7 @@ echo "== clippy"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
 echo "== docs"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --all-features
+echo "== packages (file lists, cargo publish --dry-run)"
+scripts/package-check.sh
 echo "== tests"
 cargo test --workspace --all-features --no-fail-fast

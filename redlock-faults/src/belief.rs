@@ -37,7 +37,7 @@
 //! * a **fencing violation** when a token is 0, when a grant that certainly came later
 //!   (its call started after the other's returned) has a token that is not larger, or when
 //!   two grants of a key share a token — except, with [`Tokens::SharedMayRepeat`]
-//!   (Redlock, see the README's "On Redlock"), two readers or two permits whose calls
+//!   (Redlock, see "On Redlock" in docs/usage.md), two readers or two permits whose calls
 //!   overlapped in time: different majorities granting them at once can report the same
 //!   highest counter. An exclusive grant's token is still unique and above every
 //!   grant's that certainly came before it.

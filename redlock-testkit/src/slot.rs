@@ -22,7 +22,7 @@ pub fn key_slot(key: &[u8]) -> u16 {
 /// under `prefix`: `<prefix>fence:{<tag>}`, one per hash slot, where `<tag>` is the
 /// first string of one to three characters of `0-9a-zA-Z` (shorter first, then in that
 /// order) whose slot is the key's. Computed here independently of the library, from the
-/// README's description.
+/// description in `docs/usage.md` ("LockGuard").
 ///
 /// ```
 /// use redlock_testkit::{fence_key, key_slot};
@@ -103,7 +103,7 @@ mod tests {
 
     #[test]
     fn known_slots() {
-        // Values measured with CLUSTER KEYSLOT on redis 7.0 (see FAULTS.md).
+        // Values measured with CLUSTER KEYSLOT on redis 7.0.
         assert_eq!(key_slot(b"buy_{42}"), 8000);
         assert_eq!(key_slot(b"buy_42"), 13876);
         assert_eq!(key_slot(b"buy_43"), 9749);

@@ -24,7 +24,7 @@
 //! * on the servers: `CLIENT KILL TYPE normal`, `CLIENT KILL ADDR` of a random client
 //!   connection, SIGSTOP/SIGCONT of one redis-server for 100–800 ms (Cluster masters at
 //!   most 400 ms, below the node timeout: a failover would lose locks by design, see the
-//!   README's guarantees table).
+//!   table in docs/guarantees.md).
 //!
 //! Every client samples `is_held()` every 1–5 ms while it holds a lock (also while an
 //! operation is in flight), and right before and after each operation, reading the clock

@@ -100,6 +100,6 @@ async fn s6_cluster_master_failover_under_load() {
     println!(
         "s6 summary: {failovers} failovers, {total_overlaps} overlapping sections, of which \
          {total_violations} not excused by a lost lock + fencing (async replication can lose a \
-         lock in a failover; see the README's Guarantees section)"
+         lock in a failover; see docs/guarantees.md)"
     );
 }

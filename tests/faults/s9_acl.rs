@@ -1,7 +1,7 @@
 //! Scenario 9: least privilege and foreign clients.
 //!
 //! * The library works under an ACL user limited to its key prefix, its channels and the
-//!   commands it sends ([`ACL_COMMANDS`], the line documented in the README's "Least-privilege ACL"): a
+//!   commands it sends ([`ACL_COMMANDS`], the line documented in docs/acl.md): a
 //!   workload that exercises every code path (acquire, notified waiting, watchdog
 //!   renewals, extend, release, `is_locked`, `force_unlock`, `min_replicas`, recovery
 //!   after `SCRIPT FLUSH`) runs without a single `ACL LOG` entry.

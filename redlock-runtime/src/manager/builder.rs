@@ -111,8 +111,8 @@ impl LockManagerBuilder {
     }
 
     /// Redlock over N independent Redis masters (use an odd N, usually 3 or 5): a lock
-    /// is held when a majority granted it in time. See the README's "Redlock mode" for
-    /// what its fencing tokens guarantee, and the delayed-restart rule. Every node must
+    /// is held when a majority granted it in time. See "Redlock mode" in the repository's
+    /// `docs/backends.md` for what its fencing tokens guarantee, and the delayed-restart rule. Every node must
     /// answer at `build`; later, up to N − (N/2+1) nodes may be down.
     pub fn redlock<I, S>(mut self, urls: I) -> Self
     where
