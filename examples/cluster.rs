@@ -36,7 +36,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let options = LockOptions::new().ttl(Duration::from_secs(5));
             let guard = locks.lock_with(&key, options).await?;
             tokio::time::sleep(Duration::from_millis(20)).await; // the critical section
-            println!("worker {worker}: {} token {}", guard.key(), guard.fencing_token());
+            println!(
+                "worker {worker}: {} token {}",
+                guard.key(),
+                guard.fencing_token()
+            );
             guard.release().await
         }));
     }

@@ -7,7 +7,11 @@ async fn main() -> Result<(), LockError> {
     let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
     let locks = LockManager::connect(&url).await?;
     let guard = locks.lock("hello").await?; // waits up to 10 s if someone else holds it
-    println!("holding {} with fencing token {}", guard.key(), guard.fencing_token());
+    println!(
+        "holding {} (fencing token {})",
+        guard.key(),
+        guard.fencing_token()
+    );
     guard.release().await?; // or just drop it: released in the background
     Ok(())
 }
