@@ -185,24 +185,10 @@ impl ClusterNodes {
                 let mut config = ClusterConfig::new()
                     .set_connection_timeout(timeouts.connect)
                     .set_response_timeout(response);
-                let subscriber = pushes.is_some();
                 if let Some(tx) = pushes {
                     config = config.set_push_sender(tx);
                 }
-                let mut con = client.get_async_connection_with_config(config).await?;
-                if subscriber {
-                    // Refused locally (no request) unless the client speaks RESP3;
-                    // harmless otherwise (a pattern never subscribed).
-                    con.punsubscribe(RESP3_PROBE).await.map_err(|e| {
-                        redis::RedisError::from((
-                            redis::ErrorKind::InvalidClientConfig,
-                            "cluster_client: wake-ups need sharded pub/sub, so the client \
-                             must speak RESP3 (ClusterClientBuilder::use_protocol(RESP3))",
-                            e.to_string(),
-                        ))
-                    })?;
-                }
-                Ok(con)
+                client.get_async_connection_with_config(config).await
             }
         }
     }
@@ -259,7 +245,17 @@ impl ClusterBackend {
             Ok::<_, redis::RedisError>((con, sub_con))
         };
         // redis-rs #1953: the cluster connect can hang; the timeout bounds it.
-        let (con, sub_con) = timeouts.connecting(connect).await?;
+        let (con, mut sub_con) = timeouts.connecting(connect).await?;
+        if let ClusterNodes::Client(_) = nodes {
+            // Refused locally (no request) unless the client speaks RESP3; harmless
+            // otherwise (a pattern never subscribed).
+            sub_con.punsubscribe(RESP3_PROBE).await.map_err(|e| {
+                LockError::invalid_option(format!(
+                    "cluster_client: wake-ups need sharded pub/sub, so the client must \
+                     speak RESP3 (ClusterClientBuilder::use_protocol(ProtocolVersion::RESP3)): {e}"
+                ))
+            })?;
+        }
         Ok(Self {
             nodes,
             con,
