@@ -288,6 +288,11 @@ impl LockManagerBuilder {
     /// [`LockError::Backend`] when a node cannot be reached within the connect timeout
     /// (or, under `require_noeviction(true)`, its policy cannot be read).
     pub async fn build(self) -> Result<LockManager, LockError> {
+        let runtime = tokio::runtime::Handle::try_current()
+            .map_err(|_| LockError::WrongRuntime {
+                place: "outside any runtime",
+            })?
+            .id();
         check_ttl(self.default_ttl)?;
         check_prefix(&self.prefix)?;
         if Instant::now().checked_add(self.default_wait).is_none() {
@@ -358,6 +363,7 @@ impl LockManagerBuilder {
         let shared = Arc::new(Shared::new(backend, waiters, self.default_ttl));
         tokio::spawn(watchdog::run(shared.clone(), rx));
         Ok(LockManager(Arc::new(Inner {
+            runtime,
             shared,
             jobs,
             prefix: self.prefix,
