@@ -13,7 +13,15 @@ const PASSWORD: &str = "from-the-vault";
 /// A server where `alice` (password [`PASSWORD`]) may do everything.
 fn server_with_acl_user() -> RedisServer {
     RedisServer::builder()
-        .args(["--user", "alice", "on", &format!(">{PASSWORD}"), "~*", "&*", "+@all"])
+        .args([
+            "--user",
+            "alice",
+            "on",
+            &format!(">{PASSWORD}"),
+            "~*",
+            "&*",
+            "+@all",
+        ])
         .start()
 }
 
@@ -103,8 +111,21 @@ async fn a_unix_socket_url_connects() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("redis.sock");
     let server = RedisServer::builder()
-        .args(["--unixsocket", socket.to_str().unwrap(), "--unixsocketperm", "700"])
-        .args(["--user", "alice", "on", &format!(">{PASSWORD}"), "~*", "&*", "+@all"])
+        .args([
+            "--unixsocket",
+            socket.to_str().unwrap(),
+            "--unixsocketperm",
+            "700",
+        ])
+        .args([
+            "--user",
+            "alice",
+            "on",
+            &format!(">{PASSWORD}"),
+            "~*",
+            "&*",
+            "+@all",
+        ])
         .start();
     let url = format!(
         "redis+unix://{}?user=alice&pass={PASSWORD}",
@@ -116,7 +137,9 @@ async fn a_unix_socket_url_connects() {
 
 #[tokio::test]
 async fn redlock_takes_strings_and_connection_infos() {
-    let set = tokio::task::spawn_blocking(|| RedisSet::start(3)).await.unwrap();
+    let set = tokio::task::spawn_blocking(|| RedisSet::start(3))
+        .await
+        .unwrap();
     let urls: Vec<String> = set.urls();
     let infos: Vec<redis::ConnectionInfo> = urls.iter().map(|u| u.parse().unwrap()).collect();
     let by_ref = LockManager::builder().redlock(&urls).build().await.unwrap();
@@ -164,7 +187,11 @@ async fn cluster_client_is_used_and_must_speak_resp3() {
     held.release().await.unwrap();
     let next = waiter.await.unwrap().unwrap();
     // Woken by the release's notification, well before the 30 s ttl fallback.
-    assert!(released.elapsed() < Duration::from_secs(10), "{:?}", released.elapsed());
+    assert!(
+        released.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        released.elapsed()
+    );
     next.release().await.unwrap();
 
     let err = LockManager::builder()

@@ -40,7 +40,10 @@ fn bad_forms() -> Vec<String> {
 }
 
 fn assert_clean(what: &str, shown: &str) {
-    assert!(!shown.contains(SECRET), "{what} shows the password: {shown}");
+    assert!(
+        !shown.contains(SECRET),
+        "{what} shows the password: {shown}"
+    );
 }
 
 #[test]
@@ -51,9 +54,15 @@ fn builder_debug_redacts_the_password_of_every_url_form() {
         assert!(shown.contains("<redacted>"), "{url}: {shown}");
         // &String, String, and lists for a cluster and Redlock.
         assert_clean(&url, &format!("{:?}", LockManager::builder().single(&url)));
-        assert_clean(&url, &format!("{:#?}", LockManager::builder().single(url.clone())));
+        assert_clean(
+            &url,
+            &format!("{:#?}", LockManager::builder().single(url.clone())),
+        );
         let list = [url.clone(), url.clone(), url.clone()];
-        assert_clean(&url, &format!("{:?}", LockManager::builder().cluster(&list)));
+        assert_clean(
+            &url,
+            &format!("{:?}", LockManager::builder().cluster(&list)),
+        );
         assert_clean(&url, &format!("{:?}", LockManager::builder().redlock(list)));
     }
     // The whole list together, as a Redlock deployment would mix them.
@@ -75,7 +84,10 @@ fn builder_debug_redacts_configured_clients_and_connection_infos() {
     assert!(shown.contains("alice:<redacted>@127.0.0.1:6379"), "{shown}");
     assert_clean(
         "&ConnectionInfo list",
-        &format!("{:?}", LockManager::builder().redlock([&info, &info, &info])),
+        &format!(
+            "{:?}",
+            LockManager::builder().redlock([&info, &info, &info])
+        ),
     );
 
     let url = format!("redis://alice:{SECRET}@127.0.0.1:6379");
@@ -85,7 +97,7 @@ fn builder_debug_redacts_configured_clients_and_connection_infos() {
         &format!("{:?}", LockManager::builder().single_client(client)),
     );
     let cluster = redis::cluster::ClusterClientBuilder::new([url.as_str()])
-        .password(SECRET.to_owned())
+        .password(SECRET)
         .build()
         .unwrap();
     assert_clean(
@@ -107,10 +119,18 @@ async fn invalid_urls_are_errors_that_do_not_echo_them() {
         assert_clean(&url, &format!("{err} / {err:?}"));
         // In a list, the error names the node by its place.
         let list = ["redis://127.0.0.1:1".to_owned(), url.clone()];
-        let err = LockManager::builder().redlock(&list).build().await.unwrap_err();
+        let err = LockManager::builder()
+            .redlock(&list)
+            .build()
+            .await
+            .unwrap_err();
         assert_clean(&url, &format!("{err} / {err:?}"));
         assert!(err.to_string().contains("#2"), "{err}");
-        let err = LockManager::builder().cluster(&list).build().await.unwrap_err();
+        let err = LockManager::builder()
+            .cluster(&list)
+            .build()
+            .await
+            .unwrap_err();
         assert_clean(&url, &format!("{err} / {err:?}"));
     }
 }
@@ -120,7 +140,15 @@ async fn invalid_urls_are_errors_that_do_not_echo_them() {
 #[tokio::test]
 async fn managers_guards_and_errors_show_no_password_and_no_token() {
     let server = RedisServer::builder()
-        .args(["--user", "alice", "on", &format!(">{SECRET}"), "~*", "&*", "+@all"])
+        .args([
+            "--user",
+            "alice",
+            "on",
+            &format!(">{SECRET}"),
+            "~*",
+            "&*",
+            "+@all",
+        ])
         .start();
     let url = format!("redis://alice:{SECRET}@127.0.0.1:{}", server.port());
     let locks = LockManager::connect(&url).await.expect("ACL user connects");

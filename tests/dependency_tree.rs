@@ -9,7 +9,13 @@ fn tree(args: &[&str]) -> String {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
     let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml");
     let out = Command::new(cargo)
-        .args(["tree", "--offline", "--manifest-path", manifest, "--all-features"])
+        .args([
+            "tree",
+            "--offline",
+            "--manifest-path",
+            manifest,
+            "--all-features",
+        ])
         .args(["--prefix", "none"])
         .args(args)
         .output()

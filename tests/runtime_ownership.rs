@@ -79,10 +79,15 @@ fn a_guard_extended_from_another_runtime_fails_clearly() {
         .enable_all()
         .build()
         .unwrap();
-    let locks = home.block_on(LockManager::builder().in_memory().build()).unwrap();
+    let locks = home
+        .block_on(LockManager::builder().in_memory().build())
+        .unwrap();
     let guard = home.block_on(locks.lock("rt_{guard}")).unwrap();
     runtime().block_on(async {
-        assert_wrong_runtime(guard.extend(Duration::from_secs(5)).await, "from another runtime");
+        assert_wrong_runtime(
+            guard.extend(Duration::from_secs(5)).await,
+            "from another runtime",
+        );
     });
     let handle = home.handle().clone();
     home.block_on(async {

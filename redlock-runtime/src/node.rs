@@ -94,7 +94,10 @@ pub(crate) struct Redacted<'a>(pub(crate) &'a ConnectionInfo);
 impl fmt::Debug for Redacted<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let settings = self.0.redis_settings();
-        let (user, password) = (settings.username(), settings.password().map(|_| "<redacted>"));
+        let (user, password) = (
+            settings.username(),
+            settings.password().map(|_| "<redacted>"),
+        );
         let (scheme, host) = match self.0.addr() {
             ConnectionAddr::Tcp(..) => ("redis", true),
             ConnectionAddr::TcpTls { .. } => ("rediss", true),

@@ -158,7 +158,7 @@ fn slot_renew_call(batch: &[Renewal<'_>], indices: &[usize]) -> ScriptCall {
 #[derive(Clone)]
 pub(crate) enum ClusterNodes {
     Infos(Vec<ConnectionInfo>),
-    Client(ClusterClient),
+    Client(Box<ClusterClient>),
 }
 
 impl ClusterNodes {
@@ -198,7 +198,11 @@ impl ClusterNodes {
 impl ClusterNodes {
     fn urls(urls: &[String]) -> Self {
         use redis::IntoConnectionInfo;
-        Self::Infos(urls.iter().map(|u| u.as_str().into_connection_info().unwrap()).collect())
+        Self::Infos(
+            urls.iter()
+                .map(|u| u.as_str().into_connection_info().unwrap())
+                .collect(),
+        )
     }
 }
 
@@ -1023,9 +1027,13 @@ mod tests {
             connect: Duration::from_secs(3),
             response: Duration::from_secs(1),
         };
-        let backend = ClusterBackend::connect(ClusterNodes::urls(&cluster.urls()), timeouts, Wake::new(&waiters))
-            .await
-            .unwrap();
+        let backend = ClusterBackend::connect(
+            ClusterNodes::urls(&cluster.urls()),
+            timeouts,
+            Wake::new(&waiters),
+        )
+        .await
+        .unwrap();
         let sub = backend.subscriber();
         let key = "lock:cut_while_waiting_{1}";
 
@@ -1077,9 +1085,13 @@ mod tests {
             connect: Duration::from_secs(3),
             response: Duration::from_secs(1),
         };
-        let backend = ClusterBackend::connect(ClusterNodes::urls(&cluster.urls()), timeouts, Wake::new(&waiters))
-            .await
-            .unwrap();
+        let backend = ClusterBackend::connect(
+            ClusterNodes::urls(&cluster.urls()),
+            timeouts,
+            Wake::new(&waiters),
+        )
+        .await
+        .unwrap();
         let sub = backend.subscriber();
         let keys: Vec<String> = (0..150).map(|i| format!("lock:lost_{{{i}}}")).collect();
         for r in join_all(keys.iter().map(|k| sub.subscribe(k, true))).await {

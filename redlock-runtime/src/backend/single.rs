@@ -372,9 +372,13 @@ mod tests {
             connect: Duration::from_secs(3),
             response: Duration::from_secs(1),
         };
-        let backend = SingleBackend::connect(server.client().get_connection_info().clone(), timeouts, Wake::default())
-            .await
-            .unwrap();
+        let backend = SingleBackend::connect(
+            server.client().get_connection_info().clone(),
+            timeouts,
+            Wake::default(),
+        )
+        .await
+        .unwrap();
         let held_up = Client::open(proxy.url())
             .unwrap()
             .get_multiplexed_async_connection()

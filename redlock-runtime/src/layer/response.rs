@@ -35,9 +35,7 @@ impl LockError {
             Self::NotHeld { .. }
             | Self::NoManager
             | Self::InvalidOption { .. }
-            | Self::WrongRuntime { .. } => {
-                StatusCode::INTERNAL_SERVER_ERROR
-            }
+            | Self::WrongRuntime { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 }

@@ -14,11 +14,11 @@ use redis::cluster::ClusterClient;
 use redis::ConnectionInfo;
 
 use crate::backend::{
-    Backend, ClusterBackend, ClusterNodes, MemoryBackend, RedlockBackend, SingleBackend,
-    Timeouts, Wake, DEFAULT_NODE_TIMEOUT,
+    Backend, ClusterBackend, ClusterNodes, MemoryBackend, RedlockBackend, SingleBackend, Timeouts,
+    Wake, DEFAULT_NODE_TIMEOUT,
 };
-use crate::node::{is_tls, IntoNode, Redacted};
 use crate::key::check_prefix;
+use crate::node::{is_tls, IntoNode, Redacted};
 use crate::options::check_ttl;
 use crate::waiters::Waiters;
 use crate::watchdog::{self, Job};
@@ -29,18 +29,16 @@ use crate::LockError;
 #[derive(Clone)]
 enum Target {
     Memory,
-    Single(Result<ConnectionInfo, String>),
+    Single(Result<Box<ConnectionInfo>, String>),
     Cluster(Result<Vec<ConnectionInfo>, String>),
-    ClusterClient(ClusterClient),
+    ClusterClient(Box<ClusterClient>),
     Redlock(Result<Vec<ConnectionInfo>, String>),
 }
 
 impl fmt::Debug for Target {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fn nodes(f: &mut fmt::Formatter<'_>, name: &str, nodes: &[ConnectionInfo]) -> fmt::Result {
-            f.debug_tuple(name)
-                .field(&DebugList(nodes))
-                .finish()
+            f.debug_tuple(name).field(&DebugList(nodes)).finish()
         }
         struct DebugList<'a>(&'a [ConnectionInfo]);
         impl fmt::Debug for DebugList<'_> {
@@ -84,7 +82,7 @@ impl Target {
     fn checked(&self) -> Result<&[ConnectionInfo], LockError> {
         match self {
             Self::Memory | Self::ClusterClient(_) => Ok(&[][..]),
-            Self::Single(node) => node.as_ref().map(std::slice::from_ref),
+            Self::Single(node) => node.as_deref().map(std::slice::from_ref),
             Self::Cluster(nodes) | Self::Redlock(nodes) => nodes.as_deref(),
         }
         .map_err(LockError::invalid_option)
@@ -140,9 +138,11 @@ impl LockManagerBuilder {
     /// [`redis::ConnectionInfo`]; see [`IntoNode`]. A URL that does not parse is
     /// reported by [`build`](Self::build).
     pub fn single(mut self, node: impl IntoNode) -> Self {
-        self.target = Some(Target::Single(node.into_node().map_err(|e| {
-            format!("invalid Redis node: {e}")
-        })));
+        self.target = Some(Target::Single(
+            node.into_node()
+                .map(Box::new)
+                .map_err(|e| format!("invalid Redis node: {e}")),
+        ));
         self
     }
 
@@ -159,7 +159,9 @@ impl LockManagerBuilder {
     /// # Ok::<(), redis::RedisError>(())
     /// ```
     pub fn single_client(mut self, client: redis::Client) -> Self {
-        self.target = Some(Target::Single(Ok(client.get_connection_info().clone())));
+        self.target = Some(Target::Single(Ok(Box::new(
+            client.get_connection_info().clone(),
+        ))));
         self
     }
 
@@ -195,7 +197,7 @@ impl LockManagerBuilder {
     /// # Ok::<(), redis::RedisError>(())
     /// ```
     pub fn cluster_client(mut self, client: ClusterClient) -> Self {
-        self.target = Some(Target::ClusterClient(client));
+        self.target = Some(Target::ClusterClient(Box::new(client)));
         self
     }
 
@@ -352,7 +354,7 @@ impl LockManagerBuilder {
             ),
             Target::Single(node) => Backend::Single(
                 SingleBackend::connect(
-                    node.map_err(LockError::invalid_option)?,
+                    *node.map_err(LockError::invalid_option)?,
                     self.timeouts,
                     Wake::new(&waiters),
                 )
