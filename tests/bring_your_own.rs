@@ -57,7 +57,7 @@ async fn a_connection_info_with_credentials_from_a_secret_store_connects() {
     // The credentials are really sent: a wrong password fails, as a Backend error whose
     // source is a type the application names through `redlock::redis`.
     let err = LockManager::builder()
-        .single(&info_with(&server, "wrong"))
+        .single(info_with(&server, "wrong"))
         .build()
         .await
         .unwrap_err();
