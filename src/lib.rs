@@ -23,10 +23,19 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub use redlock_runtime::{
-    LockError, LockGuard, LockKind, LockManager, LockManagerBuilder, LockOptions, MultiGuard,
-    DEFAULT_MAX_WAITERS_PER_KEY, DEFAULT_PREFIX, DEFAULT_TTL, DEFAULT_WAIT, MAX_KEY_LEN, MAX_TTL,
-    MIN_TTL,
+    IntoNode, LockError, LockGuard, LockKind, LockManager, LockManagerBuilder, LockOptions,
+    MultiGuard, DEFAULT_MAX_WAITERS_PER_KEY, DEFAULT_PREFIX, DEFAULT_TTL, DEFAULT_WAIT,
+    MAX_KEY_LEN, MAX_TTL, MIN_TTL,
 };
+
+/// The redis-rs crate redlock is built on, re-exported so an application names the same
+/// version: [`redis::Client`] for
+/// [`single_client`](LockManagerBuilder::single_client),
+/// [`redis::cluster::ClusterClient`] for
+/// [`cluster_client`](LockManagerBuilder::cluster_client), [`redis::ConnectionInfo`] (see
+/// [`IntoNode`]), and the [`redis::RedisError`] inside [`LockError::Backend`].
+#[doc(no_inline)]
+pub use redlock_runtime::redis;
 
 #[cfg(feature = "macros")]
 #[cfg_attr(docsrs, doc(cfg(feature = "macros")))]

@@ -309,12 +309,12 @@ async fn single_burst_of_waiters_on_distinct_keys_is_woken_within_a_few_round_tr
     let server = redlock_testkit::RedisServer::start();
     let proxy = ChaosProxy::start(server.addr()).await.unwrap();
     let holder = LockManager::builder()
-        .single(&server.url())
+        .single(server.url())
         .build()
         .await
         .unwrap();
     let waiters = LockManager::builder()
-        .single(&proxy.url())
+        .single(proxy.url())
         .build()
         .await
         .unwrap();

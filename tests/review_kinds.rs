@@ -17,13 +17,13 @@ async fn failed_hold_at_least_release_is_retried_with_its_keep() {
     let server = RedisServer::start();
     let proxy = ChaosProxy::start(server.addr()).await.unwrap();
     let locks = LockManager::builder()
-        .single(&proxy.url())
+        .single(proxy.url())
         .response_timeout(Duration::from_millis(300))
         .build()
         .await
         .unwrap();
     let other = LockManager::builder()
-        .single(&server.url())
+        .single(server.url())
         .build()
         .await
         .unwrap();
@@ -63,12 +63,12 @@ async fn cancelled_read_applied_late_is_given_back() {
     let server = RedisServer::start();
     let proxy = ChaosProxy::start(server.addr()).await.unwrap();
     let locks = LockManager::builder()
-        .single(&proxy.url())
+        .single(proxy.url())
         .build()
         .await
         .unwrap();
     let other = LockManager::builder()
-        .single(&server.url())
+        .single(server.url())
         .build()
         .await
         .unwrap();
@@ -175,12 +175,12 @@ async fn cancelled_lock_all_applied_late_is_given_back() {
     let server = RedisServer::start();
     let proxy = ChaosProxy::start(server.addr()).await.unwrap();
     let locks = LockManager::builder()
-        .single(&proxy.url())
+        .single(proxy.url())
         .build()
         .await
         .unwrap();
     let other = LockManager::builder()
-        .single(&server.url())
+        .single(server.url())
         .build()
         .await
         .unwrap();

@@ -19,7 +19,7 @@ use redlock_testkit::{ChaosProxy, Direction, Fault, ProxiedSet, RedisServer, Red
 /// in any running system: a first `EVALSHA` answered `NOSCRIPT` would add a round trip).
 async fn through(proxy: &ChaosProxy) -> LockManager {
     let locks = LockManager::builder()
-        .single(&proxy.url())
+        .single(proxy.url())
         .build()
         .await
         .unwrap();
@@ -494,7 +494,7 @@ async fn retried_permit_after_a_lost_reply_gets_a_token_of_its_own() {
     let proxy = ChaosProxy::start(server.addr()).await.unwrap();
     let cut_off = through(&proxy).await;
     let direct = LockManager::builder()
-        .single(&server.url())
+        .single(server.url())
         .build()
         .await
         .unwrap();

@@ -71,7 +71,7 @@ async fn connect_errors_are_immediate_and_clear() {
     let port = redlock_testkit::free_port();
     let start = Instant::now();
     let err = LockManager::builder()
-        .single(&format!("redis://127.0.0.1:{port}"))
+        .single(format!("redis://127.0.0.1:{port}"))
         .connect_timeout(Duration::from_millis(500))
         .build()
         .await
@@ -416,7 +416,7 @@ async fn require_noeviction_refuses_a_server_that_may_evict_locks() {
         .args(["--maxmemory-policy", "allkeys-lru"])
         .start();
     let err = LockManager::builder()
-        .single(&evicting.url())
+        .single(evicting.url())
         .require_noeviction(true)
         .build()
         .await
@@ -424,7 +424,7 @@ async fn require_noeviction_refuses_a_server_that_may_evict_locks() {
     assert!(matches!(err, LockError::InvalidOption { .. }), "{err}");
     assert!(err.to_string().contains("allkeys-lru"), "{err}");
     let locks = LockManager::builder()
-        .single(&evicting.url())
+        .single(evicting.url())
         .build()
         .await
         .expect("only a warning by default");

@@ -120,6 +120,8 @@ async fn rediss_urls_lock_over_tls_and_check_the_certificate() {
         ])
         .start();
     let url = format!("rediss://127.0.0.1:{tls_port}");
+    // The application's provider (redlock installs none): see tests/tls_provider.rs.
+    let _ = rustls::crypto::ring::default_provider().install_default();
 
     // Trusting only another CA, the server's certificate is refused.
     std::env::set_var("SSL_CERT_FILE", path("other.crt"));
@@ -133,6 +135,25 @@ async fn rediss_urls_lock_over_tls_and_check_the_certificate() {
     assert_eq!(guard.fencing_token(), 1);
     let exists = server.cmd_sync(&["EXISTS", "lock:tls_{1}"]).unwrap();
     assert_eq!(exists, redis::Value::Int(1));
+    guard.release().await.unwrap();
+
+    // A configured client with the CA given in code (no SSL_CERT_FILE): custom roots.
+    std::env::set_var("SSL_CERT_FILE", path("other.crt"));
+    let ca = std::fs::read(certs.path().join("ca.crt")).unwrap();
+    let client = redis::Client::build_with_tls(
+        url.as_str(),
+        redis::TlsCertificates {
+            client_tls: None,
+            root_cert: Some(ca),
+        },
+    )
+    .unwrap();
+    let locks = LockManager::builder()
+        .single_client(client)
+        .build()
+        .await
+        .expect("TLS with the client's own CA");
+    let guard = locks.lock("tls_{2}").await.unwrap();
     guard.release().await.unwrap();
     drop(server);
 }

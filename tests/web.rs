@@ -51,7 +51,7 @@ async fn locks(backend: Backend, test: &str, max_waiters: usize) -> Locks {
             let server = tokio::task::spawn_blocking(RedisServer::start)
                 .await
                 .expect("redis-server starts");
-            (builder.single(&server.url()), Some(server))
+            (builder.single(server.url()), Some(server))
         }
     };
     let manager = builder.build().await.expect("manager builds");

@@ -478,7 +478,8 @@ enum DurationKind {
     HoldAtLeast,
 }
 
-/// Parses a duration literal (`"250ms"`, `"10s"`, `"1m"`), reporting errors at the literal.
+/// Parses a duration literal (`"250ms"`, `"10s"`, `"1m"`, `"2h"`, `"30d"`), reporting
+/// errors at the literal.
 fn parse_duration(cx: &Ctxt, lit: LitStr, kind: DurationKind) -> Option<DurationLit> {
     let text = lit.value();
     let millis = match duration_millis(&text) {
@@ -488,7 +489,7 @@ fn parse_duration(cx: &Ctxt, lit: LitStr, kind: DurationKind) -> Option<Duration
                 &lit,
                 format_args!(
                     "invalid duration \"{text}\": {reason}; expected a whole number followed by \
-                     `ms`, `s` or `m`, e.g. \"500ms\", \"10s\" or \"1m\""
+                     `ms`, `s`, `m`, `h` or `d`, e.g. \"500ms\", \"10s\", \"1m\", \"2h\" or \"30d\""
                 ),
             );
             return None;
@@ -506,7 +507,7 @@ fn parse_duration(cx: &Ctxt, lit: LitStr, kind: DurationKind) -> Option<Duration
     if millis > MAX_TTL_MILLIS {
         cx.error_spanned_by(
             &lit,
-            format_args!("`{name}` must be at most 30 days (\"43200m\"), got \"{text}\""),
+            format_args!("`{name}` must be at most 30 days (\"30d\"), got \"{text}\""),
         );
         return None;
     }
@@ -527,6 +528,8 @@ fn duration_millis(text: &str) -> Result<u64, &'static str> {
         "ms" => 1,
         "s" => 1_000,
         "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
         "" => return Err("the unit is missing"),
         _ => return Err("unknown unit"),
     };
@@ -549,7 +552,13 @@ mod tests {
         assert_eq!(duration_millis("0s"), Ok(0));
         assert!(duration_millis("10").is_err());
         assert!(duration_millis("s").is_err());
-        assert!(duration_millis("1h").is_err());
+        // Regression (issue 14, item 8): 30 days had to be written "43200m".
+        assert_eq!(duration_millis("2h"), Ok(7_200_000));
+        assert_eq!(duration_millis("30d"), Ok(30 * 86_400_000));
+        assert_eq!(duration_millis("30d"), duration_millis("43200m"));
+        assert!(duration_millis("1w").is_err());
+        assert!(duration_millis("1H").is_err());
+        assert!(duration_millis("999999999999999d").is_err());
         assert!(duration_millis("1.5s").is_err());
         assert!(duration_millis("-1s").is_err());
         assert!(duration_millis(" 1s").is_err());

@@ -157,8 +157,8 @@ mod valid;
 ///
 /// ## `ttl = "30s"`, `wait = "2s"`
 ///
-/// Durations are a whole number followed by `ms`, `s` or `m` (`"250ms"`,
-/// `"10s"`, `"1m"`), checked at compile time. `ttl` is how long the lock lives
+/// Durations are a whole number followed by `ms`, `s`, `m`, `h` or `d` (`"250ms"`,
+/// `"10s"`, `"1m"`, `"2h"`, `"30d"`), checked at compile time. `ttl` is how long the lock lives
 /// without renewal (between 1 ms and 30 days); `wait` is how long to wait for a
 /// held lock before returning `LockError::Timeout`, and `wait = "0s"` makes one
 /// attempt. Unset, both come from the manager.

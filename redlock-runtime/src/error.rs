@@ -62,6 +62,17 @@ pub enum LockError {
         /// What is wrong with it.
         reason: String,
     },
+    /// The manager was used from another tokio runtime than the one that built it (or
+    /// outside any): its background task and connections live on that runtime, so a
+    /// manager belongs to it. Build one manager per runtime.
+    #[error(
+        "this LockManager belongs to the tokio runtime that built it and was used {place}: \
+         build one manager per runtime"
+    )]
+    WrongRuntime {
+        /// Where it was used: `"from another runtime"` or `"outside any runtime"`.
+        place: &'static str,
+    },
     /// An option or URL is out of range or malformed.
     #[error("invalid option: {reason}")]
     InvalidOption {
@@ -106,6 +117,7 @@ impl LockError {
             Self::NoManager => "no_manager",
             Self::InvalidKey { .. } => "invalid_key",
             Self::InvalidOption { .. } => "invalid_option",
+            Self::WrongRuntime { .. } => "wrong_runtime",
             Self::Backend { .. } => "backend",
         }
     }

@@ -16,6 +16,7 @@ mod kind;
 mod lease;
 mod manager;
 mod multi_guard;
+mod node;
 mod notify;
 mod options;
 mod scripts;
@@ -34,6 +35,11 @@ pub mod layer;
 
 pub use error::LockError;
 
+/// The redis-rs crate this library is built on, so applications name the same version
+/// (`redis::Client`, `redis::ConnectionInfo`, the source of [`LockError::Backend`]).
+#[doc(no_inline)]
+pub use redis;
+
 pub use key::MAX_KEY_LEN;
 pub use kind::LockKind;
 pub use manager::{
@@ -41,4 +47,5 @@ pub use manager::{
     DEFAULT_TTL, DEFAULT_WAIT,
 };
 pub use multi_guard::MultiGuard;
+pub use node::IntoNode;
 pub use options::{LockOptions, MAX_TTL, MIN_TTL};

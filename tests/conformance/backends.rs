@@ -32,7 +32,7 @@ impl Single {
 
 impl Harness for Single {
     fn builder(&self) -> LockManagerBuilder {
-        LockManager::builder().single(&self.server.url())
+        LockManager::builder().single(self.server.url())
     }
 
     async fn delete(&self, full_key: &str) {

@@ -44,13 +44,13 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 use futures_util::stream::{self, StreamExt};
-use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::cluster::{ClusterClient, ClusterClientBuilder, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{
     MultipleNodeRoutingInfo, ResponsePolicy, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
 };
 use redis::io::tcp::TcpSettings;
-use redis::{FromRedisValue, IntoConnectionInfo, ProtocolVersion, PushInfo, PushKind, Value};
+use redis::{ConnectionInfo, FromRedisValue, ProtocolVersion, PushInfo, PushKind, Value};
 use tokio::sync::mpsc;
 
 use super::server::{
@@ -153,9 +153,65 @@ fn slot_renew_call(batch: &[Renewal<'_>], indices: &[usize]) -> ScriptCall {
     renew_call(&renewals)
 }
 
+/// Where a cluster backend's connections come from: seed nodes, with the library's
+/// client settings, or a client the application configured.
+#[derive(Clone)]
+pub(crate) enum ClusterNodes {
+    Infos(Vec<ConnectionInfo>),
+    Client(Box<ClusterClient>),
+}
+
+impl ClusterNodes {
+    /// A connection whose requests are bounded by `response` (the library's client
+    /// settings, or the application's client with the library's timeouts), delivering
+    /// pushes to `pushes` when given (RESP3).
+    async fn connection(
+        &self,
+        timeouts: Timeouts,
+        response: Duration,
+        pushes: Option<mpsc::UnboundedSender<PushInfo>>,
+    ) -> Result<ClusterConnection, redis::RedisError> {
+        match self {
+            Self::Infos(infos) => {
+                let mut builder = builder(infos, timeouts)
+                    .response_timeout(response)
+                    .overall_response_timeout(Some(response * 2));
+                if let Some(tx) = pushes {
+                    builder = builder.use_protocol(ProtocolVersion::RESP3).push_sender(tx);
+                }
+                builder.build()?.get_async_connection().await
+            }
+            Self::Client(client) => {
+                let mut config = ClusterConfig::new()
+                    .set_connection_timeout(timeouts.connect)
+                    .set_response_timeout(response);
+                if let Some(tx) = pushes {
+                    config = config.set_push_sender(tx);
+                }
+                client.get_async_connection_with_config(config).await
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+impl ClusterNodes {
+    fn urls(urls: &[String]) -> Self {
+        use redis::IntoConnectionInfo;
+        Self::Infos(
+            urls.iter()
+                .map(|u| u.as_str().into_connection_info().unwrap())
+                .collect(),
+        )
+    }
+}
+
+/// The pattern `cluster_client`'s RESP3 check unsubscribes from.
+const RESP3_PROBE: &str = "redlock:resp3-probe";
+
 /// A Redis Cluster.
 pub(crate) struct ClusterBackend {
-    urls: Vec<String>,
+    nodes: ClusterNodes,
     con: ClusterConnection,
     subscriber: ShardSubscriber,
     wait_pool: WaitPool<ClusterConnection>,
@@ -167,27 +223,21 @@ impl ClusterBackend {
     /// Opens the command and subscriber connections (each sees the whole cluster) and
     /// PINGs every node, within the connect timeout.
     pub(crate) async fn connect(
-        urls: &[String],
+        nodes: ClusterNodes,
         timeouts: Timeouts,
         wake: Wake,
     ) -> Result<Self, LockError> {
-        if urls.is_empty() {
+        if matches!(&nodes, ClusterNodes::Infos(infos) if infos.is_empty()) {
             return Err(LockError::invalid_option(
                 "cluster() needs at least one node URL",
             ));
         }
-        let client = builder(urls, timeouts)?
-            .build()
-            .map_err(|e| LockError::invalid_option(format!("invalid cluster URL: {e}")))?;
         let (tx, rx) = mpsc::unbounded_channel();
-        let sub_client = builder(urls, timeouts)?
-            .use_protocol(ProtocolVersion::RESP3)
-            .push_sender(tx)
-            .build()
-            .map_err(|e| LockError::invalid_option(format!("invalid cluster URL: {e}")))?;
         let connect = async {
-            let mut con = client.get_async_connection().await?;
-            let sub_con = sub_client.get_async_connection().await?;
+            let mut con = nodes.connection(timeouts, timeouts.response, None).await?;
+            let sub_con = nodes
+                .connection(timeouts, timeouts.response, Some(tx))
+                .await?;
             con.route_command(
                 redis::cmd("PING"),
                 RoutingInfo::MultiNode((
@@ -199,9 +249,19 @@ impl ClusterBackend {
             Ok::<_, redis::RedisError>((con, sub_con))
         };
         // redis-rs #1953: the cluster connect can hang; the timeout bounds it.
-        let (con, sub_con) = timeouts.connecting(connect).await?;
+        let (con, mut sub_con) = timeouts.connecting(connect).await?;
+        if let ClusterNodes::Client(_) = nodes {
+            // Refused locally (no request) unless the client speaks RESP3; harmless
+            // otherwise (a pattern never subscribed).
+            sub_con.punsubscribe(RESP3_PROBE).await.map_err(|e| {
+                LockError::invalid_option(format!(
+                    "cluster_client: wake-ups need sharded pub/sub, so the client must \
+                     speak RESP3 (ClusterClientBuilder::use_protocol(ProtocolVersion::RESP3)): {e}"
+                ))
+            })?;
+        }
         Ok(Self {
-            urls: urls.to_vec(),
+            nodes,
             con,
             subscriber: ShardSubscriber::new(sub_con, rx, wake, timeouts.response * 2),
             wait_pool: WaitPool::new(),
@@ -336,9 +396,9 @@ impl Store for ClusterBackend {
         let con = match self.wait_pool.take() {
             Some(con) => con,
             None => {
-                let client = wait_client(&self.urls, self.timeouts)?;
+                let response = self.timeouts.response + MAX_REPLICA_WAIT;
                 self.timeouts
-                    .connecting(client.get_async_connection())
+                    .connecting(self.nodes.connection(self.timeouts, response, None))
                     .await?
             }
         };
@@ -596,33 +656,15 @@ fn master_of(key: &str) -> SingleNodeRoutingInfo {
 }
 
 /// A cluster client builder with the library's timeouts and bounded retries.
-fn builder(urls: &[String], timeouts: Timeouts) -> Result<ClusterClientBuilder, LockError> {
-    let infos = urls
-        .iter()
-        .map(|url| {
-            url.as_str()
-                .into_connection_info()
-                .map_err(|e| LockError::invalid_option(format!("invalid Redis URL {url:?}: {e}")))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(ClusterClientBuilder::new(infos)
+fn builder(infos: &[ConnectionInfo], timeouts: Timeouts) -> ClusterClientBuilder {
+    ClusterClientBuilder::new(infos.to_vec())
         .tcp_settings(TcpSettings::default().set_nodelay(true))
         .connection_timeout(timeouts.connect)
         .response_timeout(timeouts.response)
         .overall_response_timeout(Some(timeouts.response * 2))
         .retries(CLIENT_RETRIES)
         .min_retry_wait(50)
-        .max_retry_wait(500))
-}
-
-/// A client whose timeouts leave room for the longest `WAIT`.
-fn wait_client(urls: &[String], timeouts: Timeouts) -> Result<ClusterClient, LockError> {
-    let response = timeouts.response + MAX_REPLICA_WAIT;
-    builder(urls, timeouts)?
-        .response_timeout(response)
-        .overall_response_timeout(Some(response * 2))
-        .build()
-        .map_err(LockError::backend("connect"))
+        .max_retry_wait(500)
 }
 
 /// Decodes one reply of a pipeline.
@@ -985,9 +1027,13 @@ mod tests {
             connect: Duration::from_secs(3),
             response: Duration::from_secs(1),
         };
-        let backend = ClusterBackend::connect(&cluster.urls(), timeouts, Wake::new(&waiters))
-            .await
-            .unwrap();
+        let backend = ClusterBackend::connect(
+            ClusterNodes::urls(&cluster.urls()),
+            timeouts,
+            Wake::new(&waiters),
+        )
+        .await
+        .unwrap();
         let sub = backend.subscriber();
         let key = "lock:cut_while_waiting_{1}";
 
@@ -1039,9 +1085,13 @@ mod tests {
             connect: Duration::from_secs(3),
             response: Duration::from_secs(1),
         };
-        let backend = ClusterBackend::connect(&cluster.urls(), timeouts, Wake::new(&waiters))
-            .await
-            .unwrap();
+        let backend = ClusterBackend::connect(
+            ClusterNodes::urls(&cluster.urls()),
+            timeouts,
+            Wake::new(&waiters),
+        )
+        .await
+        .unwrap();
         let sub = backend.subscriber();
         let keys: Vec<String> = (0..150).map(|i| format!("lock:lost_{{{i}}}")).collect();
         for r in join_all(keys.iter().map(|k| sub.subscribe(k, true))).await {

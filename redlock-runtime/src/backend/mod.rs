@@ -16,7 +16,7 @@ use std::future::Future;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-pub(crate) use cluster::ClusterBackend;
+pub(crate) use cluster::{ClusterBackend, ClusterNodes};
 pub(crate) use memory::MemoryBackend;
 pub(crate) use redlock::{RedlockBackend, DEFAULT_NODE_TIMEOUT};
 pub(crate) use server::Timeouts;

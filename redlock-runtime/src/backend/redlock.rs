@@ -342,12 +342,12 @@ impl Tally {
 impl RedlockBackend {
     /// Connects to and PINGs every node concurrently, within the connect timeout.
     pub(crate) async fn connect(
-        urls: &[String],
+        nodes: Vec<redis::ConnectionInfo>,
         timeouts: Timeouts,
         node_timeout: Duration,
         wake: Wake,
     ) -> Result<Self, LockError> {
-        if urls.is_empty() {
+        if nodes.is_empty() {
             return Err(LockError::invalid_option(
                 "redlock() needs at least one node URL",
             ));
@@ -358,8 +358,9 @@ impl RedlockBackend {
             ));
         }
         let connected = join_all(
-            urls.iter()
-                .map(|url| SingleBackend::connect(url, timeouts, wake.clone())),
+            nodes
+                .into_iter()
+                .map(|node| SingleBackend::connect(node, timeouts, wake.clone())),
         )
         .await;
         let nodes = connected.into_iter().collect::<Result<Vec<_>, _>>()?;

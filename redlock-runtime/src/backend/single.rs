@@ -9,8 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, MultiplexedConnection};
-use redis::io::tcp::TcpSettings;
-use redis::{AsyncConnectionConfig, Client, IntoConnectionInfo, ProtocolVersion, Value};
+use redis::{AsyncConnectionConfig, Client, ConnectionInfo, ProtocolVersion, Value};
 
 use super::server::{
     acquire_all_call, acquire_by_call, by_script_call, chunk_outcomes, decode_acquire,
@@ -43,14 +42,12 @@ pub(crate) struct SingleBackend {
 impl SingleBackend {
     /// Opens the command and subscriber connections and PINGs, within the connect timeout.
     pub(crate) async fn connect(
-        url: &str,
+        info: ConnectionInfo,
         timeouts: Timeouts,
         wake: Wake,
     ) -> Result<Self, LockError> {
-        let info = url
-            .into_connection_info()
-            .map_err(|e| LockError::invalid_option(format!("invalid Redis URL: {e}")))?
-            .set_tcp_settings(TcpSettings::default().set_nodelay(true));
+        let nodelay = info.tcp_settings().clone().set_nodelay(true);
+        let info = info.set_tcp_settings(nodelay);
         let resp3 = info
             .redis_settings()
             .clone()
@@ -375,9 +372,13 @@ mod tests {
             connect: Duration::from_secs(3),
             response: Duration::from_secs(1),
         };
-        let backend = SingleBackend::connect(&server.url(), timeouts, Wake::default())
-            .await
-            .unwrap();
+        let backend = SingleBackend::connect(
+            server.client().get_connection_info().clone(),
+            timeouts,
+            Wake::default(),
+        )
+        .await
+        .unwrap();
         let held_up = Client::open(proxy.url())
             .unwrap()
             .get_multiplexed_async_connection()

@@ -32,9 +32,10 @@ impl LockError {
             | Self::Backend { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::Lost { .. } => StatusCode::CONFLICT,
             Self::InvalidKey { .. } => StatusCode::BAD_REQUEST,
-            Self::NotHeld { .. } | Self::NoManager | Self::InvalidOption { .. } => {
-                StatusCode::INTERNAL_SERVER_ERROR
-            }
+            Self::NotHeld { .. }
+            | Self::NoManager
+            | Self::InvalidOption { .. }
+            | Self::WrongRuntime { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 }

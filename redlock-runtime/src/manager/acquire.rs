@@ -104,6 +104,7 @@ impl LockManager {
         mode: Mode,
         opts: Resolved,
     ) -> Result<LockGuard, LockError> {
+        self.check_runtime()?;
         let span = tracing::debug_span!(
             "redlock.acquire",
             key = key.full(),
@@ -164,6 +165,7 @@ impl LockManager {
         keys: Vec<LockKey>,
         opts: Resolved,
     ) -> Result<MultiGuard, LockError> {
+        self.check_runtime()?;
         // `WAIT` is sent per key, by the one-by-one path.
         if keys.len() > 1 && opts.min_replicas == 0 {
             match self.acquire_together(&keys, &opts).await {

@@ -8,47 +8,90 @@ use tokio::sync::mpsc;
 
 use super::Shared;
 use super::{Inner, LockManager};
+use std::fmt;
+
+use redis::cluster::ClusterClient;
+use redis::ConnectionInfo;
+
 use crate::backend::{
-    Backend, ClusterBackend, MemoryBackend, RedlockBackend, SingleBackend, Timeouts, Wake,
-    DEFAULT_NODE_TIMEOUT,
+    Backend, ClusterBackend, ClusterNodes, MemoryBackend, RedlockBackend, SingleBackend, Timeouts,
+    Wake, DEFAULT_NODE_TIMEOUT,
 };
 use crate::key::check_prefix;
+use crate::node::{is_tls, IntoNode, Redacted};
 use crate::options::check_ttl;
 use crate::waiters::Waiters;
 use crate::watchdog::{self, Job};
 use crate::LockError;
 
-/// Which backend a builder connects to.
-#[derive(Debug, Clone)]
+/// Which backend a builder connects to. A node list that did not convert keeps the
+/// reason, reported by `build`.
+#[derive(Clone)]
 enum Target {
     Memory,
-    Single(String),
-    Cluster(Vec<String>),
-    Redlock(Vec<String>),
+    Single(Result<Box<ConnectionInfo>, String>),
+    Cluster(Result<Vec<ConnectionInfo>, String>),
+    ClusterClient(Box<ClusterClient>),
+    Redlock(Result<Vec<ConnectionInfo>, String>),
 }
 
-impl Target {
-    /// `rediss://` needs the `tls` feature; without it the URL is refused up front.
-    fn check_tls_support(&self) -> Result<(), LockError> {
-        let urls: &[String] = match self {
-            Self::Memory => &[],
-            Self::Single(url) => std::slice::from_ref(url),
-            Self::Cluster(urls) | Self::Redlock(urls) => urls,
-        };
-        match urls
-            .iter()
-            .find(|u| u.trim_start().to_ascii_lowercase().starts_with("rediss:"))
-        {
-            Some(url) if !cfg!(feature = "tls") => Err(LockError::invalid_option(format!(
-                "{} uses TLS: enable the `tls` feature of redlock",
-                url.split('@').next_back().unwrap_or_default()
-            ))),
-            _ => Ok(()),
+impl fmt::Debug for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fn nodes(f: &mut fmt::Formatter<'_>, name: &str, nodes: &[ConnectionInfo]) -> fmt::Result {
+            f.debug_tuple(name).field(&DebugList(nodes)).finish()
+        }
+        struct DebugList<'a>(&'a [ConnectionInfo]);
+        impl fmt::Debug for DebugList<'_> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.debug_list().entries(self.0.iter().map(Redacted)).finish()
+            }
+        }
+        match self {
+            Self::Memory => f.write_str("Memory"),
+            Self::Single(Ok(node)) => f.debug_tuple("Single").field(&Redacted(node)).finish(),
+            Self::Cluster(Ok(list)) => nodes(f, "Cluster", list),
+            Self::Redlock(Ok(list)) => nodes(f, "Redlock", list),
+            // The client's own `Debug` redacts its password, but not necessarily every
+            // TLS secret it holds: show none of it.
+            Self::ClusterClient(_) => f.write_str("ClusterClient(..)"),
+            Self::Single(Err(e)) | Self::Cluster(Err(e)) | Self::Redlock(Err(e)) => {
+                f.debug_tuple("Invalid").field(e).finish()
+            }
         }
     }
 }
 
+impl Target {
+    /// The nodes given as a list, each converted; the first failure, naming its place.
+    fn nodes<I>(urls: I) -> Result<Vec<ConnectionInfo>, String>
+    where
+        I: IntoIterator,
+        I::Item: IntoNode,
+    {
+        urls.into_iter()
+            .enumerate()
+            .map(|(i, url)| {
+                url.into_node()
+                    .map_err(|e| format!("invalid Redis node #{} of the list: {e}", i + 1))
+            })
+            .collect()
+    }
+
+    /// The nodes' settings (none for the in-memory store and a configured cluster
+    /// client), or why they are invalid.
+    fn checked(&self) -> Result<&[ConnectionInfo], LockError> {
+        match self {
+            Self::Memory | Self::ClusterClient(_) => Ok(&[][..]),
+            Self::Single(node) => node.as_deref().map(std::slice::from_ref),
+            Self::Cluster(nodes) | Self::Redlock(nodes) => nodes.as_deref(),
+        }
+        .map_err(LockError::invalid_option)
+    }
+}
+
 /// Configures and connects a [`LockManager`]; from [`LockManager::builder`].
+///
+/// Its `Debug` shows the nodes with their passwords replaced by `<redacted>`.
 #[derive(Debug, Clone)]
 #[must_use = "a builder does nothing until .build().await"]
 pub struct LockManagerBuilder {
@@ -90,37 +133,86 @@ impl Default for LockManagerBuilder {
 }
 
 impl LockManagerBuilder {
-    /// One Redis server, e.g. `redis://user:pass@127.0.0.1:6379/0`
-    /// (`rediss://` with the `tls` feature).
-    pub fn single(mut self, url: &str) -> Self {
-        self.target = Some(Target::Single(url.to_owned()));
+    /// One Redis server: a URL such as `redis://user:pass@127.0.0.1:6379/0`
+    /// (`rediss://` with the `tls` feature, `redis+unix:///path`) or a
+    /// [`redis::ConnectionInfo`]; see [`IntoNode`]. A URL that does not parse is
+    /// reported by [`build`](Self::build).
+    pub fn single(mut self, node: impl IntoNode) -> Self {
+        self.target = Some(Target::Single(
+            node.into_node()
+                .map(Box::new)
+                .map_err(|e| format!("invalid Redis node: {e}")),
+        ));
         self
     }
 
-    /// A Redis Cluster, given one or more seed nodes (`redis://host:port`); the others are
-    /// discovered. Every key a lock uses shares its hash tag, wake-ups use sharded
-    /// pub/sub (Redis 7+), and `MOVED`/`ASK` and failovers are followed.
-    pub fn cluster<I, S>(mut self, urls: I) -> Self
+    /// One Redis server through a configured [`redis::Client`] (custom TLS roots, client
+    /// certificates, credentials from a secret store). The manager opens its own
+    /// connections with the client's settings; [`connect_timeout`](Self::connect_timeout)
+    /// and [`response_timeout`](Self::response_timeout) bound them.
+    ///
+    /// ```
+    /// use redlock_runtime::{redis, LockManager};
+    ///
+    /// let client = redis::Client::open("redis://127.0.0.1:6379")?;
+    /// let builder = LockManager::builder().single_client(client);
+    /// # Ok::<(), redis::RedisError>(())
+    /// ```
+    pub fn single_client(mut self, client: redis::Client) -> Self {
+        self.target = Some(Target::Single(Ok(Box::new(
+            client.get_connection_info().clone(),
+        ))));
+        self
+    }
+
+    /// A Redis Cluster, given one or more seed nodes (URLs such as `redis://host:port`,
+    /// or [`redis::ConnectionInfo`]s; see [`IntoNode`]); the others are discovered.
+    /// Every key a lock uses shares its hash tag, wake-ups use sharded pub/sub
+    /// (Redis 7+), and `MOVED`/`ASK` and failovers are followed.
+    pub fn cluster<I>(mut self, nodes: I) -> Self
     where
-        I: IntoIterator<Item = S>,
-        S: AsRef<str>,
+        I: IntoIterator,
+        I::Item: IntoNode,
     {
-        let urls = urls.into_iter().map(|u| u.as_ref().to_owned()).collect();
-        self.target = Some(Target::Cluster(urls));
+        self.target = Some(Target::Cluster(Target::nodes(nodes)));
+        self
+    }
+
+    /// A Redis Cluster through a configured
+    /// [`ClusterClient`](redis::cluster::ClusterClient) (custom TLS roots, client
+    /// certificates, credentials, retry settings). Wake-ups need sharded pub/sub, so the
+    /// client must speak RESP3
+    /// ([`use_protocol(ProtocolVersion::RESP3)`](redis::cluster::ClusterClientBuilder::use_protocol));
+    /// [`build`](Self::build) refuses one that does not. The manager's
+    /// [`connect_timeout`](Self::connect_timeout) and
+    /// [`response_timeout`](Self::response_timeout) replace the client's timeouts.
+    ///
+    /// ```
+    /// use redlock_runtime::{redis, LockManager};
+    ///
+    /// let client = redis::cluster::ClusterClientBuilder::new(["redis://127.0.0.1:7000"])
+    ///     .use_protocol(redis::ProtocolVersion::RESP3)
+    ///     .build()?;
+    /// let builder = LockManager::builder().cluster_client(client);
+    /// # Ok::<(), redis::RedisError>(())
+    /// ```
+    pub fn cluster_client(mut self, client: ClusterClient) -> Self {
+        self.target = Some(Target::ClusterClient(Box::new(client)));
         self
     }
 
     /// Redlock over N independent Redis masters (use an odd N, usually 3 or 5): a lock
-    /// is held when a majority granted it in time. See "Redlock mode" in the repository's
-    /// `docs/backends.md` for what its fencing tokens guarantee, and the delayed-restart rule. Every node must
-    /// answer at `build`; later, up to N − (N/2+1) nodes may be down.
-    pub fn redlock<I, S>(mut self, urls: I) -> Self
+    /// is held when a majority granted it in time. Nodes are URLs or
+    /// [`redis::ConnectionInfo`]s (see [`IntoNode`]). See "Redlock mode" in the
+    /// repository's `docs/backends.md` for what its fencing tokens guarantee, and the
+    /// delayed-restart rule. Every node must answer at `build`; later, up to
+    /// N − (N/2+1) nodes may be down.
+    pub fn redlock<I>(mut self, nodes: I) -> Self
     where
-        I: IntoIterator<Item = S>,
-        S: AsRef<str>,
+        I: IntoIterator,
+        I::Item: IntoNode,
     {
-        let urls = urls.into_iter().map(|u| u.as_ref().to_owned()).collect();
-        self.target = Some(Target::Redlock(urls));
+        self.target = Some(Target::Redlock(Target::nodes(nodes)));
         self
     }
 
@@ -199,6 +291,11 @@ impl LockManagerBuilder {
     /// [`LockError::Backend`] when a node cannot be reached within the connect timeout
     /// (or, under `require_noeviction(true)`, its policy cannot be read).
     pub async fn build(self) -> Result<LockManager, LockError> {
+        let runtime = tokio::runtime::Handle::try_current()
+            .map_err(|_| LockError::WrongRuntime {
+                place: "outside any runtime",
+            })?
+            .id();
         check_ttl(self.default_ttl)?;
         check_prefix(&self.prefix)?;
         if Instant::now().checked_add(self.default_wait).is_none() {
@@ -215,7 +312,10 @@ impl LockManagerBuilder {
         let target = self.target.ok_or_else(|| {
             LockError::invalid_option("no backend chosen: call .single(url), .cluster(urls), .redlock(urls) or .in_memory()")
         })?;
-        target.check_tls_support()?;
+        let nodes = target.checked()?;
+        if nodes.iter().any(is_tls) {
+            check_tls_support()?;
+        }
         let (jobs, rx) = mpsc::unbounded_channel();
         let unsubscribe = jobs.downgrade();
         let waiters = Arc::new(Waiters::new(
@@ -226,30 +326,47 @@ impl LockManagerBuilder {
                 }
             }),
         ));
-        #[cfg(feature = "tls")]
-        crate::tls::install_crypto_provider();
         let backend = match target {
             Target::Memory => Backend::Memory(MemoryBackend::new(Wake::new(&waiters))),
-            Target::Cluster(urls) => Backend::Cluster(
-                ClusterBackend::connect(&urls, self.timeouts, Wake::new(&waiters)).await?,
+            Target::Cluster(nodes) => Backend::Cluster(
+                ClusterBackend::connect(
+                    ClusterNodes::Infos(nodes.map_err(LockError::invalid_option)?),
+                    self.timeouts,
+                    Wake::new(&waiters),
+                )
+                .await?,
             ),
-            Target::Redlock(urls) => Backend::Redlock(
+            Target::ClusterClient(client) => Backend::Cluster(
+                ClusterBackend::connect(
+                    ClusterNodes::Client(client),
+                    self.timeouts,
+                    Wake::new(&waiters),
+                )
+                .await?,
+            ),
+            Target::Redlock(nodes) => Backend::Redlock(
                 RedlockBackend::connect(
-                    &urls,
+                    nodes.map_err(LockError::invalid_option)?,
                     self.timeouts,
                     self.redlock_node_timeout,
                     Wake::new(&waiters),
                 )
                 .await?,
             ),
-            Target::Single(url) => Backend::Single(
-                SingleBackend::connect(&url, self.timeouts, Wake::new(&waiters)).await?,
+            Target::Single(node) => Backend::Single(
+                SingleBackend::connect(
+                    *node.map_err(LockError::invalid_option)?,
+                    self.timeouts,
+                    Wake::new(&waiters),
+                )
+                .await?,
             ),
         };
         check_eviction(&backend, self.require_noeviction).await?;
         let shared = Arc::new(Shared::new(backend, waiters, self.default_ttl));
         tokio::spawn(watchdog::run(shared.clone(), rx));
         Ok(LockManager(Arc::new(Inner {
+            runtime,
             shared,
             jobs,
             prefix: self.prefix,
@@ -260,6 +377,19 @@ impl LockManagerBuilder {
             attempts: std::sync::atomic::AtomicUsize::new(0),
         })))
     }
+}
+
+/// TLS needs the `tls` feature, and a rustls crypto provider the application installed.
+///
+/// The library never installs a process-wide provider itself: one installed behind the
+/// application's back would make the application's own `install_default` fail later.
+fn check_tls_support() -> Result<(), LockError> {
+    #[cfg(feature = "tls")]
+    return crate::tls::check_provider();
+    #[cfg(not(feature = "tls"))]
+    Err(LockError::invalid_option(
+        "a TLS node (rediss://) needs the `tls` feature of redlock",
+    ))
 }
 
 /// Warns about, or with `require` refuses, nodes that may evict lock keys.

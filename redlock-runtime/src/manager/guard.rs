@@ -236,6 +236,7 @@ impl LockManager {
         lease: &Arc<Lease>,
         ttl: Duration,
     ) -> Result<(), LockError> {
+        self.check_runtime()?;
         check_ttl(ttl)?;
         let lost = |lease: &Lease| LockError::Lost {
             key: lease.key.full().to_owned(),

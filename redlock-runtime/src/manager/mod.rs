@@ -33,6 +33,10 @@ pub(crate) use state::Shared;
 /// Hands out distributed locks over one backend. Cheap to clone (an `Arc` inside); make
 /// one per process and share it.
 ///
+/// A manager belongs to the tokio runtime that built it: its background task and its
+/// connections live there. Used from another runtime (or outside any), its operations
+/// fail with [`LockError::WrongRuntime`]; build one manager per runtime.
+///
 /// # Behavior
 /// - `lock` tries once at once; if the key is held it joins this process's FIFO queue
 ///   for the key. Only the queue's head contends on the backend; it is woken by the
@@ -67,6 +71,8 @@ pub(crate) use state::Shared;
 pub struct LockManager(Arc<Inner>);
 
 struct Inner {
+    /// The runtime that built the manager, where its task and connections live.
+    runtime: tokio::runtime::Id,
     shared: Arc<Shared>,
     jobs: mpsc::UnboundedSender<Job>,
     prefix: String,
@@ -202,6 +208,7 @@ impl LockManager {
     /// # Errors
     /// [`LockError::InvalidKey`], [`LockError::Backend`].
     pub async fn is_locked(&self, key: &str) -> Result<bool, LockError> {
+        self.check_runtime()?;
         let key = LockKey::prefixed(&self.0.prefix, key)?;
         self.0.shared.backend.is_locked(&key).await
     }
@@ -215,6 +222,7 @@ impl LockManager {
     /// # Errors
     /// [`LockError::InvalidKey`], [`LockError::Backend`].
     pub async fn force_unlock(&self, key: &str) -> Result<bool, LockError> {
+        self.check_runtime()?;
         let key = LockKey::prefixed(&self.0.prefix, key)?;
         self.0.shared.backend.force_unlock(&key).await
     }
@@ -243,6 +251,19 @@ impl LockManager {
     /// are different, even over the same Redis.
     pub(crate) fn same_as(&self, other: &LockManager) -> bool {
         Arc::ptr_eq(&self.0, &other.0)
+    }
+
+    /// `Err(WrongRuntime)` unless called on the runtime that built the manager.
+    pub(crate) fn check_runtime(&self) -> Result<(), LockError> {
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) if handle.id() == self.0.runtime => Ok(()),
+            Ok(_) => Err(LockError::WrongRuntime {
+                place: "from another runtime",
+            }),
+            Err(_) => Err(LockError::WrongRuntime {
+                place: "outside any runtime",
+            }),
+        }
     }
 
     pub(crate) fn resolve(&self, options: &LockOptions) -> Result<Resolved, LockError> {

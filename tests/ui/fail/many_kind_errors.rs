@@ -7,7 +7,7 @@ use redlock::{distributed_lock, LockError};
     keys = ["account_<from>", "account_<too>", "account_<from>", ""],
     mode = "shared",
     permits = 0,
-    hold_at_least = "1h"
+    hold_at_least = "1w"
 )]
 async fn transfer(from: u64, to: u64) -> Result<u64, LockError> {
     Ok(from + to)

@@ -5,7 +5,7 @@ async fn zero(id: u64) -> Result<u64, LockError> {
     Ok(id)
 }
 
-#[distributed_lock(key = "long_<id>", ttl = "43201m")]
+#[distributed_lock(key = "long_<id>", ttl = "31d")]
 async fn too_long(id: u64) -> Result<u64, LockError> {
     Ok(id)
 }

@@ -46,6 +46,17 @@ pub async fn temporary(ctx: &Ctx, id: u64) -> Result<u64, LockError> {
     Ok(id)
 }
 
+// Hours and days (issue 14): 30 days is the longest ttl.
+#[distributed_lock(key = "month_<id>", manager = ctx.locks, ttl = "30d", wait = "1h")]
+pub async fn monthly(ctx: &Ctx, id: u64) -> Result<u64, LockError> {
+    Ok(id)
+}
+
+#[distributed_lock(key = "daily_<id>", manager = ctx.locks, ttl = "24h", hold_at_least = "1d")]
+pub async fn daily(ctx: &Ctx, id: u64) -> Result<u64, LockError> {
+    Ok(id)
+}
+
 fn is_send<T: Send>(_: T) {}
 
 fn main() {
