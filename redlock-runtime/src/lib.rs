@@ -17,6 +17,7 @@ mod multi_guard;
 mod notify;
 mod options;
 mod scripts;
+mod stats;
 #[cfg(feature = "tls")]
 mod tls;
 mod token;
@@ -35,7 +36,7 @@ pub use key::MAX_KEY_LEN;
 pub use kind::LockKind;
 pub use manager::{
     LockGuard, LockManager, LockManagerBuilder, DEFAULT_MAX_WAITERS_PER_KEY, DEFAULT_PREFIX,
-    DEFAULT_TTL, DEFAULT_WAIT,
+    DEFAULT_SLOW_ACQUISITION, DEFAULT_TTL, DEFAULT_WAIT,
 };
 pub use multi_guard::MultiGuard;
 pub use options::{LockOptions, MAX_TTL, MIN_TTL};

@@ -59,6 +59,7 @@ use super::server::{
     script_loads, ttl_ms, ScriptCall, Timeouts, WaitAttempt, WaitPool, MAX_REPLICA_WAIT,
 };
 use super::{Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Store, Together, Wake};
+use crate::error::chain;
 use crate::key::{key_slot, LockKey, SLOTS};
 use crate::notify::{channel_of, ChannelLocks, Interest};
 use crate::scripts::{ACQUIRE, EXTEND, RELEASE};
@@ -255,7 +256,12 @@ impl ClusterBackend {
                 .collect()),
             Ok(_) => Err(calls),
             Err(e) => {
-                tracing::debug!(error = %e, calls = calls.len(), "renewal pipeline failed; renewing slot by slot");
+                tracing::debug!(
+                    backend = "cluster",
+                    error = %chain(&e),
+                    calls = calls.len(),
+                    "renewal pipeline failed; renewing slot by slot"
+                );
                 Err(calls)
             }
         }
@@ -279,11 +285,18 @@ impl ClusterBackend {
         let map = match reply.map(SlotMap::parse) {
             Ok(Some(map)) => Arc::new(map),
             Ok(None) => {
-                tracing::debug!("unexpected CLUSTER SLOTS reply; renewing slot by slot");
+                tracing::debug!(
+                    backend = "cluster",
+                    "unexpected CLUSTER SLOTS reply; renewing slot by slot"
+                );
                 return None;
             }
             Err(e) => {
-                tracing::debug!(error = %e, "CLUSTER SLOTS failed; renewing slot by slot");
+                tracing::debug!(
+                    backend = "cluster",
+                    error = %chain(&e),
+                    "CLUSTER SLOTS failed; renewing slot by slot"
+                );
                 return None;
             }
         };
@@ -350,7 +363,7 @@ impl Store for ClusterBackend {
             .arg(ttl_ms(rw.timeout));
         // Until its reply is read, the attempt is undone on this same connection (the
         // same node connection: routed by the key) if it ends: see [`WaitAttempt`].
-        let mut attempt = WaitAttempt::new(con, self.con.clone(), key, token, "SPUBLISH");
+        let mut attempt = WaitAttempt::new(con, self.con.clone(), key, token, ("SPUBLISH", "cluster"));
         let replies = attempt
             .con()
             .route_pipeline(pipe, 0, 3, master_of(key.full()))
@@ -477,7 +490,7 @@ impl Store for ClusterBackend {
                 Ok(flags) => {
                     for (&i, outcome) in indices
                         .iter()
-                        .zip(chunk_outcomes(indices.len(), Some(flags)))
+                        .zip(chunk_outcomes(indices.len(), Some(flags), "cluster"))
                     {
                         if let Some(slot) = out.get_mut(i) {
                             *slot = outcome;
@@ -493,7 +506,13 @@ impl Store for ClusterBackend {
         match last_error {
             Some(e) if failed == total => Err(LockError::backend("renew")(e)),
             Some(e) => {
-                tracing::warn!(failed, of = total, error = %e, "some slots' renewals failed; retrying them");
+                tracing::warn!(
+                    backend = "cluster",
+                    failed,
+                    of = total,
+                    error = %chain(&e),
+                    "some slots' renewals failed; retrying them"
+                );
                 Ok(out)
             }
             None => Ok(out),
@@ -850,6 +869,7 @@ async fn dispatch(
             }
             PushKind::Disconnection => {
                 tracing::debug!(
+                    backend = "cluster",
                     "cluster subscriber reconnecting: waking every waiter and resubscribing"
                 );
                 inner.lose_all();
@@ -861,7 +881,8 @@ async fn dispatch(
                 Some(channel) => {
                     if inner.lose(&channel) {
                         tracing::debug!(
-                            channel,
+                            key = channel,
+                            backend = "cluster",
                             "shard channel unsubscribed by the server; resubscribing"
                         );
                         wake.wake(&channel);
@@ -916,7 +937,12 @@ async fn resubscriber(
                 }
                 Ok(false) => {}
                 Err(e) => {
-                    tracing::debug!(channel, error = %e, "resubscription failed; will retry");
+                    tracing::debug!(
+                        key = channel,
+                        backend = "cluster",
+                        error = %chain(&e),
+                        "resubscription failed; will retry"
+                    );
                     pending.insert(channel);
                     pending.extend(round.drain(..));
                 }

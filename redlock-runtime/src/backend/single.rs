@@ -38,14 +38,18 @@ pub(crate) struct SingleBackend {
     subscriber: Subscriber,
     wait_pool: WaitPool<MultiplexedConnection>,
     timeouts: Timeouts,
+    /// The backend this server belongs to (`single`, or one of `redlock`'s nodes), for logs.
+    backend: &'static str,
 }
 
 impl SingleBackend {
-    /// Opens the command and subscriber connections and PINGs, within the connect timeout.
+    /// Opens the command and subscriber connections and PINGs, within the connect timeout;
+    /// `backend` names the backend it serves in logs.
     pub(crate) async fn connect(
         url: &str,
         timeouts: Timeouts,
         wake: Wake,
+        backend: &'static str,
     ) -> Result<Self, LockError> {
         let info = url
             .into_connection_info()
@@ -60,7 +64,7 @@ impl SingleBackend {
             Client::open(info.set_redis_settings(resp3)).map_err(LockError::backend("connect"))?;
 
         let channels = Arc::new(Channels::default());
-        let handler = push_handler(wake, channels.clone());
+        let handler = push_handler(wake, channels.clone(), backend);
         let connect = async {
             let con = client
                 .get_connection_manager_with_config(timeouts.manager_config())
@@ -80,9 +84,10 @@ impl SingleBackend {
         Ok(Self {
             client,
             con,
-            subscriber: Subscriber::new(sub_con, channels),
+            subscriber: Subscriber::new(sub_con, channels, backend),
             wait_pool: WaitPool::new(),
             timeouts,
+            backend,
         })
     }
 
@@ -152,7 +157,7 @@ impl SingleBackend {
             Some(con) => con,
             None => self.wait_connection().await?,
         };
-        let mut attempt = WaitAttempt::new(con, self.con.clone(), key, token, "PUBLISH");
+        let mut attempt = WaitAttempt::new(con, self.con.clone(), key, token, ("PUBLISH", self.backend));
         let mut reply = pipe.query_async::<(Value, u32)>(attempt.con()).await;
         if was_pooled && reply.as_ref().is_err_and(is_dropped) {
             self.wait_pool.clear();
@@ -271,7 +276,7 @@ impl Store for SingleBackend {
             .query_async(&mut self.con.clone())
             .await
             .map_err(LockError::backend("renew"))?;
-        let outcomes = decode_renewals(groups.iter().map(Vec::len), replies);
+        let outcomes = decode_renewals(groups.iter().map(Vec::len), replies, self.backend);
         Ok(in_batch_order(batch.len(), &groups, outcomes))
     }
 
@@ -338,14 +343,18 @@ impl Store for SingleBackend {
 
 /// One outcome per lock from the replies of a renew pipeline, chunk by chunk: a chunk
 /// whose reply is missing or malformed leaves its own locks unknown.
-fn decode_renewals(chunk_lens: impl Iterator<Item = usize>, replies: Vec<Value>) -> Vec<Renewed> {
+fn decode_renewals(
+    chunk_lens: impl Iterator<Item = usize>,
+    replies: Vec<Value>,
+    backend: &'static str,
+) -> Vec<Renewed> {
     let mut replies = replies.into_iter();
     chunk_lens
         .flat_map(|len| {
             let reply = replies
                 .next()
                 .and_then(|r| redis::from_redis_value::<Vec<i64>>(r).ok());
-            chunk_outcomes(len, reply)
+            chunk_outcomes(len, reply, backend)
         })
         .collect()
 }
@@ -375,7 +384,7 @@ mod tests {
             connect: Duration::from_secs(3),
             response: Duration::from_secs(1),
         };
-        let backend = SingleBackend::connect(&server.url(), timeouts, Wake::default())
+        let backend = SingleBackend::connect(&server.url(), timeouts, Wake::default(), "single")
             .await
             .unwrap();
         let held_up = Client::open(proxy.url())
@@ -456,7 +465,11 @@ mod tests {
 
     #[test]
     fn renew_short_chunk_reply_is_not_credited_to_its_neighbours() {
-        let outcomes = decode_renewals([2, 2].into_iter(), vec![reply(&[1]), reply(&[1, 0])]);
+        let outcomes = decode_renewals(
+            [2, 2].into_iter(),
+            vec![reply(&[1]), reply(&[1, 0])],
+            "single",
+        );
         assert_eq!(
             outcomes,
             [
@@ -473,6 +486,7 @@ mod tests {
         let outcomes = decode_renewals(
             [1, 2, 1].into_iter(),
             vec![Value::SimpleString("OK".into()), reply(&[0, 1])],
+            "single",
         );
         assert_eq!(
             outcomes,
