@@ -21,8 +21,8 @@
 
 pub use redlock_runtime::{
     LockError, LockGuard, LockKind, LockManager, LockManagerBuilder, LockOptions, MultiGuard,
-    DEFAULT_MAX_WAITERS_PER_KEY, DEFAULT_PREFIX, DEFAULT_SLOW_ACQUISITION, DEFAULT_TTL, DEFAULT_WAIT,
-    MAX_KEY_LEN, MAX_TTL, MIN_TTL,
+    DEFAULT_MAX_WAITERS_PER_KEY, DEFAULT_PREFIX, DEFAULT_SLOW_ACQUISITION, DEFAULT_TTL,
+    DEFAULT_WAIT, MAX_KEY_LEN, MAX_TTL, MIN_TTL,
 };
 
 #[cfg(feature = "macros")]

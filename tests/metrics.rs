@@ -21,7 +21,9 @@ fn snapshotter() -> &'static Snapshotter {
     SNAPSHOTTER.get_or_init(|| {
         let recorder = DebuggingRecorder::new();
         let snapshotter = recorder.snapshotter();
-        recorder.install().expect("the only recorder of this binary");
+        recorder
+            .install()
+            .expect("the only recorder of this binary");
         snapshotter
     })
 }
@@ -80,13 +82,17 @@ impl Seen {
     /// The sum of the counters `name` with (at least) these labels.
     fn counter(&mut self, name: &str, labels: &[(&str, &str)]) -> u64 {
         self.update();
-        Self::matching(&self.counters, name, labels).map(|(_, n)| n).sum()
+        Self::matching(&self.counters, name, labels)
+            .map(|(_, n)| n)
+            .sum()
     }
 
     /// The net change of the gauges `name` with these labels.
     fn gauge(&mut self, name: &str, labels: &[(&str, &str)]) -> f64 {
         self.update();
-        Self::matching(&self.gauges, name, labels).map(|(_, g)| g).sum()
+        Self::matching(&self.gauges, name, labels)
+            .map(|(_, g)| g)
+            .sum()
     }
 
     /// The samples of the histograms `name` with these labels.
@@ -168,7 +174,11 @@ async fn acquire_wait_hold_release_and_gauges_in_memory() {
         .await
         .unwrap_err();
     assert!(matches!(err, LockError::Timeout { .. }), "{err}");
-    let timeout = [("outcome", "timeout"), ("backend", "memory"), ("name", "orders")];
+    let timeout = [
+        ("outcome", "timeout"),
+        ("backend", "memory"),
+        ("name", "orders"),
+    ];
     assert_eq!(seen.counter(ACQUIRE, &timeout), 2);
     assert_eq!(seen.samples("redlock_wait_seconds", &wait).len(), 3);
 
@@ -184,12 +194,21 @@ async fn acquire_wait_hold_release_and_gauges_in_memory() {
     assert!(eventually(|| seen.gauge("redlock_waiters", &[]) == 1.0).await);
     let err = locks.lock("m_{1}").await.unwrap_err();
     assert!(matches!(err, LockError::QueueFull { .. }), "{err}");
-    assert_eq!(seen.counter(ACQUIRE, &[("outcome", "queue_full"), ("name", "")]), 1);
+    assert_eq!(
+        seen.counter(ACQUIRE, &[("outcome", "queue_full"), ("name", "")]),
+        1
+    );
     // Not a wait sample: only grants and timeouts record one.
-    assert_eq!(seen.samples("redlock_wait_seconds", &[("name", "")]).len(), 0);
+    assert_eq!(
+        seen.samples("redlock_wait_seconds", &[("name", "")]).len(),
+        0
+    );
 
     guard.release().await.unwrap();
-    assert_eq!(seen.counter("redlock_release_total", &[("outcome", "released")]), 1);
+    assert_eq!(
+        seen.counter("redlock_release_total", &[("outcome", "released")]),
+        1
+    );
     assert_eq!(seen.samples("redlock_hold_seconds", &wait).len(), 1);
     // The waiter got it (unnamed), and left the queue.
     let second = waiter.await.unwrap().unwrap();
@@ -201,9 +220,15 @@ async fn acquire_wait_hold_release_and_gauges_in_memory() {
     assert_eq!(seen.gauge("redlock_held", &[("kind", "exclusive")]), 1.0);
     // Dropped: released in the background, counted all the same.
     drop(second);
-    assert!(eventually(|| seen.counter("redlock_release_total", &[("outcome", "released")]) == 2).await);
+    assert!(
+        eventually(|| seen.counter("redlock_release_total", &[("outcome", "released")]) == 2).await
+    );
     assert_eq!(seen.gauge("redlock_held", &[("kind", "exclusive")]), 0.0);
-    assert_eq!(seen.samples("redlock_hold_seconds", &[("kind", "exclusive")]).len(), 2);
+    assert_eq!(
+        seen.samples("redlock_hold_seconds", &[("kind", "exclusive")])
+            .len(),
+        2
+    );
 
     // The other kinds.
     let reader = locks.read_with("r_{1}", orders()).await.unwrap();
@@ -217,7 +242,11 @@ async fn acquire_wait_hold_release_and_gauges_in_memory() {
     permit.release().await.unwrap();
     for kind in ["read", "permit"] {
         let labels = [("kind", kind), ("name", "orders")];
-        assert_eq!(seen.samples("redlock_hold_seconds", &labels).len(), 1, "{kind}");
+        assert_eq!(
+            seen.samples("redlock_hold_seconds", &labels).len(),
+            1,
+            "{kind}"
+        );
         assert_eq!(seen.gauge("redlock_held", &[("kind", kind)]), 0.0, "{kind}");
     }
 }
@@ -227,34 +256,53 @@ async fn renewals_and_losses_in_memory() {
     let _turn = SERIAL.lock().await;
     let mut seen = Seen::start();
     let locks = LockManager::builder().in_memory().build().await.unwrap();
-    let short = LockOptions::new().ttl(Duration::from_millis(300)).name("short");
+    let short = LockOptions::new()
+        .ttl(Duration::from_millis(300))
+        .name("short");
 
     // Renewed by the watchdog (every ttl/3), then taken away: the next renewal finds
     // the token gone.
     let guard = locks.lock_with("renewed_{1}", short.clone()).await.unwrap();
-    assert!(eventually(|| seen.counter("redlock_renewals_total", &[("outcome", "renewed")]) >= 2).await);
+    assert!(
+        eventually(|| seen.counter("redlock_renewals_total", &[("outcome", "renewed")]) >= 2).await
+    );
     assert!(locks.force_unlock("renewed_{1}").await.unwrap());
     tokio::time::timeout(Duration::from_secs(5), guard.lost())
         .await
         .expect("the loss was never noticed");
-    assert_eq!(seen.counter("redlock_renewals_total", &[("outcome", "lost")]), 1);
-    assert_eq!(seen.counter("redlock_lost_total", &[("reason", "taken")]), 1);
+    assert_eq!(
+        seen.counter("redlock_renewals_total", &[("outcome", "lost")]),
+        1
+    );
+    assert_eq!(
+        seen.counter("redlock_lost_total", &[("reason", "taken")]),
+        1
+    );
     let hold = [("kind", "exclusive"), ("name", "short")];
     assert_eq!(seen.samples("redlock_hold_seconds", &hold).len(), 1);
     // Releasing a lost lock: a release that finds it gone, no second loss or hold sample.
     assert!(matches!(guard.release().await, Err(LockError::Lost { .. })));
-    assert_eq!(seen.counter("redlock_release_total", &[("outcome", "lost")]), 1);
+    assert_eq!(
+        seen.counter("redlock_release_total", &[("outcome", "lost")]),
+        1
+    );
     assert_eq!(seen.counter("redlock_lost_total", &[]), 1);
     assert_eq!(seen.samples("redlock_hold_seconds", &hold).len(), 1);
 
     // Without the watchdog the lease runs out.
     let guard = locks
-        .lock_with("expired_{1}", short.ttl(Duration::from_millis(50)).watchdog(false))
+        .lock_with(
+            "expired_{1}",
+            short.ttl(Duration::from_millis(50)).watchdog(false),
+        )
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(!guard.is_held());
-    assert_eq!(seen.counter("redlock_lost_total", &[("reason", "expired")]), 1);
+    assert_eq!(
+        seen.counter("redlock_lost_total", &[("reason", "expired")]),
+        1
+    );
     assert_eq!(seen.samples("redlock_hold_seconds", &hold).len(), 2);
     assert_eq!(seen.gauge("redlock_held", &[("kind", "exclusive")]), 0.0);
     drop(guard);
@@ -301,10 +349,17 @@ async fn single_server_backend_label_and_errors() {
         .unwrap();
     let opts = || LockOptions::new().name("jobs");
     let guard = locks.lock_with("job_{1}", opts()).await.unwrap();
-    let labels = [("outcome", "acquired"), ("backend", "single"), ("name", "jobs")];
+    let labels = [
+        ("outcome", "acquired"),
+        ("backend", "single"),
+        ("name", "jobs"),
+    ];
     assert_eq!(seen.counter(ACQUIRE, &labels), 1);
     guard.release().await.unwrap();
-    assert_eq!(seen.counter("redlock_release_total", &[("outcome", "released")]), 1);
+    assert_eq!(
+        seen.counter("redlock_release_total", &[("outcome", "released")]),
+        1
+    );
     // A lock renewed every 100 ms when the server goes away.
     let held = locks
         .lock_with("job_{2}", opts().ttl(Duration::from_millis(300)))
@@ -316,13 +371,22 @@ async fn single_server_backend_label_and_errors() {
         .await
         .unwrap_err();
     assert!(matches!(err, LockError::Backend { .. }), "{err}");
-    let labels = [("outcome", "error"), ("backend", "single"), ("name", "jobs")];
+    let labels = [
+        ("outcome", "error"),
+        ("backend", "single"),
+        ("name", "jobs"),
+    ];
     assert_eq!(seen.counter(ACQUIRE, &labels), 1);
     tokio::time::timeout(Duration::from_secs(5), held.lost())
         .await
         .expect("the loss was never noticed");
-    assert_eq!(seen.counter("redlock_lost_total", &[("reason", "expired")]), 1);
+    assert_eq!(
+        seen.counter("redlock_lost_total", &[("reason", "expired")]),
+        1
+    );
     // The renewal in flight fails once its reply is overdue (the response timeout).
-    assert!(eventually(|| seen.counter("redlock_renewals_total", &[("outcome", "error")]) >= 1).await);
+    assert!(
+        eventually(|| seen.counter("redlock_renewals_total", &[("outcome", "error")]) >= 1).await
+    );
     drop(held);
 }

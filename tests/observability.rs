@@ -73,7 +73,9 @@ impl Visit for Fields<'_> {
         if field.name() == "message" {
             self.0.message = value.to_owned();
         } else {
-            self.0.fields.insert(field.name().to_owned(), value.to_owned());
+            self.0
+                .fields
+                .insert(field.name().to_owned(), value.to_owned());
         }
     }
 }
@@ -111,8 +113,14 @@ async fn failed_request_log_line_has_the_cause_the_key_and_the_backend() {
         .await
         .unwrap_err();
     assert!(matches!(err, LockError::Backend { .. }), "{err}");
-    let cause = err.source().expect("a backend error has a cause").to_string();
-    assert!(!cause.is_empty() && !err.to_string().contains(&cause), "{err}: {cause}");
+    let cause = err
+        .source()
+        .expect("a backend error has a cause")
+        .to_string();
+    assert!(
+        !cause.is_empty() && !err.to_string().contains(&cause),
+        "{err}: {cause}"
+    );
 
     let retries = capture.with_message("acquire attempt failed; retrying");
     assert!(!retries.is_empty(), "no retry was logged");
@@ -133,7 +141,10 @@ async fn failed_request_log_line_has_the_cause_the_key_and_the_backend() {
     );
     // The last retry logged is the error returned, cause included.
     let last = retries.last().unwrap().line();
-    assert!(last.contains(&cause), "the log line lacks the cause {cause:?}: {last}");
+    assert!(
+        last.contains(&cause),
+        "the log line lacks the cause {cause:?}: {last}"
+    );
 }
 
 /// Regression (issue 14, item 4): "slow lock acquisition" (INFO) had no key: the key was
@@ -163,7 +174,12 @@ async fn slow_acquisition_event_has_key_and_backend_and_a_configurable_threshold
     assert_eq!(slow.len(), 1, "{slow:?}");
     let event = &slow[0];
     assert_eq!(event.level, tracing::Level::INFO);
-    assert_eq!(event.field("key"), Some("lock:slow_{1}"), "{}", event.line());
+    assert_eq!(
+        event.field("key"),
+        Some("lock:slow_{1}"),
+        "{}",
+        event.line()
+    );
     assert_eq!(event.field("backend"), Some("memory"), "{}", event.line());
     assert_eq!(event.field("kind"), Some("exclusive"), "{}", event.line());
     assert_eq!(
@@ -180,7 +196,13 @@ async fn slow_acquisition_event_has_key_and_backend_and_a_configurable_threshold
         tokio::time::sleep(Duration::from_millis(100)).await;
         holder.release().await.unwrap();
     });
-    quiet.lock("slow_{2}").await.unwrap().release().await.unwrap();
+    quiet
+        .lock("slow_{2}")
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
     release.await.unwrap();
     assert_eq!(capture.with_message("slow lock acquisition").len(), 1);
 }

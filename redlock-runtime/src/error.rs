@@ -193,9 +193,15 @@ mod tests {
         let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused by peer");
         let e = LockError::backend("connect")(refused.into());
         let shown = chain(&e).to_string();
-        assert_eq!(shown, "redis backend failed during connect: refused by peer");
+        assert_eq!(
+            shown,
+            "redis backend failed during connect: refused by peer"
+        );
         let timeout = chain(&LockError::timed_out("acquire", Duration::from_secs(1))).to_string();
-        assert_eq!(timeout, "redis backend failed during acquire: no answer within 1s");
+        assert_eq!(
+            timeout,
+            "redis backend failed during acquire: no answer within 1s"
+        );
         let plain = LockError::NoManager;
         assert_eq!(chain(&plain).to_string(), plain.to_string());
     }

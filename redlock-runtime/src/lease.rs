@@ -123,7 +123,7 @@ impl Lease {
             lost: CancellationToken::new(),
             op: Arc::new(Mutex::new(())),
             backend: "",
-            hold: Hold::default(),
+            hold: Hold::none(),
         };
         lease.confirmed(sent, ttl);
         lease

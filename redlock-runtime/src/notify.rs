@@ -376,7 +376,10 @@ pub(crate) fn push_handler(
         let hearing = channels.hearing.get();
         match push.kind {
             PushKind::Disconnection => {
-                tracing::debug!(backend, "subscriber reconnecting: polling until resubscribed");
+                tracing::debug!(
+                    backend,
+                    "subscriber reconnecting: polling until resubscribed"
+                );
                 let _decide = hearing.map(|h| h.decide());
                 let lost: Vec<String> = {
                     let mut state = channels.state();

@@ -166,7 +166,7 @@ mod on {
 
     /// One held lock, from its grant: `redlock_held` while it lasts, and a
     /// `redlock_hold_seconds` sample at its [`end`](Self::end).
-    #[derive(Debug, Default)]
+    #[derive(Debug)]
     pub(crate) struct Hold(Option<Held>);
 
     #[derive(Debug)]
@@ -177,6 +177,11 @@ mod on {
     }
 
     impl Hold {
+        /// Nothing to record (a lease made outside an acquisition, in tests).
+        pub(crate) fn none() -> Self {
+            Self(None)
+        }
+
         /// A lock of `kind` granted now.
         pub(crate) fn start(kind: LockKind, name: &Name) -> Self {
             let kind = kind_label(kind);
@@ -237,10 +242,15 @@ mod on {
     pub(crate) fn waiters(_: f64) {}
 
     /// Nothing to keep without the feature.
-    #[derive(Debug, Default)]
+    #[derive(Debug)]
     pub(crate) struct Hold;
 
     impl Hold {
+        #[inline(always)]
+        pub(crate) fn none() -> Self {
+            Self
+        }
+
         #[inline(always)]
         pub(crate) fn start(_: LockKind, _: &Name) -> Self {
             Self

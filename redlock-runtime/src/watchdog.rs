@@ -24,10 +24,10 @@ use tokio::sync::{mpsc, Notify, OwnedMutexGuard};
 use tracing::Instrument;
 
 use crate::backend::{LeaseRef, Renewal, Renewed};
+use crate::error::chain;
 use crate::key::LockKey;
 use crate::kind::Mode;
 use crate::lease::{self, Lease};
-use crate::error::chain;
 use crate::manager::Shared;
 use crate::stats::{self, Loss, Release, Renewing};
 use crate::token::Token;

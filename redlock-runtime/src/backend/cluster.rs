@@ -363,7 +363,8 @@ impl Store for ClusterBackend {
             .arg(ttl_ms(rw.timeout));
         // Until its reply is read, the attempt is undone on this same connection (the
         // same node connection: routed by the key) if it ends: see [`WaitAttempt`].
-        let mut attempt = WaitAttempt::new(con, self.con.clone(), key, token, ("SPUBLISH", "cluster"));
+        let mut attempt =
+            WaitAttempt::new(con, self.con.clone(), key, token, ("SPUBLISH", "cluster"));
         let replies = attempt
             .con()
             .route_pipeline(pipe, 0, 3, master_of(key.full()))
@@ -488,9 +489,10 @@ impl Store for ClusterBackend {
         for (indices, reply) in results {
             match reply {
                 Ok(flags) => {
-                    for (&i, outcome) in indices
-                        .iter()
-                        .zip(chunk_outcomes(indices.len(), Some(flags), "cluster"))
+                    for (&i, outcome) in
+                        indices
+                            .iter()
+                            .zip(chunk_outcomes(indices.len(), Some(flags), "cluster"))
                     {
                         if let Some(slot) = out.get_mut(i) {
                             *slot = outcome;

@@ -157,7 +157,8 @@ impl SingleBackend {
             Some(con) => con,
             None => self.wait_connection().await?,
         };
-        let mut attempt = WaitAttempt::new(con, self.con.clone(), key, token, ("PUBLISH", self.backend));
+        let mut attempt =
+            WaitAttempt::new(con, self.con.clone(), key, token, ("PUBLISH", self.backend));
         let mut reply = pipe.query_async::<(Value, u32)>(attempt.con()).await;
         if was_pooled && reply.as_ref().is_err_and(is_dropped) {
             self.wait_pool.clear();

@@ -9,13 +9,13 @@ use std::time::{Duration, Instant};
 use tracing::{field, Instrument};
 
 use super::LockManager;
-use crate::error::chain;
-use crate::stats;
 use crate::backend::{jitter, Attempt, Claim, Intent, LeaseRef, ReplicaWait, Together};
+use crate::error::chain;
 use crate::key::LockKey;
 use crate::kind::Mode;
 use crate::lease::{self, Lease};
 use crate::options::Resolved;
+use crate::stats;
 use crate::token::Token;
 use crate::waiters::Subscription;
 use crate::watchdog::Job;
@@ -147,7 +147,13 @@ impl LockManager {
         }
         .instrument(span.clone())
         .await;
-        stats::acquisition(&result, mode.kind(), self.backend_name(), &opts.name, started);
+        stats::acquisition(
+            &result,
+            mode.kind(),
+            self.backend_name(),
+            &opts.name,
+            started,
+        );
         if let Ok(guard) = &result {
             span.record("fencing_token", guard.fencing_token());
             let waited = started.elapsed();
@@ -184,12 +190,24 @@ impl LockManager {
                 Ok(Some(_)) => {
                     for _ in &keys {
                         let granted: Result<(), LockError> = Ok(());
-                        stats::acquisition(&granted, LockKind::Exclusive, self.backend_name(), &opts.name, started);
+                        stats::acquisition(
+                            &granted,
+                            LockKind::Exclusive,
+                            self.backend_name(),
+                            &opts.name,
+                            started,
+                        );
                     }
                 }
                 Ok(None) => {}
                 Err(_) if opts.wait.is_zero() => {
-                    stats::acquisition(&together, LockKind::Exclusive, self.backend_name(), &opts.name, started);
+                    stats::acquisition(
+                        &together,
+                        LockKind::Exclusive,
+                        self.backend_name(),
+                        &opts.name,
+                        started,
+                    );
                 }
                 Err(_) => {}
             }
@@ -375,7 +393,10 @@ impl LockManager {
         let lease = Lease::new(id, key.clone(), token, fence, opts.ttl, sent)
             .with_mode(mode)
             .held_at_least(opts.hold_at_least)
-            .observed(shared.backend.name(), stats::Hold::start(mode.kind(), &opts.name));
+            .observed(
+                shared.backend.name(),
+                stats::Hold::start(mode.kind(), &opts.name),
+            );
         let lease = Arc::new(lease);
         if opts.watchdog {
             shared.watch(&lease);
