@@ -84,6 +84,16 @@ impl LockOptions {
     /// sets: its key template), never the concrete key, whose values are unbounded.
     /// Default `""`. Accepted, and ignored, without the feature.
     ///
+    /// The metrics, through the [`metrics`](https://docs.rs/metrics/0.24) facade:
+    /// counters `redlock_acquire_total{outcome,kind,backend,name}` (`outcome`:
+    /// `acquired`, `timeout`, `queue_full`, `error`), `redlock_release_total{outcome}`
+    /// (`released`, `lost`, `error`), `redlock_renewals_total{outcome}` (`renewed`,
+    /// `lost`, `error`), `redlock_lost_total{reason}` (`expired`, `taken`); histograms
+    /// `redlock_wait_seconds{kind,name}` (grants and timeouts) and
+    /// `redlock_hold_seconds{kind,name}` (one sample per lock, at its release or loss);
+    /// gauges `redlock_held{kind}` and `redlock_waiters` (tasks in this process's local
+    /// queues).
+    ///
     /// ```
     /// # use redlock_runtime::LockOptions;
     /// let opts = LockOptions::new().name("buy_<goods_id>");
