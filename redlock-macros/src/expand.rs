@@ -29,6 +29,7 @@
 //!             hold_at_least: None,
 //!             watchdog: true,
 //!             abort_on_lost: true,
+//!             name: "buy_<goods_id>", // the key template(s), for the metrics
 //!         },
 //!     ).await {
 //!         Ok(c) => c,
@@ -411,6 +412,14 @@ impl<'a> Expansion<'a> {
             }
             None => quote_spanned!(Span::mixed_site()=> #core::option::Option::None),
         };
+        // The metrics' `name`: the template as written, never the concrete key.
+        let name = self
+            .keys
+            .templates()
+            .iter()
+            .map(KeyTemplate::text)
+            .collect::<Vec<_>>()
+            .join(", ");
         let ttl = duration(self.options.ttl.get());
         let wait = duration(self.options.wait.get());
         let hold_at_least = duration(self.options.hold_at_least.get());
@@ -456,6 +465,7 @@ impl<'a> Expansion<'a> {
                     hold_at_least: #hold_at_least,
                     watchdog: #watchdog,
                     abort_on_lost: #abort_on_lost,
+                    name: #name,
                 },
             )
             .await

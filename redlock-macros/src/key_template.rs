@@ -395,6 +395,11 @@ impl KeyTemplate {
         format
     }
 
+    /// The template as written (`"buy_<goods_id>"`).
+    pub(crate) fn text(&self) -> String {
+        self.lit.value()
+    }
+
     /// How many bytes to reserve for the key after the prefix.
     pub(crate) fn capacity_hint(&self) -> usize {
         self.pieces

@@ -1,5 +1,7 @@
-//! The one error type of the library.
+//! The one error type of the library, and how logs show an error.
 
+use std::error::Error;
+use std::fmt;
 use std::time::Duration;
 
 /// Why a lock operation failed.
@@ -160,5 +162,59 @@ impl LockError {
         Self::InvalidOption {
             reason: reason.into(),
         }
+    }
+}
+
+/// An error with its [`source`](Error::source) chain, `: `-separated, for logs: `redis
+/// backend failed during connect: Connection refused (os error 111)` where the error's
+/// own `Display` says only what failed. A source whose text the previous level already
+/// shows (redis-rs prints its inner error itself) is not repeated.
+pub(crate) struct Chain<'a>(&'a (dyn Error + 'static));
+
+/// The [`Chain`] of `error`, to log as `error = %chain(&e)`.
+pub(crate) fn chain<'a>(error: &'a (dyn Error + 'static)) -> Chain<'a> {
+    Chain(error)
+}
+
+/// Sources followed at most (a chain is finite; this only bounds the loop).
+const MAX_SOURCES: usize = 16;
+
+impl fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut shown = self.0.to_string();
+        f.write_str(&shown)?;
+        for source in std::iter::successors(self.0.source(), |&e| e.source()).take(MAX_SOURCES) {
+            let text = source.to_string();
+            if !shown.contains(&text) {
+                write!(f, ": {text}")?;
+            }
+            shown = text;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 14, item 4: logs said "redis backend failed during connect", the cause only
+    /// in `source()`.
+    #[test]
+    fn chain_shows_the_cause_once() {
+        let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused by peer");
+        let e = LockError::backend("connect")(refused.into());
+        let shown = chain(&e).to_string();
+        assert_eq!(
+            shown,
+            "redis backend failed during connect: refused by peer"
+        );
+        let timeout = chain(&LockError::timed_out("acquire", Duration::from_secs(1))).to_string();
+        assert_eq!(
+            timeout,
+            "redis backend failed during acquire: no answer within 1s"
+        );
+        let plain = LockError::NoManager;
+        assert_eq!(chain(&plain).to_string(), plain.to_string());
     }
 }

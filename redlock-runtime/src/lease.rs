@@ -41,6 +41,7 @@ use tokio_util::sync::CancellationToken;
 use crate::backend::LeaseRef;
 use crate::key::LockKey;
 use crate::kind::Mode;
+use crate::stats::{self, Hold, Loss};
 use crate::token::Token;
 
 static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
@@ -92,6 +93,10 @@ pub(crate) struct Lease {
     lost: CancellationToken,
     /// Held by the one extend or renewal of this lease in flight.
     pub(crate) op: Arc<Mutex<()>>,
+    /// The backend's name, for logs.
+    pub(crate) backend: &'static str,
+    /// The metrics of this grant (nothing without the feature).
+    hold: Hold,
 }
 
 impl Lease {
@@ -117,6 +122,8 @@ impl Lease {
             state: AtomicU8::new(HELD),
             lost: CancellationToken::new(),
             op: Arc::new(Mutex::new(())),
+            backend: "",
+            hold: Hold::none(),
         };
         lease.confirmed(sent, ttl);
         lease
@@ -129,6 +136,13 @@ impl Lease {
             token: self.token,
             mode: self.mode,
         }
+    }
+
+    /// A lease granted by `backend`, with the grant's metrics.
+    pub(crate) fn observed(mut self, backend: &'static str, hold: Hold) -> Self {
+        self.backend = backend;
+        self.hold = hold;
+        self
     }
 
     /// The lease of a grant in `mode`.
@@ -212,7 +226,7 @@ impl Lease {
             return false;
         }
         if now() >= self.deadline() {
-            self.mark_lost("the lease deadline passed without a renewal");
+            self.mark_lost(Loss::Expired);
             return false;
         }
         true
@@ -224,27 +238,38 @@ impl Lease {
     }
 
     /// Declares the lock lost (once); wakes `lost()`.
-    pub(crate) fn mark_lost(&self, reason: &'static str) {
+    pub(crate) fn mark_lost(&self, loss: Loss) {
         if self
             .state
             .compare_exchange(HELD, LOST, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
         {
+            self.hold.end();
+            stats::lost(loss);
             tracing::warn!(
                 key = self.key.full(),
+                backend = self.backend,
                 fencing_token = self.fence,
-                reason,
+                reason = loss.message(),
                 "lock lost"
             );
             self.lost.cancel();
         }
     }
 
+    /// Whether the lease was declared lost (before or after being released).
+    pub(crate) fn was_lost(&self) -> bool {
+        self.lost.is_cancelled()
+    }
+
     /// Marks the lease released; returns whether it was held (`Ok`) or lost (`Err`), or
     /// `None` when it was already released.
     pub(crate) fn mark_released(&self) -> Option<Result<(), ()>> {
         match self.state.swap(RELEASED, Ordering::AcqRel) {
-            HELD => Some(Ok(())),
+            HELD => {
+                self.hold.end();
+                Some(Ok(()))
+            }
             LOST => Some(Err(())),
             _ => None,
         }
@@ -265,7 +290,7 @@ impl Lease {
                     return Poll::Ready(true);
                 }
                 if now() >= self.deadline() {
-                    self.mark_lost("the lease deadline passed without a renewal");
+                    self.mark_lost(Loss::Expired);
                     return Poll::Ready(true);
                 }
                 sleep.as_mut().poll(cx).map(|()| false)
@@ -274,6 +299,16 @@ impl Lease {
             if over {
                 return;
             }
+        }
+    }
+}
+
+/// A lease still held when its last handle goes (the manager shut down before its
+/// release) ends its hold for the metrics all the same.
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if *self.state.get_mut() == HELD {
+            self.hold.end();
         }
     }
 }
@@ -388,7 +423,7 @@ mod model {
                             if ours {
                                 lease.confirmed(r.sent, r.ttl);
                             } else {
-                                lease.mark_lost("model: token gone");
+                                lease.mark_lost(Loss::Taken);
                             }
                             flights.pop_front();
                         }
@@ -406,7 +441,7 @@ mod model {
                 }
                 // The watchdog's view: the deadline passing means lost.
                 if now >= lease.deadline() {
-                    lease.mark_lost("model: deadline passed");
+                    lease.mark_lost(Loss::Expired);
                 }
             }
         }

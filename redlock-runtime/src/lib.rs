@@ -20,6 +20,7 @@ mod node;
 mod notify;
 mod options;
 mod scripts;
+mod stats;
 #[cfg(feature = "tls")]
 mod tls;
 mod token;
@@ -44,7 +45,7 @@ pub use key::MAX_KEY_LEN;
 pub use kind::LockKind;
 pub use manager::{
     LockGuard, LockManager, LockManagerBuilder, DEFAULT_MAX_WAITERS_PER_KEY, DEFAULT_PREFIX,
-    DEFAULT_TTL, DEFAULT_WAIT,
+    DEFAULT_SLOW_ACQUISITION, DEFAULT_TTL, DEFAULT_WAIT,
 };
 pub use multi_guard::MultiGuard;
 pub use node::IntoNode;

@@ -70,6 +70,8 @@ pub struct CallOptions {
     pub watchdog: bool,
     /// `on_lost = "abort"` (the default) rather than `"continue"`.
     pub abort_on_lost: bool,
+    /// The key template (the templates of `keys`, `, `-separated): the metrics' `name`.
+    pub name: &'static str,
 }
 
 impl CallOptions {
@@ -78,7 +80,7 @@ impl CallOptions {
         options.ttl = self.ttl;
         options.wait = self.wait;
         options.hold_at_least = self.hold_at_least;
-        options
+        options.name(self.name)
     }
 }
 
@@ -179,8 +181,8 @@ pub trait CallGuard {
     /// The error a body aborted by the loss returns: `Lost` with the key, or with
     /// every key (comma-separated) of a [`MultiGuard`].
     fn lost_error(&self) -> LockError;
-    /// Releases the lock(s).
-    fn release(self) -> impl Future<Output = Result<(), LockError>> + Send;
+    /// Releases the lock(s), logging a failure.
+    fn release_or_warn(self) -> impl Future<Output = ()> + Send;
     /// The lock nested calls may re-enter: an exclusive [`LockGuard`] only.
     fn reentrant(&self) -> Option<LockGuard>;
 }
@@ -196,8 +198,8 @@ impl CallGuard for LockGuard {
         }
     }
 
-    fn release(self) -> impl Future<Output = Result<(), LockError>> + Send {
-        LockGuard::release(self)
+    fn release_or_warn(self) -> impl Future<Output = ()> + Send {
+        LockGuard::release_or_warn(self)
     }
 
     fn reentrant(&self) -> Option<LockGuard> {
@@ -216,8 +218,8 @@ impl CallGuard for MultiGuard {
         }
     }
 
-    fn release(self) -> impl Future<Output = Result<(), LockError>> + Send {
-        MultiGuard::release(self)
+    fn release_or_warn(self) -> impl Future<Output = ()> + Send {
+        MultiGuard::release_or_warn(self)
     }
 
     fn reentrant(&self) -> Option<LockGuard> {
@@ -276,8 +278,6 @@ impl<G: CallGuard> Call<G> {
         if !self.owner {
             return;
         }
-        if let Err(e) = self.guard.release().await {
-            tracing::warn!(error = %e, "release after the call failed");
-        }
+        self.guard.release_or_warn().await;
     }
 }

@@ -77,6 +77,13 @@ impl MultiGuard {
     }
 }
 
+impl MultiGuard {
+    /// Releases every key, logging each failure (see [`LockGuard::release_or_warn`]).
+    pub(crate) async fn release_or_warn(self) {
+        join_all(self.guards.into_iter().map(LockGuard::release_or_warn)).await;
+    }
+}
+
 impl fmt::Debug for MultiGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_list().entries(&self.guards).finish()

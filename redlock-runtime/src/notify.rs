@@ -29,6 +29,7 @@ use redis::{PushInfo, PushKind, Value};
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
 use crate::backend::Wake;
+use crate::error::chain;
 use crate::LockError;
 
 /// One node's subscriber connection.
@@ -38,6 +39,8 @@ pub(crate) struct Subscriber {
     /// Serialises each channel's (un)subscribe commands so the server sees them in
     /// decision order (shared with the tasks that send the `UNSUBSCRIBE`s).
     ops: Arc<ChannelLocks>,
+    /// The backend this node serves, for logs.
+    backend: &'static str,
 }
 
 /// One async lock per channel, held across an (un)subscribe command of that channel and
@@ -251,11 +254,16 @@ impl Interest {
 
 impl Subscriber {
     /// Wraps a RESP3 connection whose pushes go to a [`push_handler`] over `channels`.
-    pub(crate) fn new(con: ConnectionManager, channels: Arc<Channels>) -> Self {
+    pub(crate) fn new(
+        con: ConnectionManager,
+        channels: Arc<Channels>,
+        backend: &'static str,
+    ) -> Self {
         Self {
             con,
             channels,
             ops: Arc::new(ChannelLocks::default()),
+            backend,
         }
     }
 
@@ -338,6 +346,7 @@ impl Subscriber {
         let channels = self.channels.clone();
         let mut con = self.con.clone();
         let key = key.to_owned();
+        let backend = self.backend;
         // Bounded by the connection's response timeout (and its retries).
         tokio::spawn(async move {
             let _turn = ops.lock(&key).await;
@@ -345,7 +354,7 @@ impl Subscriber {
                 return;
             }
             if let Err(e) = con.unsubscribe(&key).await {
-                tracing::debug!(key, error = %e, "unsubscribe failed");
+                tracing::debug!(key, backend, error = %chain(&e), "unsubscribe failed");
             }
         });
     }
@@ -358,6 +367,7 @@ impl Subscriber {
 pub(crate) fn push_handler(
     wake: Wake,
     channels: Arc<Channels>,
+    backend: &'static str,
 ) -> impl Fn(PushInfo) -> Result<(), ManagerGone> + Send + Sync + 'static {
     move |push| {
         if wake.is_gone() {
@@ -366,7 +376,10 @@ pub(crate) fn push_handler(
         let hearing = channels.hearing.get();
         match push.kind {
             PushKind::Disconnection => {
-                tracing::debug!("subscriber reconnecting: polling until resubscribed");
+                tracing::debug!(
+                    backend,
+                    "subscriber reconnecting: polling until resubscribed"
+                );
                 let _decide = hearing.map(|h| h.decide());
                 let lost: Vec<String> = {
                     let mut state = channels.state();

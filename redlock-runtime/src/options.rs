@@ -1,8 +1,9 @@
 //! Per-call options ([`LockOptions`]) and their validation.
 
+use std::borrow::Cow;
 use std::time::{Duration, Instant};
 
-use crate::LockError;
+use crate::{stats, LockError};
 
 /// The shortest ttl accepted.
 pub const MIN_TTL: Duration = Duration::from_millis(1);
@@ -28,6 +29,7 @@ pub struct LockOptions {
     pub(crate) watchdog: Option<bool>,
     pub(crate) min_replicas: Option<u32>,
     pub(crate) hold_at_least: Option<Duration>,
+    pub(crate) name: Option<Cow<'static, str>>,
 }
 
 impl LockOptions {
@@ -76,10 +78,34 @@ impl LockOptions {
         self.hold_at_least = Some(d);
         self
     }
+
+    /// What the lock is for, as the `name` label of the metrics (feature `metrics`): a
+    /// bounded set of values such as `"buy_<goods_id>"` (what `#[distributed_lock]`
+    /// sets: its key template), never the concrete key, whose values are unbounded.
+    /// Default `""`. Accepted, and ignored, without the feature.
+    ///
+    /// The metrics, through the [`metrics`](https://docs.rs/metrics/0.24) facade:
+    /// counters `redlock_acquire_total{outcome,kind,backend,name}` (`outcome`:
+    /// `acquired`, `timeout`, `queue_full`, `error`), `redlock_release_total{outcome}`
+    /// (`released`, `lost`, `error`), `redlock_renewals_total{outcome}` (`renewed`,
+    /// `lost`, `error`), `redlock_lost_total{reason}` (`expired`, `taken`); histograms
+    /// `redlock_wait_seconds{kind,name}` (grants and timeouts) and
+    /// `redlock_hold_seconds{kind,name}` (one sample per lock, at its release or loss);
+    /// gauges `redlock_held{kind}` and `redlock_waiters` (tasks in this process's local
+    /// queues).
+    ///
+    /// ```
+    /// # use redlock_runtime::LockOptions;
+    /// let opts = LockOptions::new().name("buy_<goods_id>");
+    /// ```
+    pub fn name(mut self, name: impl Into<Cow<'static, str>>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
 }
 
 /// Options with every default applied and every bound checked.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct Resolved {
     pub(crate) ttl: Duration,
     pub(crate) deadline: Instant,
@@ -87,6 +113,8 @@ pub(crate) struct Resolved {
     pub(crate) watchdog: bool,
     pub(crate) min_replicas: u32,
     pub(crate) hold_at_least: Duration,
+    /// The metrics' `name` label (zero-sized without the feature).
+    pub(crate) name: stats::Name,
 }
 
 impl Resolved {
@@ -131,6 +159,7 @@ impl LockOptions {
             watchdog: self.watchdog.unwrap_or(true),
             min_replicas: self.min_replicas.unwrap_or(0),
             hold_at_least,
+            name: stats::Name::new(self.name.as_ref()),
         })
     }
 }

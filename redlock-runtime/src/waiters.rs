@@ -13,6 +13,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::{Notify, Semaphore};
 
+use crate::stats;
+
 /// Called with a key whose queue emptied while it held an interest in the key's channel.
 pub(crate) type OnUnsubscribe = Box<dyn Fn(&str) + Send + Sync>;
 
@@ -124,6 +126,7 @@ impl Waiters {
             return None;
         }
         entry.waiting += 1;
+        stats::waiters(1.0);
         Some(Place {
             waiters: self,
             key,
@@ -147,6 +150,7 @@ impl Waiters {
 
     /// Leaves a queue; the last one out releases the key's channel.
     fn leave(&self, key: &str) {
+        stats::waiters(-1.0);
         let emptied = {
             let mut keys = self.keys();
             let Some(entry) = keys.get_mut(key) else {

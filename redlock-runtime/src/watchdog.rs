@@ -24,10 +24,12 @@ use tokio::sync::{mpsc, Notify, OwnedMutexGuard};
 use tracing::Instrument;
 
 use crate::backend::{LeaseRef, Renewal, Renewed};
+use crate::error::chain;
 use crate::key::LockKey;
 use crate::kind::Mode;
 use crate::lease::{self, Lease};
 use crate::manager::Shared;
+use crate::stats::{self, Loss, Release, Renewing};
 use crate::token::Token;
 
 /// Work handed to the task.
@@ -308,7 +310,7 @@ impl Watchdog {
             return false;
         }
         if now >= l.deadline() {
-            l.mark_lost("the lease deadline passed without a successful renewal");
+            l.mark_lost(Loss::Expired);
             schedule.remove(l.id);
             return false;
         }
@@ -366,7 +368,14 @@ pub(crate) async fn run(shared: Arc<Shared>, mut jobs: mpsc::UnboundedReceiver<J
 
 async fn handle(shared: Arc<Shared>, job: Job) -> bool {
     match job {
-        Job::Release(lease) => release(&shared, lease.lease_ref(), || lease.keep()).await,
+        Job::Release(lease) => {
+            let outcome = release(&shared, lease.lease_ref(), || lease.keep()).await;
+            // A lock found gone that nobody had declared lost was lost unnoticed.
+            if outcome == Release::Lost && !lease.was_lost() {
+                stats::lost(Loss::Taken);
+            }
+            stats::release(outcome);
+        }
         Job::Abandon(key, token, mode) => {
             let lease = LeaseRef {
                 key: &key,
@@ -377,12 +386,22 @@ async fn handle(shared: Arc<Shared>, job: Job) -> bool {
         }
         Job::Withdraw(key, waiter) => {
             if let Err(e) = shared.backend.withdraw(&key, waiter).await {
-                tracing::debug!(key = key.full(), error = %e, "withdrawing a writer's intent failed; it runs out with the writer's wait");
+                tracing::debug!(
+                    key = key.full(),
+                    backend = shared.backend.name(),
+                    error = %chain(&e),
+                    "withdrawing a writer's intent failed; it runs out with the writer's wait"
+                );
             }
         }
         Job::Unsubscribe(key) => {
             if let Err(e) = shared.backend.unsubscribe(&key).await {
-                tracing::debug!(key, error = %e, "unsubscribe failed");
+                tracing::debug!(
+                    key,
+                    backend = shared.backend.name(),
+                    error = %chain(&e),
+                    "unsubscribe failed"
+                );
             }
         }
     }
@@ -399,27 +418,51 @@ const RELEASE_RETRIES: [Duration; 3] = [
 
 /// Releases `lease`, keeping the key for `keep()` more when that is not zero
 /// (`hold_at_least`, measured again before each try).
-async fn release(shared: &Shared, lease: LeaseRef<'_>, keep: impl Fn() -> Duration) {
+async fn release(shared: &Shared, lease: LeaseRef<'_>, keep: impl Fn() -> Duration) -> Release {
     let key = lease.key;
+    let backend = shared.backend.name();
     for pause in std::iter::once(None).chain(RELEASE_RETRIES.map(Some)) {
         if let Some(pause) = pause {
             tokio::time::sleep(pause).await;
         }
-        let span = tracing::debug_span!(
-            "redlock.release",
-            key = key.full(),
-            backend = shared.backend.name()
-        );
+        let span = tracing::debug_span!("redlock.release", key = key.full(), backend);
         match shared.backend.release(lease, keep()).instrument(span).await {
-            Ok(true) => return shared.waiters.wake(key.full()),
-            Ok(false) => return,
-            Err(e) => tracing::debug!(key = key.full(), error = %e, "background release failed"),
+            Ok(true) => {
+                shared.waiters.wake(key.full());
+                return Release::Released;
+            }
+            Ok(false) => return Release::Lost,
+            Err(e) => tracing::debug!(
+                key = key.full(),
+                backend,
+                error = %chain(&e),
+                "background release failed"
+            ),
         }
     }
     tracing::warn!(
         key = key.full(),
+        backend,
         "background release failed; the ttl will free the lock"
     );
+    Release::Error
+}
+
+/// The keys of a renewal batch, for a log line: the first few, then how many more.
+struct Keys<'a>(&'a [Due]);
+
+impl std::fmt::Display for Keys<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        const SHOWN: usize = 5;
+        for (i, d) in self.0.iter().take(SHOWN).enumerate() {
+            let sep = if i == 0 { "" } else { ", " };
+            write!(f, "{sep}{}", d.lease.key.full())?;
+        }
+        if self.0.len() > SHOWN {
+            write!(f, " and {} more", self.0.len() - SHOWN)?;
+        }
+        Ok(())
+    }
 }
 
 async fn renew(shared: Arc<Shared>, due: Vec<Due>) -> bool {
@@ -441,7 +484,13 @@ async fn renew(shared: Arc<Shared>, due: Vec<Due>) -> bool {
     let outcomes = match shared.backend.renew(&batch).instrument(span).await {
         Ok(outcomes) => outcomes,
         Err(e) => {
-            tracing::warn!(locks = due.len(), error = %e, "lock renewal failed; retrying");
+            tracing::warn!(
+                keys = %Keys(&due),
+                locks = due.len(),
+                backend = shared.backend.name(),
+                error = %chain(&e),
+                "lock renewal failed; retrying"
+            );
             vec![Renewed::Unknown; due.len()]
         }
     };
@@ -460,11 +509,16 @@ fn book(shared: &Shared, due: &[Due], outcomes: Vec<Renewed>, sent: u64, now: u6
     let mut schedule = shared.watchdog.schedule();
     for (d, outcome) in due.iter().zip(outcomes) {
         match outcome {
-            Renewed::Yes => d.lease.confirmed(sent, d.ttl),
-            Renewed::Lost => d
-                .lease
-                .mark_lost("the server no longer holds this lock's token"),
+            Renewed::Yes => {
+                stats::renewal(Renewing::Renewed);
+                d.lease.confirmed(sent, d.ttl);
+            }
+            Renewed::Lost => {
+                stats::renewal(Renewing::Lost);
+                d.lease.mark_lost(Loss::Taken);
+            }
             Renewed::Unknown => {
+                stats::renewal(Renewing::Error);
                 let retry = (d.ttl / 10).min(Duration::from_millis(500));
                 schedule.retry(&d.lease, now.saturating_add(lease::nanos(retry)));
                 continue;

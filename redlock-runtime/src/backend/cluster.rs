@@ -59,6 +59,7 @@ use super::server::{
     script_loads, ttl_ms, ScriptCall, Timeouts, WaitAttempt, WaitPool, MAX_REPLICA_WAIT,
 };
 use super::{Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Store, Together, Wake};
+use crate::error::chain;
 use crate::key::{key_slot, LockKey, SLOTS};
 use crate::notify::{channel_of, ChannelLocks, Interest};
 use crate::scripts::{ACQUIRE, EXTEND, RELEASE};
@@ -315,7 +316,12 @@ impl ClusterBackend {
                 .collect()),
             Ok(_) => Err(calls),
             Err(e) => {
-                tracing::debug!(error = %e, calls = calls.len(), "renewal pipeline failed; renewing slot by slot");
+                tracing::debug!(
+                    backend = "cluster",
+                    error = %chain(&e),
+                    calls = calls.len(),
+                    "renewal pipeline failed; renewing slot by slot"
+                );
                 Err(calls)
             }
         }
@@ -339,11 +345,18 @@ impl ClusterBackend {
         let map = match reply.map(SlotMap::parse) {
             Ok(Some(map)) => Arc::new(map),
             Ok(None) => {
-                tracing::debug!("unexpected CLUSTER SLOTS reply; renewing slot by slot");
+                tracing::debug!(
+                    backend = "cluster",
+                    "unexpected CLUSTER SLOTS reply; renewing slot by slot"
+                );
                 return None;
             }
             Err(e) => {
-                tracing::debug!(error = %e, "CLUSTER SLOTS failed; renewing slot by slot");
+                tracing::debug!(
+                    backend = "cluster",
+                    error = %chain(&e),
+                    "CLUSTER SLOTS failed; renewing slot by slot"
+                );
                 return None;
             }
         };
@@ -410,7 +423,8 @@ impl Store for ClusterBackend {
             .arg(ttl_ms(rw.timeout));
         // Until its reply is read, the attempt is undone on this same connection (the
         // same node connection: routed by the key) if it ends: see [`WaitAttempt`].
-        let mut attempt = WaitAttempt::new(con, self.con.clone(), key, token, "SPUBLISH");
+        let mut attempt =
+            WaitAttempt::new(con, self.con.clone(), key, token, ("SPUBLISH", "cluster"));
         let replies = attempt
             .con()
             .route_pipeline(pipe, 0, 3, master_of(key.full()))
@@ -535,9 +549,10 @@ impl Store for ClusterBackend {
         for (indices, reply) in results {
             match reply {
                 Ok(flags) => {
-                    for (&i, outcome) in indices
-                        .iter()
-                        .zip(chunk_outcomes(indices.len(), Some(flags)))
+                    for (&i, outcome) in
+                        indices
+                            .iter()
+                            .zip(chunk_outcomes(indices.len(), Some(flags), "cluster"))
                     {
                         if let Some(slot) = out.get_mut(i) {
                             *slot = outcome;
@@ -553,7 +568,13 @@ impl Store for ClusterBackend {
         match last_error {
             Some(e) if failed == total => Err(LockError::backend("renew")(e)),
             Some(e) => {
-                tracing::warn!(failed, of = total, error = %e, "some slots' renewals failed; retrying them");
+                tracing::warn!(
+                    backend = "cluster",
+                    failed,
+                    of = total,
+                    error = %chain(&e),
+                    "some slots' renewals failed; retrying them"
+                );
                 Ok(out)
             }
             None => Ok(out),
@@ -892,6 +913,7 @@ async fn dispatch(
             }
             PushKind::Disconnection => {
                 tracing::debug!(
+                    backend = "cluster",
                     "cluster subscriber reconnecting: waking every waiter and resubscribing"
                 );
                 inner.lose_all();
@@ -903,7 +925,8 @@ async fn dispatch(
                 Some(channel) => {
                     if inner.lose(&channel) {
                         tracing::debug!(
-                            channel,
+                            key = channel,
+                            backend = "cluster",
                             "shard channel unsubscribed by the server; resubscribing"
                         );
                         wake.wake(&channel);
@@ -958,7 +981,12 @@ async fn resubscriber(
                 }
                 Ok(false) => {}
                 Err(e) => {
-                    tracing::debug!(channel, error = %e, "resubscription failed; will retry");
+                    tracing::debug!(
+                        key = channel,
+                        backend = "cluster",
+                        error = %chain(&e),
+                        "resubscription failed; will retry"
+                    );
                     pending.insert(channel);
                     pending.extend(round.drain(..));
                 }

@@ -120,6 +120,7 @@ use super::single::SingleBackend;
 use super::{
     jitter, Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Store, Timeouts, Together, Wake,
 };
+use crate::error::chain;
 use crate::key::LockKey;
 use crate::kind::Mode;
 use crate::lease::drift;
@@ -360,7 +361,7 @@ impl RedlockBackend {
         let connected = join_all(
             nodes
                 .into_iter()
-                .map(|node| SingleBackend::connect(node, timeouts, wake.clone())),
+                .map(|node| SingleBackend::connect(node, timeouts, wake.clone(), "redlock")),
         )
         .await;
         let nodes = connected.into_iter().collect::<Result<Vec<_>, _>>()?;
@@ -579,7 +580,12 @@ impl RedlockBackend {
     /// `QuorumUnavailable` for a call that got `reached` answers.
     fn unavailable(&self, key: &LockKey, reached: usize, error: Option<&LockError>) -> LockError {
         if let Some(e) = error {
-            tracing::debug!(key = key.full(), error = %e, "redlock: too few nodes answered");
+            tracing::debug!(
+                key = key.full(),
+                backend = "redlock",
+                error = %chain(e),
+                "redlock: too few nodes answered"
+            );
         }
         LockError::QuorumUnavailable {
             key: key.full().to_owned(),
@@ -745,15 +751,22 @@ impl RedlockBackend {
     /// (a majority of such nodes, left by successive writers, would keep them out for
     /// good) until it ran out by itself.
     fn withdraw_intent(&self, key: &LockKey, waiter: u64) {
-        let (nodes, intents) = (self.nodes.clone(), key.intents());
+        let (nodes, intents, full) = (self.nodes.clone(), key.intents(), key.full().to_owned());
         tokio::spawn(async move {
             join_all(nodes.iter().map(|node| {
                 let mut zrem = redis::cmd("ZREM");
                 zrem.arg(&intents).arg(waiter.to_string());
                 let mut con = node.connection();
+                let key = &full;
                 async move {
                     if let Err(e) = zrem.query_async::<i64>(&mut con).await {
-                        tracing::debug!(node = node.addr(), error = %e, "redlock: withdrawing a writer's intent failed; it runs out by itself");
+                        tracing::debug!(
+                            key,
+                            backend = "redlock",
+                            node = node.addr(),
+                            error = %chain(&e),
+                            "redlock: withdrawing a writer's intent failed; it runs out by itself"
+                        );
                     }
                 }
             }))
@@ -867,6 +880,7 @@ impl RedlockBackend {
         } else {
             tracing::debug!(
                 key = key.full(),
+                backend = "redlock",
                 "redlock: too few nodes vouch for the fencing token"
             );
             None
@@ -1146,7 +1160,12 @@ impl RedlockBackend {
                     self.keep_late_grants(keys, stake, fences.clone(), (deadline, cut), in_flight);
                     return Ok(Contest::Won(fences));
                 }
-                tracing::debug!(key = first.full(), elapsed = ?started.elapsed(), "redlock: quorum won too late; undoing");
+                tracing::debug!(
+                    key = first.full(),
+                    backend = "redlock",
+                    elapsed = ?started.elapsed(),
+                    "redlock: quorum won too late; undoing"
+                );
             }
         }
         // Lost: undo what was won, in the background, and retry (the manager) without
@@ -1631,7 +1650,8 @@ async fn resubscribe(nodes: Arc<[SingleBackend]>, i: usize, channel: Arc<str>) {
         }
     }
     tracing::debug!(
-        channel = &*channel,
+        key = &*channel,
+        backend = "redlock",
         node = node.addr(),
         "redlock: a node does not confirm a subscription; heard without it"
     );
@@ -1715,6 +1735,7 @@ async fn release_until_confirmed(
     }
     tracing::debug!(
         key = key.full(),
+        backend = "redlock",
         node = node.addr(),
         "redlock: release not confirmed by a node; its ttl frees it"
     );

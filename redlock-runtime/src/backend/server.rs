@@ -14,6 +14,7 @@ use redis::Value;
 use redis::Cmd;
 
 use super::{Attempt, Claim, LeaseRef, Renewal, Renewed, Together};
+use crate::error::chain;
 use crate::key::LockKey;
 use crate::kind::Mode;
 use crate::scripts::{
@@ -264,6 +265,7 @@ where
     key: LockKey,
     token: Token,
     publish: &'static str,
+    backend: &'static str,
 }
 
 impl<C, F> WaitAttempt<C, F>
@@ -272,13 +274,14 @@ where
     F: ConnectionLike + Clone + Send + 'static,
 {
     /// Arms the undo of `token`'s acquire about to be sent on `con`; `publish` is the
-    /// release's wake-up command (`PUBLISH` or `SPUBLISH`).
+    /// release's wake-up command (`PUBLISH` or `SPUBLISH`); `backend` names the backend
+    /// in logs.
     pub(crate) fn new(
         con: C,
         fallback: F,
         key: &LockKey,
         token: Token,
-        publish: &'static str,
+        (publish, backend): (&'static str, &'static str),
     ) -> Self {
         Self {
             con: Some(con),
@@ -286,6 +289,7 @@ where
             key: key.clone(),
             token,
             publish,
+            backend,
         }
     }
 
@@ -319,11 +323,12 @@ where
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let (mut fallback, key, token, publish) = (
+        let (mut fallback, key, token, publish, backend) = (
             self.fallback.clone(),
             self.key.clone(),
             self.token,
             self.publish,
+            self.backend,
         );
         // Self-contained EVAL: no NOSCRIPT, applied whenever it is delivered.
         let release = RELEASE.eval(&[key.full()], (token.as_bytes(), publish));
@@ -334,13 +339,19 @@ where
                 let Err(e) = &outcome else {
                     return;
                 };
-                tracing::debug!(key = key.full(), error = %e, "undo of a WAIT acquire failed");
+                tracing::debug!(
+                    key = key.full(),
+                    backend,
+                    error = %chain(e),
+                    "undo of a WAIT acquire failed"
+                );
                 tokio::time::sleep(pause).await;
                 outcome = release.query_async::<i64>(&mut fallback).await;
             }
             if outcome.is_err() {
                 tracing::debug!(
                     key = key.full(),
+                    backend,
                     "undo of a WAIT acquire failed; the ttl will free the lock"
                 );
             }
@@ -602,7 +613,11 @@ pub(crate) fn renew_args<'r, 'k: 'r>(
 /// The outcomes of one `renew.lua` call over `len` locks, from its reply (`None`: the
 /// call failed). A reply without exactly one integer per lock cannot be matched to the
 /// locks, so all of them are unknown (retried soon), never credited to a neighbour.
-pub(crate) fn chunk_outcomes(len: usize, reply: Option<Vec<i64>>) -> Vec<Renewed> {
+pub(crate) fn chunk_outcomes(
+    len: usize,
+    reply: Option<Vec<i64>>,
+    backend: &'static str,
+) -> Vec<Renewed> {
     match reply {
         Some(flags) if flags.len() == len => flags
             .into_iter()
@@ -610,6 +625,7 @@ pub(crate) fn chunk_outcomes(len: usize, reply: Option<Vec<i64>>) -> Vec<Renewed
             .collect(),
         Some(flags) => {
             tracing::warn!(
+                backend,
                 locks = len,
                 answers = flags.len(),
                 "renewal reply does not match its locks; retrying them"

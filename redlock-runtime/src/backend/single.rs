@@ -37,14 +37,18 @@ pub(crate) struct SingleBackend {
     subscriber: Subscriber,
     wait_pool: WaitPool<MultiplexedConnection>,
     timeouts: Timeouts,
+    /// The backend this server belongs to (`single`, or one of `redlock`'s nodes), for logs.
+    backend: &'static str,
 }
 
 impl SingleBackend {
-    /// Opens the command and subscriber connections and PINGs, within the connect timeout.
+    /// Opens the command and subscriber connections and PINGs, within the connect timeout;
+    /// `backend` names the backend it serves in logs.
     pub(crate) async fn connect(
         info: ConnectionInfo,
         timeouts: Timeouts,
         wake: Wake,
+        backend: &'static str,
     ) -> Result<Self, LockError> {
         let nodelay = info.tcp_settings().clone().set_nodelay(true);
         let info = info.set_tcp_settings(nodelay);
@@ -57,7 +61,7 @@ impl SingleBackend {
             Client::open(info.set_redis_settings(resp3)).map_err(LockError::backend("connect"))?;
 
         let channels = Arc::new(Channels::default());
-        let handler = push_handler(wake, channels.clone());
+        let handler = push_handler(wake, channels.clone(), backend);
         let connect = async {
             let con = client
                 .get_connection_manager_with_config(timeouts.manager_config())
@@ -77,9 +81,10 @@ impl SingleBackend {
         Ok(Self {
             client,
             con,
-            subscriber: Subscriber::new(sub_con, channels),
+            subscriber: Subscriber::new(sub_con, channels, backend),
             wait_pool: WaitPool::new(),
             timeouts,
+            backend,
         })
     }
 
@@ -149,7 +154,8 @@ impl SingleBackend {
             Some(con) => con,
             None => self.wait_connection().await?,
         };
-        let mut attempt = WaitAttempt::new(con, self.con.clone(), key, token, "PUBLISH");
+        let mut attempt =
+            WaitAttempt::new(con, self.con.clone(), key, token, ("PUBLISH", self.backend));
         let mut reply = pipe.query_async::<(Value, u32)>(attempt.con()).await;
         if was_pooled && reply.as_ref().is_err_and(is_dropped) {
             self.wait_pool.clear();
@@ -268,7 +274,7 @@ impl Store for SingleBackend {
             .query_async(&mut self.con.clone())
             .await
             .map_err(LockError::backend("renew"))?;
-        let outcomes = decode_renewals(groups.iter().map(Vec::len), replies);
+        let outcomes = decode_renewals(groups.iter().map(Vec::len), replies, self.backend);
         Ok(in_batch_order(batch.len(), &groups, outcomes))
     }
 
@@ -335,14 +341,18 @@ impl Store for SingleBackend {
 
 /// One outcome per lock from the replies of a renew pipeline, chunk by chunk: a chunk
 /// whose reply is missing or malformed leaves its own locks unknown.
-fn decode_renewals(chunk_lens: impl Iterator<Item = usize>, replies: Vec<Value>) -> Vec<Renewed> {
+fn decode_renewals(
+    chunk_lens: impl Iterator<Item = usize>,
+    replies: Vec<Value>,
+    backend: &'static str,
+) -> Vec<Renewed> {
     let mut replies = replies.into_iter();
     chunk_lens
         .flat_map(|len| {
             let reply = replies
                 .next()
                 .and_then(|r| redis::from_redis_value::<Vec<i64>>(r).ok());
-            chunk_outcomes(len, reply)
+            chunk_outcomes(len, reply, backend)
         })
         .collect()
 }
@@ -376,6 +386,7 @@ mod tests {
             server.client().get_connection_info().clone(),
             timeouts,
             Wake::default(),
+            "single",
         )
         .await
         .unwrap();
@@ -457,7 +468,11 @@ mod tests {
 
     #[test]
     fn renew_short_chunk_reply_is_not_credited_to_its_neighbours() {
-        let outcomes = decode_renewals([2, 2].into_iter(), vec![reply(&[1]), reply(&[1, 0])]);
+        let outcomes = decode_renewals(
+            [2, 2].into_iter(),
+            vec![reply(&[1]), reply(&[1, 0])],
+            "single",
+        );
         assert_eq!(
             outcomes,
             [
@@ -474,6 +489,7 @@ mod tests {
         let outcomes = decode_renewals(
             [1, 2, 1].into_iter(),
             vec![Value::SimpleString("OK".into()), reply(&[0, 1])],
+            "single",
         );
         assert_eq!(
             outcomes,

@@ -10,6 +10,7 @@ use pin_project_lite::pin_project;
 use tower::Service;
 
 use super::response::{error_response, HeldLock};
+use crate::error::chain;
 use crate::{LockError, LockGuard};
 
 pub(super) type Acquire = Pin<Box<dyn Future<Output = Result<LockGuard, LockError>> + Send>>;
@@ -21,18 +22,21 @@ fn release(guard: LockGuard) -> Release {
     Box::pin(async move {
         let key = guard.key().to_owned();
         let fencing_token = guard.fencing_token();
+        let backend = guard.backend();
         match guard.release().await {
             Ok(()) => {}
             Err(LockError::Lost { .. }) => tracing::warn!(
                 key,
+                backend,
                 fencing_token,
                 "lock lost while the request was handled; response returned"
             ),
             // The ttl frees the lock.
             Err(error) => tracing::warn!(
                 key,
+                backend,
                 fencing_token,
-                error = %error,
+                error = %chain(&error),
                 "releasing the request's lock failed; response returned"
             ),
         }
@@ -135,22 +139,7 @@ where
                     }
                     Err(error) => {
                         let response = error_response(&error);
-                        // Busy locks and malformed requests are the clients' business.
-                        if error.is_retryable() || matches!(error, LockError::InvalidKey { .. }) {
-                            tracing::debug!(
-                                key = error.key(),
-                                error = %error,
-                                status = response.status().as_u16(),
-                                "request rejected: lock not acquired"
-                            );
-                        } else {
-                            tracing::warn!(
-                                key = error.key(),
-                                error = %error,
-                                status = response.status().as_u16(),
-                                "request rejected: lock not acquired"
-                            );
-                        }
+                        // Logged where the key and backend are known (`LockService::call`).
                         this.state.set(State::Done);
                         return Poll::Ready(Ok(response));
                     }

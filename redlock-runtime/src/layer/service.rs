@@ -8,7 +8,8 @@ use tower::Service;
 
 use super::future::{Acquire, ResponseFuture};
 use super::KeyFn;
-use crate::{LockManager, LockOptions};
+use crate::error::chain;
+use crate::{LockError, LockManager, LockOptions};
 
 /// The service of a [`LockLayer`](super::LockLayer): calls the inner service while
 /// holding the lock its [`KeyFn`] derives from the request.
@@ -74,15 +75,37 @@ where
             Ok(Some(key)) => {
                 let manager = self.manager.clone();
                 let options = self.options.clone();
-                Box::pin(async move { manager.lock_with(&key, options).await })
+                Box::pin(async move {
+                    let acquired = manager.lock_with(&key, options).await;
+                    if let Err(error) = &acquired {
+                        let full = format!("{}{key}", manager.prefix());
+                        rejected(Some(&full), manager.backend_name(), error);
+                    }
+                    acquired
+                })
             }
             // Answered with the error's response; the inner service is never called.
-            Err(error) => Box::pin(future::ready(Err(error))),
+            Err(error) => {
+                rejected(None, self.manager.backend_name(), &error);
+                Box::pin(future::ready(Err(error)))
+            }
         };
         // The service polled ready goes with the request; its clone stays for the next.
         let clone = self.inner.clone();
         let ready = mem::replace(&mut self.inner, clone);
         ResponseFuture::acquiring(acquire, ready, request)
+    }
+}
+
+/// Logs a request answered with `error` instead of being served: at `DEBUG` when busy
+/// locks or malformed requests (the clients' business), else at `WARN`. `key` is what
+/// the full key, when the key function returned one.
+fn rejected(key: Option<&str>, backend: &'static str, error: &LockError) {
+    let status = error.status_code().as_u16();
+    if error.is_retryable() || matches!(error, LockError::InvalidKey { .. }) {
+        tracing::debug!(key, backend, error = %chain(error), status, "request rejected: lock not acquired");
+    } else {
+        tracing::warn!(key, backend, error = %chain(error), status, "request rejected: lock not acquired");
     }
 }
 

@@ -10,14 +10,16 @@ use tracing::{field, Instrument};
 
 use super::LockManager;
 use crate::backend::{jitter, Attempt, Claim, Intent, LeaseRef, ReplicaWait, Together};
+use crate::error::chain;
 use crate::key::LockKey;
 use crate::kind::Mode;
 use crate::lease::{self, Lease};
 use crate::options::Resolved;
+use crate::stats;
 use crate::token::Token;
 use crate::waiters::Subscription;
 use crate::watchdog::Job;
-use crate::{LockError, LockGuard, MultiGuard};
+use crate::{LockError, LockGuard, LockKind, MultiGuard};
 
 /// How often a head polls while it cannot hear releases.
 const POLL_UNSUBSCRIBED: Duration = Duration::from_millis(100);
@@ -146,11 +148,26 @@ impl LockManager {
         }
         .instrument(span.clone())
         .await;
+        stats::acquisition(
+            &result,
+            mode.kind(),
+            self.backend_name(),
+            &opts.name,
+            started,
+        );
         if let Ok(guard) = &result {
             span.record("fencing_token", guard.fencing_token());
             let waited = started.elapsed();
-            if waited > Duration::from_secs(1) {
-                tracing::info!(parent: &span, ?waited, "slow lock acquisition");
+            if waited > self.0.slow_acquisition {
+                tracing::info!(
+                    parent: &span,
+                    key = guard.key(),
+                    kind = %mode.kind(),
+                    backend = self.backend_name(),
+                    fencing_token = guard.fencing_token(),
+                    ?waited,
+                    "slow lock acquisition"
+                );
             }
         }
         result
@@ -168,7 +185,35 @@ impl LockManager {
         self.check_runtime()?;
         // `WAIT` is sent per key, by the one-by-one path.
         if keys.len() > 1 && opts.min_replicas == 0 {
-            match self.acquire_together(&keys, &opts).await {
+            let started = Instant::now();
+            let together = self.acquire_together(&keys, &opts).await;
+            // Counted per key granted, as the one-by-one path does; a failure once.
+            match &together {
+                Ok(Some(_)) => {
+                    for _ in &keys {
+                        let granted: Result<(), LockError> = Ok(());
+                        stats::acquisition(
+                            &granted,
+                            LockKind::Exclusive,
+                            self.backend_name(),
+                            &opts.name,
+                            started,
+                        );
+                    }
+                }
+                Ok(None) => {}
+                Err(_) if opts.wait.is_zero() => {
+                    stats::acquisition(
+                        &together,
+                        LockKind::Exclusive,
+                        self.backend_name(),
+                        &opts.name,
+                        started,
+                    );
+                }
+                Err(_) => {}
+            }
+            match together {
                 Ok(Some(guards)) => return Ok(guards),
                 Ok(None) => {}
                 Err(e) if opts.wait.is_zero() => return Err(e),
@@ -185,7 +230,7 @@ impl LockManager {
         };
         let mut guards = Vec::with_capacity(keys.len());
         for key in keys {
-            match self.acquire(key, Mode::Exclusive, each).await {
+            match self.acquire(key, Mode::Exclusive, each.clone()).await {
                 Ok(guard) => guards.push(guard),
                 Err(e) => {
                     // Released whatever happens: a guard dropped (this future cancelled
@@ -262,7 +307,11 @@ impl LockManager {
             .map(|(key, fence)| {
                 let id = self.0.next_id.fetch_add(1, Ordering::Relaxed);
                 let lease = Lease::new(id, key.clone(), token, fence, opts.ttl, sent)
-                    .held_at_least(opts.hold_at_least);
+                    .held_at_least(opts.hold_at_least)
+                    .observed(
+                        shared.backend.name(),
+                        stats::Hold::start(LockKind::Exclusive, &opts.name),
+                    );
                 let lease = Arc::new(lease);
                 if opts.watchdog {
                     shared.watch(&lease);
@@ -345,7 +394,11 @@ impl LockManager {
         let id = self.0.next_id.fetch_add(1, Ordering::Relaxed);
         let lease = Lease::new(id, key.clone(), token, fence, opts.ttl, sent)
             .with_mode(mode)
-            .held_at_least(opts.hold_at_least);
+            .held_at_least(opts.hold_at_least)
+            .observed(
+                shared.backend.name(),
+                stats::Hold::start(mode.kind(), &opts.name),
+            );
         let lease = Arc::new(lease);
         if opts.watchdog {
             shared.watch(&lease);
@@ -460,10 +513,20 @@ impl LockManager {
                             unheard_since = None;
                         }
                         Ok(Err(e)) if again => {
-                            tracing::debug!(error = %e, "subscribing again failed; polling");
+                            tracing::debug!(
+                                key = key.full(),
+                                backend = self.backend_name(),
+                                error = %chain(&e),
+                                "subscribing again failed; polling"
+                            );
                         }
                         Ok(Err(e)) => {
-                            tracing::warn!(error = %e, "no release notifications; polling");
+                            tracing::warn!(
+                                key = key.full(),
+                                backend = self.backend_name(),
+                                error = %chain(&e),
+                                "no release notifications; polling"
+                            );
                         }
                     }
                 }
@@ -504,7 +567,12 @@ impl LockManager {
                     }
                 }
                 Err(e) if retried_while_waiting(&e) => {
-                    tracing::debug!(error = %e, "acquire attempt failed; retrying");
+                    tracing::debug!(
+                        key = key.full(),
+                        backend = self.backend_name(),
+                        error = %chain(&e),
+                        "acquire attempt failed; retrying"
+                    );
                     last_error = Some(e);
                     backoff = (backoff * 2).min(MAX_RETRY_BACKOFF);
                     // Jittered, so managers that failed together do not retry together.

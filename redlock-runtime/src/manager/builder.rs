@@ -17,6 +17,7 @@ use crate::backend::{
     Backend, ClusterBackend, ClusterNodes, MemoryBackend, RedlockBackend, SingleBackend, Timeouts,
     Wake, DEFAULT_NODE_TIMEOUT,
 };
+use crate::error::chain;
 use crate::key::check_prefix;
 use crate::node::{is_tls, IntoNode, Redacted};
 use crate::options::check_ttl;
@@ -103,6 +104,7 @@ pub struct LockManagerBuilder {
     timeouts: Timeouts,
     redlock_node_timeout: Duration,
     require_noeviction: bool,
+    slow_acquisition: Duration,
 }
 
 /// The default key prefix.
@@ -113,6 +115,8 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
 pub const DEFAULT_WAIT: Duration = Duration::from_secs(10);
 /// The default bound of the local queue per key.
 pub const DEFAULT_MAX_WAITERS_PER_KEY: usize = 1024;
+/// The default [`slow_acquisition_threshold`](LockManagerBuilder::slow_acquisition_threshold).
+pub const DEFAULT_SLOW_ACQUISITION: Duration = Duration::from_secs(1);
 
 impl Default for LockManagerBuilder {
     fn default() -> Self {
@@ -128,6 +132,7 @@ impl Default for LockManagerBuilder {
             },
             redlock_node_timeout: DEFAULT_NODE_TIMEOUT,
             require_noeviction: false,
+            slow_acquisition: DEFAULT_SLOW_ACQUISITION,
         }
     }
 }
@@ -281,6 +286,14 @@ impl LockManagerBuilder {
         self
     }
 
+    /// Acquisitions that took longer than this are logged at `INFO` ("slow lock
+    /// acquisition", with the key, kind, backend, fencing token and time waited);
+    /// default 1 s. `Duration::MAX` turns the log off.
+    pub fn slow_acquisition_threshold(mut self, threshold: Duration) -> Self {
+        self.slow_acquisition = threshold;
+        self
+    }
+
     /// Checks the settings, connects to and PINGs every node, reads every node's
     /// `maxmemory-policy`, and starts the manager's background task. Writes no key.
     ///
@@ -358,6 +371,7 @@ impl LockManagerBuilder {
                     *node.map_err(LockError::invalid_option)?,
                     self.timeouts,
                     Wake::new(&waiters),
+                    "single",
                 )
                 .await?,
             ),
@@ -373,6 +387,7 @@ impl LockManagerBuilder {
             default_ttl: self.default_ttl,
             default_wait: self.default_wait,
             next_id: AtomicU64::new(1),
+            slow_acquisition: self.slow_acquisition,
             #[cfg(test)]
             attempts: std::sync::atomic::AtomicUsize::new(0),
         })))
@@ -407,13 +422,15 @@ async fn check_eviction(backend: &Backend, require: bool) -> Result<(), LockErro
             }
             Ok(policy) => tracing::warn!(
                 node,
+                backend = backend.name(),
                 policy,
                 "maxmemory-policy is not noeviction: {RISK}; set it to noeviction"
             ),
             Err(e) if require => return Err(e),
             Err(e) => tracing::warn!(
                 node,
-                error = %e,
+                backend = backend.name(),
+                error = %chain(&e),
                 "cannot read maxmemory-policy (INFO memory): if it is not noeviction, {RISK}"
             ),
         }

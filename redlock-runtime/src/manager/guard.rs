@@ -7,8 +7,10 @@ use std::time::{Duration, Instant};
 
 use tracing::Instrument;
 
+use crate::error::chain;
 use crate::lease::{self, Lease};
 use crate::options::check_ttl;
+use crate::stats::{self, Loss, Release};
 use crate::watchdog::Job;
 use crate::{LockError, LockKind, LockManager};
 
@@ -148,6 +150,29 @@ impl LockGuard {
         }
         self.manager.release_lease(&self.lease).await
     }
+
+    /// [`release`](Self::release) for a caller with nobody to report to (the macro's
+    /// expansion): a failure is logged, with the key and the cause.
+    pub(crate) async fn release_or_warn(mut self) {
+        if !std::mem::replace(&mut self.owner, false) {
+            return;
+        }
+        if let Err(e) = self.manager.release_lease(&self.lease).await {
+            tracing::warn!(
+                key = self.key(),
+                backend = self.lease.backend,
+                fencing_token = self.lease.fence,
+                error = %chain(&e),
+                "release after the call failed"
+            );
+        }
+    }
+
+    /// The name of the backend that granted the lock.
+    #[cfg(feature = "tower")]
+    pub(crate) fn backend(&self) -> &'static str {
+        self.lease.backend
+    }
 }
 
 impl Drop for LockGuard {
@@ -201,7 +226,23 @@ impl LockManager {
             .await;
         // A failed request is retried in the background (compare-token, so harmless).
         pending.armed = released.is_err();
-        match (released?, was) {
+        let released = match released {
+            Ok(released) => released,
+            Err(e) => {
+                stats::release(Release::Error);
+                return Err(e);
+            }
+        };
+        if !released && was.is_ok() {
+            // Lost unnoticed: the server no longer had our token.
+            stats::lost(Loss::Taken);
+        }
+        stats::release(if released {
+            Release::Released
+        } else {
+            Release::Lost
+        });
+        match (released, was) {
             (true, Ok(())) => {
                 shared.waiters.wake(key);
                 Ok(())
@@ -263,7 +304,7 @@ impl LockManager {
                     Ok(())
                 }
                 Ok(false) => {
-                    lease.mark_lost("the server no longer holds this lock's token");
+                    lease.mark_lost(Loss::Taken);
                     Err(lost(&lease))
                 }
                 Err(e) => Err(e),

@@ -25,7 +25,8 @@ use crate::watchdog::Job;
 use crate::{LockError, LockOptions};
 
 pub use builder::{
-    LockManagerBuilder, DEFAULT_MAX_WAITERS_PER_KEY, DEFAULT_PREFIX, DEFAULT_TTL, DEFAULT_WAIT,
+    LockManagerBuilder, DEFAULT_MAX_WAITERS_PER_KEY, DEFAULT_PREFIX, DEFAULT_SLOW_ACQUISITION,
+    DEFAULT_TTL, DEFAULT_WAIT,
 };
 pub use guard::LockGuard;
 pub(crate) use state::Shared;
@@ -79,6 +80,8 @@ struct Inner {
     default_ttl: Duration,
     default_wait: Duration,
     next_id: AtomicU64,
+    /// Acquisitions slower than this are logged.
+    slow_acquisition: Duration,
     /// Backend attempts made (for tests of how many a `lock` makes).
     #[cfg(test)]
     attempts: std::sync::atomic::AtomicUsize,
