@@ -343,7 +343,7 @@ async fn single_server_backend_label_and_errors() {
     let mut seen = Seen::start();
     let mut server = RedisServer::start();
     let locks = LockManager::builder()
-        .single(&server.url())
+        .single(server.url())
         .build()
         .await
         .unwrap();

@@ -103,7 +103,7 @@ async fn failed_request_log_line_has_the_cause_the_key_and_the_backend() {
     let server = RedisServer::start();
     let proxy = ChaosProxy::start(server.addr()).await.unwrap();
     let locks = LockManager::builder()
-        .single(&proxy.url())
+        .single(proxy.url())
         .build()
         .await
         .unwrap();
