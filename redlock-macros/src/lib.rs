@@ -1,4 +1,4 @@
-//! The `#[distributed_lock]` attribute macro of the [`redlock`] crate.
+//! The `#[distributed_lock]` attribute macro of the [`redlock`] crate (package `redlock-guard`).
 //!
 //! Use it through `redlock::distributed_lock`: the expansion names the runtime
 //! by the path `::redlock::__private` (or the `crate = "..."` option), so the
@@ -11,7 +11,7 @@
 //! its errors in one `ctxt::Ctxt` and goes on, so one compile pass reports
 //! every mistake, next to the function as it was written.
 //!
-//! [`redlock`]: https://docs.rs/redlock
+//! [`redlock`]: https://docs.rs/redlock-guard
 
 #![warn(missing_docs, unreachable_pub)]
 

@@ -15,8 +15,8 @@ use crate::{LockError, LockGuard};
 /// of them are.
 ///
 /// ```
-/// # async fn demo() -> Result<(), redlock_runtime::LockError> {
-/// use redlock_runtime::LockManager;
+/// # async fn demo() -> Result<(), redlock::LockError> {
+/// use redlock::LockManager;
 /// let locks = LockManager::builder().in_memory().build().await?;
 /// let both = locks.lock_all(["account_{42}", "account_{17}"]).await?;
 /// assert_eq!(both.keys(), ["lock:account_{17}", "lock:account_{42}"]);

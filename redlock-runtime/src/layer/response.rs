@@ -18,7 +18,7 @@ impl LockError {
     ///
     /// ```
     /// use http::StatusCode;
-    /// use redlock_runtime::LockError;
+    /// use redlock::LockError;
     ///
     /// let err = LockError::Timeout { key: "lock:goods_{42}".into() };
     /// assert_eq!(err.status_code(), StatusCode::LOCKED);
@@ -49,8 +49,8 @@ impl LockError {
 ///
 /// ```
 /// use http::{header, StatusCode};
-/// use redlock_runtime::layer::error_response;
-/// use redlock_runtime::LockError;
+/// use redlock::tower::error_response;
+/// use redlock::LockError;
 ///
 /// let res = error_response::<String>(&LockError::QueueFull { key: "lock:goods_{42}".into() });
 /// assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
@@ -115,7 +115,7 @@ impl axum::response::IntoResponse for LockError {
     /// ```
     /// use axum::response::IntoResponse;
     /// use http::StatusCode;
-    /// use redlock_runtime::LockError;
+    /// use redlock::LockError;
     ///
     /// let res = LockError::Lost { key: "lock:goods_{42}".into() }.into_response();
     /// assert_eq!(res.status(), StatusCode::CONFLICT);
@@ -135,8 +135,8 @@ impl axum::response::IntoResponse for LockError {
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use http::{Request, Response};
-/// use redlock_runtime::layer::{key, HeldLock, LockLayer};
-/// use redlock_runtime::LockManager;
+/// use redlock::tower::{key, HeldLock, LockLayer};
+/// use redlock::LockManager;
 /// use tower::{service_fn, Layer, ServiceExt};
 ///
 /// let locks = LockManager::builder().in_memory().build().await?;

@@ -19,8 +19,8 @@ use crate::{LockError, LockKind, LockManager};
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), redlock_runtime::LockError> {
-/// use redlock_runtime::LockManager;
+/// # async fn main() -> Result<(), redlock::LockError> {
+/// use redlock::LockManager;
 ///
 /// let locks = LockManager::builder().in_memory().build().await?;
 /// let guard = locks.lock("report_{7}").await?;
@@ -71,8 +71,8 @@ impl LockGuard {
     /// What this guard holds: the key alone, a reader's place or a permit.
     ///
     /// ```
-    /// # async fn demo() -> Result<(), redlock_runtime::LockError> {
-    /// use redlock_runtime::{LockKind, LockManager};
+    /// # async fn demo() -> Result<(), redlock::LockError> {
+    /// use redlock::{LockKind, LockManager};
     /// let locks = LockManager::builder().in_memory().build().await?;
     /// assert_eq!(locks.lock("k").await?.kind(), LockKind::Exclusive);
     /// assert_eq!(locks.permit("p", 3).await?.kind(), LockKind::Permit);

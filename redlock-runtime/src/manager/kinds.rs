@@ -32,8 +32,8 @@ impl LockManager {
     /// watchdog, freed by its ttl (the server's clock) if the process dies.
     ///
     /// ```
-    /// # async fn demo() -> Result<(), redlock_runtime::LockError> {
-    /// use redlock_runtime::LockManager;
+    /// # async fn demo() -> Result<(), redlock::LockError> {
+    /// use redlock::LockManager;
     /// let locks = LockManager::builder().in_memory().build().await?;
     /// let a = locks.read("report_{7}").await?;
     /// let b = locks.read("report_{7}").await?; // readers share
@@ -99,8 +99,8 @@ impl LockManager {
     /// agree on `n` for a key: each call is checked against its own `n`.
     ///
     /// ```
-    /// # async fn demo() -> Result<(), redlock_runtime::LockError> {
-    /// use redlock_runtime::LockManager;
+    /// # async fn demo() -> Result<(), redlock::LockError> {
+    /// use redlock::LockManager;
     /// let locks = LockManager::builder().in_memory().build().await?;
     /// let one = locks.permit("export", 2).await?;
     /// let two = locks.permit("export", 2).await?;
@@ -146,8 +146,8 @@ impl LockManager {
     /// keys are taken in sorted order. Waits up to the default wait for all of them.
     ///
     /// ```
-    /// # async fn demo() -> Result<(), redlock_runtime::LockError> {
-    /// use redlock_runtime::LockManager;
+    /// # async fn demo() -> Result<(), redlock::LockError> {
+    /// use redlock::LockManager;
     /// let locks = LockManager::builder().in_memory().build().await?;
     /// let both = locks.lock_all(["account_{42}", "account_{17}"]).await?;
     /// assert_eq!(both.fencing_tokens().len(), 2);

@@ -44,9 +44,9 @@ pub(crate) use state::Shared;
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), redlock_runtime::LockError> {
+/// # async fn main() -> Result<(), redlock::LockError> {
 /// use std::time::Duration;
-/// use redlock_runtime::{LockManager, LockOptions};
+/// use redlock::{LockManager, LockOptions};
 ///
 /// let locks = LockManager::builder()
 ///     .in_memory()                       // or .single("redis://127.0.0.1:6379")
@@ -102,8 +102,8 @@ impl LockManager {
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), redlock_runtime::LockError> {
-    /// use redlock_runtime::LockManager;
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use redlock::LockManager;
     ///
     /// let locks = LockManager::builder().in_memory().build().await?;
     /// locks.clone().install_global();
