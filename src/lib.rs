@@ -28,9 +28,10 @@ pub use redlock_runtime::{
     MIN_TTL,
 };
 
+// Its documentation (with the doctested examples) is written once, in
+// redlock-macros/src/distributed_lock.md; rustdoc inlines it here.
 #[cfg(feature = "macros")]
 #[cfg_attr(docsrs, doc(cfg(feature = "macros")))]
-#[doc = include_str!("distributed_lock.md")]
 pub use redlock_macros::distributed_lock;
 
 // Web integration (feature `tower`): `LockLayer`, key extractors, the HTTP error
