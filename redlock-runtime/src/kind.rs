@@ -6,7 +6,8 @@ use std::fmt;
 /// What a [`LockGuard`](crate::LockGuard) holds.
 ///
 /// ```
-/// # async fn demo() -> Result<(), redlock::LockError> {
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), redlock::LockError> {
 /// use redlock::{LockKind, LockManager};
 /// let locks = LockManager::builder().in_memory().build().await?;
 /// let reader = locks.read("report_{7}").await?;

@@ -178,6 +178,35 @@ impl HeldLock {
     ///
     /// # Cancel safety
     /// Cancel safe.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    ///
+    /// use http::{Request, Response};
+    /// use redlock::tower::{key, HeldLock, LockLayer};
+    /// use redlock::LockManager;
+    /// use tower::{service_fn, Layer, ServiceExt};
+    ///
+    /// let locks = LockManager::builder().in_memory().build().await?;
+    /// let svc = LockLayer::new(locks, key::path_segment::<u64>(1, "goods_{}")).layer(service_fn(
+    ///     |req: Request<String>| async move {
+    ///         let lock = req.extensions().get::<HeldLock>().cloned().expect("set by the layer");
+    ///         let work = tokio::time::sleep(Duration::from_millis(10)); // the handler's work
+    ///         let body = tokio::select! {
+    ///             _ = work => "done",
+    ///             _ = lock.lost() => "lock lost: stopped before writing",
+    ///         };
+    ///         Ok::<_, std::convert::Infallible>(Response::new(body.to_string()))
+    ///     },
+    /// ));
+    /// let res = svc.oneshot(Request::post("/goods/42/buy").body(String::new())?).await?;
+    /// assert_eq!(res.body(), "done");
+    /// # Ok(()) }
+    /// ```
     pub async fn lost(&self) {
         self.0.lost().await;
     }
