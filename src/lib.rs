@@ -46,6 +46,16 @@ pub use redlock_runtime::layer as tower;
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
+// The same for the Rust code of docs/usage.md and docs/backends.md (not shipped: the
+// repository's doctests only).
+#[cfg(all(doctest, feature = "macros", feature = "axum"))]
+#[doc = include_str!("../docs/usage.md")]
+struct UsageDoctests;
+
+#[cfg(all(doctest, feature = "macros", feature = "axum"))]
+#[doc = include_str!("../docs/backends.md")]
+struct BackendsDoctests;
+
 /// What `#[distributed_lock]` expansions use. Not public API.
 #[doc(hidden)]
 pub mod __private {
