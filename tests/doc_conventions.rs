@@ -69,7 +69,11 @@ fn markdown_rust_blocks_have_no_hidden_lines() {
             }
         }
     }
-    assert!(bad.is_empty(), "hidden lines in markdown:\n{}", bad.join("\n"));
+    assert!(
+        bad.is_empty(),
+        "hidden lines in markdown:\n{}",
+        bad.join("\n")
+    );
 }
 
 /// docs.rs shows redlock-runtime's examples: they name the facade, as users do.
@@ -115,7 +119,10 @@ fn public_async_methods_have_examples() {
             }
         }
     }
-    assert!(seen >= 25, "found only {seen} public async methods: the scan is broken");
+    assert!(
+        seen >= 25,
+        "found only {seen} public async methods: the scan is broken"
+    );
     assert!(bad.is_empty(), "no # Examples:\n{}", bad.join("\n"));
 }
 
