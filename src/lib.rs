@@ -37,9 +37,10 @@ pub use redlock_runtime::{
 #[doc(no_inline)]
 pub use redlock_runtime::redis;
 
+// Its documentation (with the doctested examples) is written once, in
+// redlock-macros/src/distributed_lock.md; rustdoc inlines it here.
 #[cfg(feature = "macros")]
 #[cfg_attr(docsrs, doc(cfg(feature = "macros")))]
-#[doc = include_str!("distributed_lock.md")]
 pub use redlock_macros::distributed_lock;
 
 // Web integration (feature `tower`): `LockLayer`, key extractors, the HTTP error
@@ -53,6 +54,16 @@ pub use redlock_runtime::layer as tower;
 #[cfg(all(doctest, feature = "macros", feature = "axum"))]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
+
+// The same for the Rust code of docs/usage.md and docs/backends.md (not shipped: the
+// repository's doctests only).
+#[cfg(all(doctest, feature = "macros", feature = "axum"))]
+#[doc = include_str!("../docs/usage.md")]
+struct UsageDoctests;
+
+#[cfg(all(doctest, feature = "macros", feature = "axum"))]
+#[doc = include_str!("../docs/backends.md")]
+struct BackendsDoctests;
 
 /// What `#[distributed_lock]` expansions use. Not public API.
 #[doc(hidden)]

@@ -6,8 +6,9 @@ use std::fmt;
 /// What a [`LockGuard`](crate::LockGuard) holds.
 ///
 /// ```
-/// # async fn demo() -> Result<(), redlock_runtime::LockError> {
-/// use redlock_runtime::{LockKind, LockManager};
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), redlock::LockError> {
+/// use redlock::{LockKind, LockManager};
 /// let locks = LockManager::builder().in_memory().build().await?;
 /// let reader = locks.read("report_{7}").await?;
 /// assert_eq!(reader.kind(), LockKind::Read);

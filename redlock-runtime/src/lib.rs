@@ -1,9 +1,10 @@
-//! The runtime of [`redlock`](https://docs.rs/redlock): the lock manager, its backends
-//! (one Redis server, Redis Cluster, Redlock over independent masters, process memory),
-//! guards, the watchdog and wake-up notifications.
+//! The runtime of [`redlock-guard`](https://docs.rs/redlock-guard) (library `redlock`): the
+//! lock manager, its backends (one Redis server, Redis Cluster, Redlock over independent
+//! masters, process memory), guards, the watchdog and wake-up notifications.
 //!
-//! Use it through the `redlock` crate, which re-exports everything here and adds the
-//! `#[distributed_lock]` attribute.
+//! Use it through the facade, `redlock-guard` in `Cargo.toml` and `redlock::` in code, which
+//! re-exports everything here (the `layer` module as `redlock::tower`) and adds the
+//! `#[distributed_lock]` attribute; the examples here are written that way.
 #![warn(missing_docs, unreachable_pub)]
 #![forbid(unsafe_code)]
 // docs.rs builds with `--cfg docsrs`: items behind a feature say which one.

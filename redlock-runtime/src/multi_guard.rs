@@ -15,8 +15,9 @@ use crate::{LockError, LockGuard};
 /// of them are.
 ///
 /// ```
-/// # async fn demo() -> Result<(), redlock_runtime::LockError> {
-/// use redlock_runtime::LockManager;
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), redlock::LockError> {
+/// use redlock::LockManager;
 /// let locks = LockManager::builder().in_memory().build().await?;
 /// let both = locks.lock_all(["account_{42}", "account_{17}"]).await?;
 /// assert_eq!(both.keys(), ["lock:account_{17}", "lock:account_{42}"]);
@@ -51,6 +52,31 @@ impl MultiGuard {
     }
 
     /// Resolves when any key is lost.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use std::time::Duration;
+    ///
+    /// use redlock::{LockManager, LockOptions};
+    ///
+    /// let locks = LockManager::builder().in_memory().build().await?;
+    /// let both = locks
+    ///     .lock_all_with(
+    ///         ["account_{17}", "account_{42}"],
+    ///         LockOptions::new().ttl(Duration::from_millis(300)),
+    ///     )
+    ///     .await?;
+    /// locks.force_unlock("account_{42}").await?; // one of them is taken away
+    /// tokio::select! {
+    ///     _ = tokio::time::sleep(Duration::from_secs(10)) => unreachable!("noticed at the next renewal"),
+    ///     _ = both.lost() => {}
+    /// }
+    /// assert!(!both.is_held());
+    /// # Ok(()) }
+    /// ```
     pub async fn lost(&self) {
         if self.guards.is_empty() {
             return;
@@ -60,6 +86,22 @@ impl MultiGuard {
 
     /// Sets the remaining ttl of every key to `ttl`; `Err` when any key could not be
     /// extended (the first such error).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use std::time::{Duration, Instant};
+    ///
+    /// use redlock::LockManager;
+    ///
+    /// let locks = LockManager::builder().in_memory().build().await?;
+    /// let both = locks.lock_all(["account_{17}", "account_{42}"]).await?;
+    /// both.extend(Duration::from_secs(600)).await?;
+    /// assert!(both.is_held());
+    /// # Ok(()) }
+    /// ```
     pub async fn extend(&self, ttl: Duration) -> Result<(), LockError> {
         join_all(self.guards.iter().map(|g| g.extend(ttl)))
             .await
@@ -69,6 +111,21 @@ impl MultiGuard {
 
     /// Releases every key; `Err` (the first error) when any was already lost or could
     /// not be released; the others are released all the same.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use redlock::LockManager;
+    ///
+    /// let locks = LockManager::builder().in_memory().build().await?;
+    /// let both = locks.lock_all(["account_{17}", "account_{42}"]).await?;
+    /// both.release().await?;
+    /// assert!(!locks.is_locked("account_{17}").await?);
+    /// assert!(!locks.is_locked("account_{42}").await?);
+    /// # Ok(()) }
+    /// ```
     pub async fn release(self) -> Result<(), LockError> {
         join_all(self.guards.into_iter().map(LockGuard::release))
             .await

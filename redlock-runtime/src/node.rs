@@ -16,14 +16,14 @@ use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisResult};
 /// Implement it for a configuration type of your own to hand it to the builder directly.
 ///
 /// ```
-/// use redlock_runtime::{redis, IntoNode};
+/// use redlock::{redis, IntoNode};
 ///
 /// // From a secret store rather than a URL:
 /// let info: redis::ConnectionInfo = "redis://127.0.0.1:6379".into_node()?;
 /// let info = info.clone().set_redis_settings(
 ///     info.redis_settings().clone().set_username("locks").set_password("s3cret"),
 /// );
-/// let builder = redlock_runtime::LockManager::builder().single(info);
+/// let builder = redlock::LockManager::builder().single(info);
 /// assert!(!format!("{builder:?}").contains("s3cret"));
 /// # Ok::<(), redis::RedisError>(())
 /// ```

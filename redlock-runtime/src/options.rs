@@ -14,7 +14,7 @@ pub const MAX_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
 ///
 /// ```
 /// use std::time::Duration;
-/// use redlock_runtime::LockOptions;
+/// use redlock::LockOptions;
 ///
 /// let opts = LockOptions::new()
 ///     .ttl(Duration::from_secs(5))
@@ -71,7 +71,7 @@ impl LockOptions {
     ///
     /// ```
     /// # use std::time::Duration;
-    /// # use redlock_runtime::LockOptions;
+    /// # use redlock::LockOptions;
     /// let opts = LockOptions::new().hold_at_least(Duration::from_secs(30));
     /// ```
     pub fn hold_at_least(mut self, d: Duration) -> Self {
@@ -95,7 +95,7 @@ impl LockOptions {
     /// queues).
     ///
     /// ```
-    /// # use redlock_runtime::LockOptions;
+    /// # use redlock::LockOptions;
     /// let opts = LockOptions::new().name("buy_<goods_id>");
     /// ```
     pub fn name(mut self, name: impl Into<Cow<'static, str>>) -> Self {

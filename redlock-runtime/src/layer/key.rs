@@ -46,7 +46,7 @@ use crate::LockError;
 ///
 /// ```
 /// use http::Request;
-/// use redlock_runtime::layer::{key, KeyFn};
+/// use redlock::tower::{key, KeyFn};
 ///
 /// let by_tenant = |req: &Request<()>| {
 ///     let tenant: u64 = req.headers().get("x-tenant")?.to_str().ok()?.parse().ok()?;
@@ -165,7 +165,7 @@ pub struct PathSegment<T> {
 ///
 /// ```
 /// use http::Request;
-/// use redlock_runtime::layer::{key, KeyFn};
+/// use redlock::tower::{key, KeyFn};
 ///
 /// let by_goods = key::path_segment::<u64>(1, "goods_{}");
 /// let key_of = |uri: &str| by_goods.key(&Request::get(uri).body(()).unwrap());
@@ -257,7 +257,7 @@ pub struct Header<T> {
 ///
 /// ```
 /// use http::Request;
-/// use redlock_runtime::layer::{key, KeyFn};
+/// use redlock::tower::{key, KeyFn};
 ///
 /// let by_tenant = key::header::<String>("X-Tenant", "tenant_{}");
 /// let req = Request::get("/").header("x-tenant", "acme").body(())?;

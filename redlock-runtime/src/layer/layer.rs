@@ -16,10 +16,10 @@ use crate::{LockManager, LockOptions};
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), redlock_runtime::LockError> {
+/// # async fn main() -> Result<(), redlock::LockError> {
 /// use std::time::Duration;
-/// use redlock_runtime::layer::{key, LockLayer};
-/// use redlock_runtime::{LockManager, LockOptions};
+/// use redlock::tower::{key, LockLayer};
+/// use redlock::{LockManager, LockOptions};
 ///
 /// let locks = LockManager::builder().in_memory().build().await?;
 /// let by_goods = LockLayer::new(locks.clone(), key::path_segment::<u64>(1, "goods_{}"))

@@ -71,8 +71,8 @@
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::time::Duration;
 //! use axum::{body::Body, http::{Request, StatusCode}, routing::post, Router};
-//! use redlock_runtime::layer::{key, LockLayer};
-//! use redlock_runtime::LockManager;
+//! use redlock::tower::{key, LockLayer};
+//! use redlock::LockManager;
 //! use tower::ServiceExt;
 //!
 //! let locks = LockManager::builder().in_memory().build().await?;
@@ -107,8 +107,8 @@
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use http::{Request, Response};
-//! use redlock_runtime::layer::LockLayer;
-//! use redlock_runtime::LockManager;
+//! use redlock::tower::LockLayer;
+//! use redlock::LockManager;
 //! use tower::{service_fn, Layer, ServiceExt};
 //!
 //! let locks = LockManager::builder().in_memory().build().await?;

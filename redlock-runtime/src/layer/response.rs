@@ -18,7 +18,7 @@ impl LockError {
     ///
     /// ```
     /// use http::StatusCode;
-    /// use redlock_runtime::LockError;
+    /// use redlock::LockError;
     ///
     /// let err = LockError::Timeout { key: "lock:goods_{42}".into() };
     /// assert_eq!(err.status_code(), StatusCode::LOCKED);
@@ -50,8 +50,8 @@ impl LockError {
 ///
 /// ```
 /// use http::{header, StatusCode};
-/// use redlock_runtime::layer::error_response;
-/// use redlock_runtime::LockError;
+/// use redlock::tower::error_response;
+/// use redlock::LockError;
 ///
 /// let res = error_response::<String>(&LockError::QueueFull { key: "lock:goods_{42}".into() });
 /// assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
@@ -116,7 +116,7 @@ impl axum::response::IntoResponse for LockError {
     /// ```
     /// use axum::response::IntoResponse;
     /// use http::StatusCode;
-    /// use redlock_runtime::LockError;
+    /// use redlock::LockError;
     ///
     /// let res = LockError::Lost { key: "lock:goods_{42}".into() }.into_response();
     /// assert_eq!(res.status(), StatusCode::CONFLICT);
@@ -136,8 +136,8 @@ impl axum::response::IntoResponse for LockError {
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use http::{Request, Response};
-/// use redlock_runtime::layer::{key, HeldLock, LockLayer};
-/// use redlock_runtime::LockManager;
+/// use redlock::tower::{key, HeldLock, LockLayer};
+/// use redlock::LockManager;
 /// use tower::{service_fn, Layer, ServiceExt};
 ///
 /// let locks = LockManager::builder().in_memory().build().await?;
@@ -179,6 +179,35 @@ impl HeldLock {
     ///
     /// # Cancel safety
     /// Cancel safe.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    ///
+    /// use http::{Request, Response};
+    /// use redlock::tower::{key, HeldLock, LockLayer};
+    /// use redlock::LockManager;
+    /// use tower::{service_fn, Layer, ServiceExt};
+    ///
+    /// let locks = LockManager::builder().in_memory().build().await?;
+    /// let svc = LockLayer::new(locks, key::path_segment::<u64>(1, "goods_{}")).layer(service_fn(
+    ///     |req: Request<String>| async move {
+    ///         let lock = req.extensions().get::<HeldLock>().cloned().expect("set by the layer");
+    ///         let work = tokio::time::sleep(Duration::from_millis(10)); // the handler's work
+    ///         let body = tokio::select! {
+    ///             _ = work => "done",
+    ///             _ = lock.lost() => "lock lost: stopped before writing",
+    ///         };
+    ///         Ok::<_, std::convert::Infallible>(Response::new(body.to_string()))
+    ///     },
+    /// ));
+    /// let res = svc.oneshot(Request::post("/goods/42/buy").body(String::new())?).await?;
+    /// assert_eq!(res.body(), "done");
+    /// # Ok(()) }
+    /// ```
     pub async fn lost(&self) {
         self.0.lost().await;
     }

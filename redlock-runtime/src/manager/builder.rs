@@ -157,7 +157,7 @@ impl LockManagerBuilder {
     /// and [`response_timeout`](Self::response_timeout) bound them.
     ///
     /// ```
-    /// use redlock_runtime::{redis, LockManager};
+    /// use redlock::{redis, LockManager};
     ///
     /// let client = redis::Client::open("redis://127.0.0.1:6379")?;
     /// let builder = LockManager::builder().single_client(client);
@@ -193,7 +193,7 @@ impl LockManagerBuilder {
     /// [`response_timeout`](Self::response_timeout) replace the client's timeouts.
     ///
     /// ```
-    /// use redlock_runtime::{redis, LockManager};
+    /// use redlock::{redis, LockManager};
     ///
     /// let client = redis::cluster::ClusterClientBuilder::new(["redis://127.0.0.1:7000"])
     ///     .use_protocol(redis::ProtocolVersion::RESP3)
@@ -303,6 +303,28 @@ impl LockManagerBuilder {
     /// `noeviction` under [`require_noeviction(true)`](Self::require_noeviction);
     /// [`LockError::Backend`] when a node cannot be reached within the connect timeout
     /// (or, under `require_noeviction(true)`, its policy cannot be read).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use std::time::Duration;
+    ///
+    /// use redlock::{LockError, LockManager};
+    ///
+    /// let locks = LockManager::builder()
+    ///     .in_memory() // or .single(url), .cluster(seeds), .redlock(urls)
+    ///     .prefix("shop:")
+    ///     .default_ttl(Duration::from_secs(10))
+    ///     .build()
+    ///     .await?;
+    /// assert_eq!(locks.lock("buy_{42}").await?.key(), "shop:buy_{42}");
+    ///
+    /// let nowhere = LockManager::builder().build().await; // no backend chosen
+    /// assert!(matches!(nowhere, Err(LockError::InvalidOption { .. })));
+    /// # Ok(()) }
+    /// ```
     pub async fn build(self) -> Result<LockManager, LockError> {
         let runtime = tokio::runtime::Handle::try_current()
             .map_err(|_| LockError::WrongRuntime {

@@ -21,8 +21,8 @@ use crate::{LockError, LockKind, LockManager};
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), redlock_runtime::LockError> {
-/// use redlock_runtime::LockManager;
+/// # async fn main() -> Result<(), redlock::LockError> {
+/// use redlock::LockManager;
 ///
 /// let locks = LockManager::builder().in_memory().build().await?;
 /// let guard = locks.lock("report_{7}").await?;
@@ -73,8 +73,9 @@ impl LockGuard {
     /// What this guard holds: the key alone, a reader's place or a permit.
     ///
     /// ```
-    /// # async fn demo() -> Result<(), redlock_runtime::LockError> {
-    /// use redlock_runtime::{LockKind, LockManager};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use redlock::{LockKind, LockManager};
     /// let locks = LockManager::builder().in_memory().build().await?;
     /// assert_eq!(locks.lock("k").await?.kind(), LockKind::Exclusive);
     /// assert_eq!(locks.permit("p", 3).await?.kind(), LockKind::Permit);
@@ -107,6 +108,33 @@ impl LockGuard {
     ///
     /// # Cancel safety
     /// Cancel safe: dropping the future changes nothing.
+    ///
+    /// # Examples
+    ///
+    /// Race the work against the loss, and stop writing when the lock is gone:
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use std::time::Duration;
+    ///
+    /// use redlock::{LockManager, LockOptions};
+    ///
+    /// let locks = LockManager::builder().in_memory().build().await?;
+    /// // A short ttl, so the watchdog renews it, and would notice a loss, every 100 ms.
+    /// let guard = locks
+    ///     .lock_with("sync", LockOptions::new().ttl(Duration::from_millis(300)))
+    ///     .await?;
+    /// locks.force_unlock("sync").await?; // an operator removes the lock
+    ///
+    /// let work = tokio::time::sleep(Duration::from_secs(10)); // the critical section
+    /// tokio::select! {
+    ///     _ = work => unreachable!("the loss is noticed first"),
+    ///     _ = guard.lost() => {} // stop: someone else may hold the key now
+    /// }
+    /// assert!(!guard.is_held());
+    /// # Ok(()) }
+    /// ```
     pub async fn lost(&self) {
         self.lease.lost().await;
     }
@@ -126,6 +154,24 @@ impl LockGuard {
     /// # Cancel safety
     /// Dropping the future does not cancel the request: it completes in the background,
     /// and its outcome is booked before any other extend or renewal of this lock is sent.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use std::time::{Duration, Instant};
+    ///
+    /// use redlock::{LockManager, LockOptions};
+    ///
+    /// let locks = LockManager::builder().in_memory().build().await?;
+    /// let guard = locks
+    ///     .lock_with("report_{7}", LockOptions::new().ttl(Duration::from_secs(10)))
+    ///     .await?;
+    /// guard.extend(Duration::from_secs(600)).await?; // a longer job than planned
+    /// assert!(guard.valid_until() > Instant::now() + Duration::from_secs(60));
+    /// # Ok(()) }
+    /// ```
     pub async fn extend(&self, ttl: Duration) -> Result<(), LockError> {
         self.manager.extend_lease(&self.lease, ttl).await
     }
@@ -142,6 +188,25 @@ impl LockGuard {
     /// # Cancel safety
     /// If the future is dropped before it completes, the release still happens in the
     /// background.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use redlock::{LockError, LockManager};
+    ///
+    /// let locks = LockManager::builder().in_memory().build().await?;
+    /// let guard = locks.lock("buy_{42}").await?;
+    /// guard.release().await?; // now, and the outcome is known (a drop releases in the background)
+    /// assert!(!locks.is_locked("buy_{42}").await?);
+    ///
+    /// // A lock lost meanwhile is reported.
+    /// let guard = locks.lock("buy_{42}").await?;
+    /// locks.force_unlock("buy_{42}").await?;
+    /// assert!(matches!(guard.release().await, Err(LockError::Lost { .. })));
+    /// # Ok(()) }
+    /// ```
     pub async fn release(mut self) -> Result<(), LockError> {
         if !std::mem::replace(&mut self.owner, false) {
             return Err(LockError::NotHeld {

@@ -31,18 +31,23 @@ impl LockManager {
     /// Each reader is a lease of its own with its own fencing token, renewed by the
     /// watchdog, freed by its ttl (the server's clock) if the process dies.
     ///
+    /// # Errors
+    /// As [`lock`](Self::lock).
+    ///
+    /// # Examples
+    ///
     /// ```
-    /// # async fn demo() -> Result<(), redlock_runtime::LockError> {
-    /// use redlock_runtime::LockManager;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use redlock::LockManager;
+    ///
     /// let locks = LockManager::builder().in_memory().build().await?;
     /// let a = locks.read("report_{7}").await?;
     /// let b = locks.read("report_{7}").await?; // readers share
-    /// assert!(locks.try_write("report_{7}").await?.is_none());
+    /// assert!(locks.try_write("report_{7}").await?.is_none()); // no writer meanwhile
+    /// drop((a, b));
     /// # Ok(()) }
     /// ```
-    ///
-    /// # Errors
-    /// As [`lock`](Self::lock).
     pub async fn read(&self, key: &str) -> Result<LockGuard, LockError> {
         self.read_with(key, LockOptions::new()).await
     }
@@ -51,6 +56,21 @@ impl LockManager {
     ///
     /// # Errors
     /// As [`try_lock`](Self::try_lock).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use redlock::LockManager;
+    ///
+    /// let locks = LockManager::builder().in_memory().build().await?;
+    /// let writer = locks.write("report_{7}").await?;
+    /// assert!(locks.try_read("report_{7}").await?.is_none());
+    /// writer.release().await?;
+    /// assert!(locks.try_read("report_{7}").await?.is_some());
+    /// # Ok(()) }
+    /// ```
     pub async fn try_read(&self, key: &str) -> Result<Option<LockGuard>, LockError> {
         optional(self.read_with(key, once(LockOptions::new())).await)
     }
@@ -60,6 +80,27 @@ impl LockManager {
     /// # Errors
     /// As [`lock_with`](Self::lock_with); `min_replicas` is an
     /// [`LockError::InvalidOption`] for a reader.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use std::time::Duration;
+    ///
+    /// use redlock::{LockError, LockKind, LockManager, LockOptions};
+    ///
+    /// let locks = LockManager::builder().in_memory().build().await?;
+    /// let reader = locks
+    ///     .read_with("report_{7}", LockOptions::new().wait(Duration::from_secs(1)))
+    ///     .await?;
+    /// assert_eq!(reader.kind(), LockKind::Read);
+    /// let replicated = locks
+    ///     .read_with("report_{7}", LockOptions::new().min_replicas(1))
+    ///     .await;
+    /// assert!(matches!(replicated, Err(LockError::InvalidOption { .. })));
+    /// # Ok(()) }
+    /// ```
     pub async fn read_with(&self, key: &str, options: LockOptions) -> Result<LockGuard, LockError> {
         self.acquire_mode(key, Mode::Read, options).await
     }
@@ -69,6 +110,25 @@ impl LockManager {
     ///
     /// # Errors
     /// As [`lock`](Self::lock).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use redlock::{LockKind, LockManager};
+    ///
+    /// let locks = LockManager::builder().in_memory().build().await?;
+    /// let reader = locks.read("report_{7}").await?;
+    /// // The writer waits until the readers are gone.
+    /// let writer = tokio::spawn({
+    ///     let locks = locks.clone();
+    ///     async move { locks.write("report_{7}").await.map(|g| g.kind()) }
+    /// });
+    /// reader.release().await?;
+    /// assert_eq!(writer.await.unwrap()?, LockKind::Exclusive);
+    /// # Ok(()) }
+    /// ```
     pub async fn write(&self, key: &str) -> Result<LockGuard, LockError> {
         self.lock(key).await
     }
@@ -77,6 +137,21 @@ impl LockManager {
     ///
     /// # Errors
     /// As [`try_lock`](Self::try_lock).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use redlock::LockManager;
+    ///
+    /// let locks = LockManager::builder().in_memory().build().await?;
+    /// let reader = locks.read("report_{7}").await?;
+    /// assert!(locks.try_write("report_{7}").await?.is_none()); // a reader holds it
+    /// reader.release().await?;
+    /// assert!(locks.try_write("report_{7}").await?.is_some());
+    /// # Ok(()) }
+    /// ```
     pub async fn try_write(&self, key: &str) -> Result<Option<LockGuard>, LockError> {
         self.try_lock(key).await
     }
@@ -85,6 +160,25 @@ impl LockManager {
     ///
     /// # Errors
     /// As [`lock_with`](Self::lock_with).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use std::time::Duration;
+    ///
+    /// use redlock::{LockError, LockManager, LockOptions};
+    ///
+    /// let locks = LockManager::builder().in_memory().build().await?;
+    /// let reader = locks.read("report_{7}").await?;
+    /// let writer = locks
+    ///     .write_with("report_{7}", LockOptions::new().wait(Duration::from_millis(50)))
+    ///     .await;
+    /// assert!(matches!(writer, Err(LockError::Timeout { .. })));
+    /// reader.release().await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn write_with(
         &self,
         key: &str,
@@ -98,18 +192,23 @@ impl LockManager {
     /// ttl on the server's clock if the holder dies, released on drop). Callers should
     /// agree on `n` for a key: each call is checked against its own `n`.
     ///
+    /// # Errors
+    /// As [`lock`](Self::lock); `n == 0` is [`LockError::InvalidOption`].
+    ///
+    /// # Examples
+    ///
     /// ```
-    /// # async fn demo() -> Result<(), redlock_runtime::LockError> {
-    /// use redlock_runtime::LockManager;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use redlock::LockManager;
+    ///
     /// let locks = LockManager::builder().in_memory().build().await?;
     /// let one = locks.permit("export", 2).await?;
     /// let two = locks.permit("export", 2).await?;
-    /// assert!(locks.try_permit("export", 2).await?.is_none());
+    /// assert!(locks.try_permit("export", 2).await?.is_none()); // both taken
+    /// assert_ne!(one.fencing_token(), two.fencing_token());
     /// # Ok(()) }
     /// ```
-    ///
-    /// # Errors
-    /// As [`lock`](Self::lock); `n == 0` is [`LockError::InvalidOption`].
     pub async fn permit(&self, key: &str, n: u32) -> Result<LockGuard, LockError> {
         self.permit_with(key, n, LockOptions::new()).await
     }
@@ -118,6 +217,21 @@ impl LockManager {
     ///
     /// # Errors
     /// As [`try_lock`](Self::try_lock); `n == 0` is [`LockError::InvalidOption`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use redlock::LockManager;
+    ///
+    /// let locks = LockManager::builder().in_memory().build().await?;
+    /// let only = locks.try_permit("export", 1).await?.expect("free");
+    /// assert!(locks.try_permit("export", 1).await?.is_none());
+    /// only.release().await?;
+    /// assert!(locks.try_permit("export", 1).await?.is_some());
+    /// # Ok(()) }
+    /// ```
     pub async fn try_permit(&self, key: &str, n: u32) -> Result<Option<LockGuard>, LockError> {
         optional(self.permit_with(key, n, once(LockOptions::new())).await)
     }
@@ -127,6 +241,25 @@ impl LockManager {
     /// # Errors
     /// As [`permit`](Self::permit); `min_replicas` is an [`LockError::InvalidOption`]
     /// for a permit.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use std::time::Duration;
+    ///
+    /// use redlock::{LockError, LockKind, LockManager, LockOptions};
+    ///
+    /// let locks = LockManager::builder().in_memory().build().await?;
+    /// let permit = locks
+    ///     .permit_with("export", 4, LockOptions::new().ttl(Duration::from_secs(300)))
+    ///     .await?;
+    /// assert_eq!(permit.kind(), LockKind::Permit);
+    /// let nobody = locks.permit_with("export", 0, LockOptions::new()).await;
+    /// assert!(matches!(nobody, Err(LockError::InvalidOption { .. })));
+    /// # Ok(()) }
+    /// ```
     pub async fn permit_with(
         &self,
         key: &str,
@@ -145,18 +278,24 @@ impl LockManager {
     /// [`MultiGuard`]. Callers naming the same keys in any order never deadlock: the
     /// keys are taken in sorted order. Waits up to the default wait for all of them.
     ///
-    /// ```
-    /// # async fn demo() -> Result<(), redlock_runtime::LockError> {
-    /// use redlock_runtime::LockManager;
-    /// let locks = LockManager::builder().in_memory().build().await?;
-    /// let both = locks.lock_all(["account_{42}", "account_{17}"]).await?;
-    /// assert_eq!(both.fencing_tokens().len(), 2);
-    /// # Ok(()) }
-    /// ```
-    ///
     /// # Errors
     /// As [`lock`](Self::lock); no key at all is [`LockError::InvalidKey`]. On an
     /// error, no key is left held.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use redlock::LockManager;
+    ///
+    /// let locks = LockManager::builder().in_memory().build().await?;
+    /// let both = locks.lock_all(["account_{42}", "account_{17}"]).await?;
+    /// assert_eq!(both.keys(), ["lock:account_{17}", "lock:account_{42}"]); // sorted
+    /// assert_eq!(both.fencing_tokens().len(), 2);
+    /// both.release().await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn lock_all<I, K>(&self, keys: I) -> Result<MultiGuard, LockError>
     where
         I: IntoIterator<Item = K>,
@@ -169,6 +308,21 @@ impl LockManager {
     ///
     /// # Errors
     /// As [`try_lock`](Self::try_lock).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use redlock::LockManager;
+    ///
+    /// let locks = LockManager::builder().in_memory().build().await?;
+    /// let one = locks.lock("account_{17}").await?;
+    /// assert!(locks.try_lock_all(["account_{42}", "account_{17}"]).await?.is_none());
+    /// one.release().await?;
+    /// assert!(locks.try_lock_all(["account_{42}", "account_{17}"]).await?.is_some());
+    /// # Ok(()) }
+    /// ```
     pub async fn try_lock_all<I, K>(&self, keys: I) -> Result<Option<MultiGuard>, LockError>
     where
         I: IntoIterator<Item = K>,
@@ -182,6 +336,25 @@ impl LockManager {
     ///
     /// # Errors
     /// As [`lock_all`](Self::lock_all).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use std::time::Duration;
+    ///
+    /// use redlock::{LockManager, LockOptions};
+    ///
+    /// let locks = LockManager::builder().in_memory().build().await?;
+    /// let options = LockOptions::new()
+    ///     .ttl(Duration::from_secs(60))
+    ///     .wait(Duration::from_secs(2)); // for the whole call
+    /// let both = locks.lock_all_with(["stock_{1}", "stock_{2}"], options).await?;
+    /// assert!(both.is_held());
+    /// both.release().await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn lock_all_with<I, K>(
         &self,
         keys: I,

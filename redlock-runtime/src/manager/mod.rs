@@ -49,9 +49,9 @@ pub(crate) use state::Shared;
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), redlock_runtime::LockError> {
+/// # async fn main() -> Result<(), redlock::LockError> {
 /// use std::time::Duration;
-/// use redlock_runtime::{LockManager, LockOptions};
+/// use redlock::{LockManager, LockOptions};
 ///
 /// let locks = LockManager::builder()
 ///     .in_memory()                       // or .single("redis://127.0.0.1:6379")
@@ -101,6 +101,19 @@ impl LockManager {
     ///
     /// # Errors
     /// As [`LockManagerBuilder::build`].
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use redlock::LockManager;
+    ///
+    /// let locks = LockManager::connect("redis://127.0.0.1:6379").await?;
+    /// let guard = locks.lock("buy_{42}").await?;
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn connect(url: &str) -> Result<Self, LockError> {
         Self::builder().single(url).build().await
     }
@@ -111,8 +124,8 @@ impl LockManager {
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), redlock_runtime::LockError> {
-    /// use redlock_runtime::LockManager;
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use redlock::LockManager;
     ///
     /// let locks = LockManager::builder().in_memory().build().await?;
     /// locks.clone().install_global();
@@ -166,6 +179,30 @@ impl LockManager {
     /// Cancel safe: dropping the future at any point leaves no lock behind. A lock the
     /// server granted after the future was dropped is released in the background, and
     /// the queue slot is freed.
+    ///
+    /// # Examples
+    ///
+    /// Locks like [`tokio::sync::Mutex::lock`], across processes: the guard proves the
+    /// holding and releases the lock when dropped.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use redlock::LockManager;
+    ///
+    /// let locks = LockManager::builder().in_memory().build().await?;
+    /// let guard = locks.lock("buy_{42}").await?;
+    /// let first = guard.fencing_token();
+    ///
+    /// // Another task waits for the key; it gets it once the first holder releases it.
+    /// let next = tokio::spawn({
+    ///     let locks = locks.clone();
+    ///     async move { locks.lock("buy_{42}").await.map(|g| g.fencing_token()) }
+    /// });
+    /// guard.release().await?;
+    /// assert!(next.await.unwrap()? > first);
+    /// # Ok(()) }
+    /// ```
     pub async fn lock(&self, key: &str) -> Result<LockGuard, LockError> {
         self.lock_with(key, LockOptions::new()).await
     }
@@ -177,6 +214,21 @@ impl LockManager {
     ///
     /// # Cancel safety
     /// As [`lock`](Self::lock).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use redlock::LockManager;
+    ///
+    /// let locks = LockManager::builder().in_memory().build().await?;
+    /// let held = locks.lock("nightly_report").await?;
+    /// assert!(locks.try_lock("nightly_report").await?.is_none()); // held: no waiting
+    /// held.release().await?;
+    /// assert!(locks.try_lock("nightly_report").await?.is_some());
+    /// # Ok(()) }
+    /// ```
     pub async fn try_lock(&self, key: &str) -> Result<Option<LockGuard>, LockError> {
         match self
             .lock_with(key, LockOptions::new().wait(Duration::ZERO))
@@ -198,6 +250,29 @@ impl LockManager {
     ///
     /// # Cancel safety
     /// As [`lock`](Self::lock).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use std::time::Duration;
+    ///
+    /// use redlock::{LockError, LockManager, LockOptions};
+    ///
+    /// let locks = LockManager::builder().in_memory().build().await?;
+    /// // A long job: a 2-minute ttl, renewed by the watchdog while the guard lives.
+    /// let job = locks
+    ///     .lock_with("export_{7}", LockOptions::new().ttl(Duration::from_secs(120)))
+    ///     .await?;
+    /// // Someone else waits at most 50 ms.
+    /// let other = locks
+    ///     .lock_with("export_{7}", LockOptions::new().wait(Duration::from_millis(50)))
+    ///     .await;
+    /// assert!(matches!(other, Err(LockError::Timeout { .. })));
+    /// job.release().await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn lock_with(&self, key: &str, options: LockOptions) -> Result<LockGuard, LockError> {
         let key = LockKey::prefixed(&self.0.prefix, key)?;
         let resolved = options.resolve(self.0.default_ttl, self.0.default_wait)?;
@@ -210,6 +285,22 @@ impl LockManager {
     ///
     /// # Errors
     /// [`LockError::InvalidKey`], [`LockError::Backend`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use redlock::LockManager;
+    ///
+    /// let locks = LockManager::builder().in_memory().build().await?;
+    /// assert!(!locks.is_locked("buy_{42}").await?);
+    /// let guard = locks.lock("buy_{42}").await?;
+    /// assert!(locks.is_locked("buy_{42}").await?);
+    /// guard.release().await?;
+    /// assert!(!locks.is_locked("buy_{42}").await?);
+    /// # Ok(()) }
+    /// ```
     pub async fn is_locked(&self, key: &str) -> Result<bool, LockError> {
         self.check_runtime()?;
         let key = LockKey::prefixed(&self.0.prefix, key)?;
@@ -224,6 +315,21 @@ impl LockManager {
     ///
     /// # Errors
     /// [`LockError::InvalidKey`], [`LockError::Backend`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use redlock::LockManager;
+    ///
+    /// let locks = LockManager::builder().in_memory().build().await?;
+    /// let _stuck = locks.lock("import").await?; // a holder that hangs
+    /// assert!(locks.force_unlock("import").await?); // an operator removes its lock
+    /// assert!(!locks.force_unlock("import").await?); // nothing left
+    /// assert!(locks.try_lock("import").await?.is_some());
+    /// # Ok(()) }
+    /// ```
     pub async fn force_unlock(&self, key: &str) -> Result<bool, LockError> {
         self.check_runtime()?;
         let key = LockKey::prefixed(&self.0.prefix, key)?;

@@ -1,0 +1,139 @@
+//! What docs.rs and GitHub show: checked on the sources, so a slip fails `cargo test`.
+//! (That the code in the docs compiles and runs is the doctests' job.)
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+/// The `.rs` files under `dir`, recursively.
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+fn runtime_sources() -> Vec<(String, String)> {
+    let mut files = Vec::new();
+    rust_files(&Path::new(ROOT).join("redlock-runtime/src"), &mut files);
+    files.sort();
+    files
+        .into_iter()
+        .map(|p| {
+            let name = p.strip_prefix(ROOT).unwrap().display().to_string();
+            (name, fs::read_to_string(&p).unwrap())
+        })
+        .collect()
+}
+
+fn is_doc(line: &str) -> bool {
+    let t = line.trim_start();
+    t.starts_with("///") || t.starts_with("//!")
+}
+
+/// Rust code blocks of a markdown file must not use rustdoc's hidden `# ` lines: GitHub
+/// renders them as they are.
+#[test]
+fn markdown_rust_blocks_have_no_hidden_lines() {
+    let mut files = vec![Path::new(ROOT).join("README.md")];
+    for entry in fs::read_dir(Path::new(ROOT).join("docs")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "md") {
+            files.push(path);
+        }
+    }
+    let mut bad = Vec::new();
+    for file in &files {
+        let text = fs::read_to_string(file).unwrap();
+        let mut in_rust = false;
+        for (n, line) in text.lines().enumerate() {
+            if let Some(info) = line.trim_start().strip_prefix("```") {
+                in_rust = !in_rust && info.starts_with("rust");
+                continue;
+            }
+            let t = line.trim_start();
+            if in_rust && (t == "#" || t.starts_with("# ")) {
+                bad.push(format!("{}:{}: {line}", file.display(), n + 1));
+            }
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "hidden lines in markdown:\n{}",
+        bad.join("\n")
+    );
+}
+
+/// docs.rs shows redlock-runtime's examples: they name the facade, as users do.
+#[test]
+fn runtime_doc_examples_use_redlock_paths() {
+    let mut bad = Vec::new();
+    for (name, text) in runtime_sources() {
+        for (n, line) in text.lines().enumerate() {
+            if is_doc(line) && line.contains("redlock_runtime") {
+                bad.push(format!("{name}:{}: {}", n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "use redlock:: in docs:\n{}", bad.join("\n"));
+}
+
+/// Every public async method of the runtime has an `# Examples` section, like
+/// `tokio::sync::Mutex::lock` (the hidden macro support excepted).
+#[test]
+fn public_async_methods_have_examples() {
+    let mut bad = Vec::new();
+    let mut seen = 0;
+    for (name, text) in runtime_sources() {
+        if name.ends_with("macro_support.rs") {
+            continue;
+        }
+        let lines: Vec<&str> = text.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            if !line.trim_start().starts_with("pub async fn ") {
+                continue;
+            }
+            seen += 1;
+            let doc = lines[..i]
+                .iter()
+                .rev()
+                .take_while(|l| is_doc(l) || l.trim_start().starts_with("#["))
+                .any(|l| l.trim() == "/// # Examples");
+            if !doc {
+                bad.push(format!("{name}:{}: {}", i + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        seen >= 25,
+        "found only {seen} public async methods: the scan is broken"
+    );
+    assert!(bad.is_empty(), "no # Examples:\n{}", bad.join("\n"));
+}
+
+/// The macro's documentation is written once, on the macro in redlock-macros; the facade's
+/// re-export adds none (rustdoc would show both texts, one after the other, on docs.rs).
+#[test]
+fn macro_docs_written_once() {
+    let facade = fs::read_to_string(Path::new(ROOT).join("src/lib.rs")).unwrap();
+    let lines: Vec<&str> = facade.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| l.trim() == "pub use redlock_macros::distributed_lock;")
+        .expect("the facade re-exports the macro");
+    let added: Vec<&str> = lines[..at]
+        .iter()
+        .rev()
+        .take_while(|l| l.trim_start().starts_with("#[") || is_doc(l))
+        .filter(|l| is_doc(l) || l.contains("doc =") || l.contains("doc="))
+        .copied()
+        .collect();
+    assert!(added.is_empty(), "docs on the re-export: {added:?}");
+    let macros = fs::read_to_string(Path::new(ROOT).join("redlock-macros/src/lib.rs")).unwrap();
+    assert!(macros.contains("#[doc = include_str!(\"distributed_lock.md\")]"));
+}
