@@ -67,23 +67,29 @@ fn prefixed(keys: &[String]) -> Vec<String> {
     keys.iter().map(|k| format!("lock:{k}")).collect()
 }
 
+/// A Redlock manager over `urls` (with `node_timeout` as its per-node timeout, if any),
+/// its scripts cached on every node by one `lock_all`, as in any running system.
+async fn warm_manager(
+    urls: impl IntoIterator<Item = String>,
+    node_timeout: Option<Duration>,
+) -> LockManager {
+    let mut builder = LockManager::builder().redlock(urls);
+    if let Some(timeout) = node_timeout {
+        builder = builder.redlock_node_timeout(timeout);
+    }
+    let locks = builder.build().await.unwrap();
+    let warm = locks.lock_all(three_keys("warm")).await.unwrap();
+    warm.release().await.unwrap();
+    locks
+}
+
 /// Uncontended `lock_all` of 3 keys on a 3-node Redlock: one script call per node (it
 /// took each key on its own, 3 calls per node, before).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lock_all_is_one_script_call_per_node() {
     let set = RedisSet::start(3);
-    let locks = LockManager::builder()
-        .redlock(set.urls())
-        .build()
-        .await
-        .unwrap();
+    let locks = warm_manager(set.urls(), None).await;
     let opts = || LockOptions::new().watchdog(false);
-    // Scripts cached on every node, as in any running system.
-    let warm = locks
-        .lock_all_with(three_keys("warm"), opts())
-        .await
-        .unwrap();
-    warm.release().await.unwrap();
     let keys = three_keys("once");
     let full = prefixed(&keys);
     // Every node answered the warm-up's requests (the release returned on a quorum).
@@ -117,20 +123,8 @@ async fn lock_all_is_one_script_call_per_node() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_node_during_lock_all_is_outvoted_and_its_late_grant_released() {
     let mut set = RedisSet::start(3);
-    let locks = LockManager::builder()
-        .redlock(set.urls())
-        .redlock_node_timeout(Duration::from_secs(1))
-        .build()
-        .await
-        .unwrap();
+    let locks = warm_manager(set.urls(), Some(Duration::from_secs(1))).await;
     let opts = || LockOptions::new().ttl(Duration::from_secs(10));
-    locks
-        .lock_all_with(three_keys("warm"), opts())
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
     let keys = three_keys("frozen");
     let full = prefixed(&keys);
     set.node_mut(2).pause();
@@ -171,20 +165,8 @@ async fn a_late_grant_landing_after_the_release_is_undone() {
     let set = RedisSet::start(3);
     let proxy = ChaosProxy::start(set.node(2).addr()).await.unwrap();
     let urls = [set.node(0).url(), set.node(1).url(), proxy.url()];
-    let locks = LockManager::builder()
-        .redlock(urls)
-        .redlock_node_timeout(Duration::from_secs(1))
-        .build()
-        .await
-        .unwrap();
+    let locks = warm_manager(urls, Some(Duration::from_secs(1))).await;
     let opts = || LockOptions::new().ttl(Duration::from_secs(10));
-    locks
-        .lock_all_with(three_keys("warm"), opts())
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
     let keys = three_keys("late");
     let full = prefixed(&keys);
     set.node(2).cmd_sync(&["SCRIPT", "FLUSH"]).unwrap();
@@ -214,15 +196,8 @@ async fn a_lost_lock_all_leaves_nothing_on_any_node() {
     let set = RedisSet::start(3);
     let proxy = ChaosProxy::start(set.node(2).addr()).await.unwrap();
     let urls = [set.node(0).url(), set.node(1).url(), proxy.url()];
-    let locks = LockManager::builder().redlock(urls).build().await.unwrap();
+    let locks = warm_manager(urls, None).await;
     let opts = || LockOptions::new().ttl(Duration::from_secs(10));
-    locks
-        .lock_all_with(three_keys("warm"), opts())
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
     let keys = three_keys("lost");
     let full = prefixed(&keys);
     // Someone else holds the middle key on nodes 0 and 1 (a majority), not on node 2.
@@ -343,20 +318,8 @@ async fn a_cancelled_lock_all_leaves_nothing_on_any_node() {
     let p1 = ChaosProxy::start(set.node(1).addr()).await.unwrap();
     let p2 = ChaosProxy::start(set.node(2).addr()).await.unwrap();
     let urls = [set.node(0).url(), p1.url(), p2.url()];
-    let locks = LockManager::builder()
-        .redlock(urls)
-        .redlock_node_timeout(Duration::from_secs(1))
-        .build()
-        .await
-        .unwrap();
+    let locks = warm_manager(urls, Some(Duration::from_secs(1))).await;
     let opts = || LockOptions::new().ttl(Duration::from_secs(10));
-    locks
-        .lock_all_with(three_keys("warm"), opts())
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
     let keys = three_keys("cancel");
     let full = prefixed(&keys);
     let again = keys.clone();
