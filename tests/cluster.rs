@@ -201,6 +201,7 @@ async fn cluster_behaviour() {
         guards_are_not_reentrant,
         local_waiters_are_fifo,
         bad_input_is_rejected,
+        inspect_tells_who_holds_what,
     );
     conformance::static_send_sync_checks(&h.builder().build().await.unwrap());
     macro_rules! kinds {

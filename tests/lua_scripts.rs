@@ -28,6 +28,12 @@ const PERMIT: &str = "~permit";
 /// 2^53 + 5: above what a Lua number holds exactly.
 const BIG: &str = "9007199254740997";
 
+/// A shared kind's marker as the key's value starts with it: padded to 16 bytes with
+/// `~` (the metadata follows it).
+fn marked(marker: &str) -> String {
+    format!("{marker:~<16}")
+}
+
 /// A 16-byte token, as the library makes them (raw bytes, not text).
 fn token(n: u8) -> Vec<u8> {
     let mut t = vec![0xA5u8; 16];
@@ -65,7 +71,7 @@ impl Redis {
     /// acquire.lua for writer `tok` (no writer intent when `waiter` is empty).
     fn write(&mut self, tok: &[u8], ttl: u64, waiter: &str, intent: u64, had: bool) -> Value {
         let had = if had { "1" } else { "0" };
-        self.eval(ACQUIRE, &[K, F, W], (tok, ttl, waiter, intent, had))
+        self.eval(ACQUIRE, &[K, F, W], (tok, ttl, "", waiter, intent, had))
             .expect("acquire")
     }
 
@@ -173,7 +179,7 @@ fn readers_share_and_exclude_a_writer() {
     let f2 = fence(&r.shared(&token(2), 30_000, READ, 0));
     assert!(f2 > f1, "each reader gets a fencing token of its own");
     assert_eq!(r.zcard(H), 2);
-    let read = r.digest(READ.as_bytes());
+    let read = r.digest(marked(READ).as_bytes());
     let (pttl, holder) = refused(&r.write(&token(3), 30_000, "", 0, false));
     assert_eq!(holder, read);
     assert!(pttl > 25_000 && pttl <= 30_000, "{pttl}");
@@ -200,7 +206,7 @@ fn a_permit_key_refuses_readers_and_the_reverse() {
     let mut r = redis();
     fence(&r.shared(&token(1), 30_000, PERMIT, 2));
     let (_, holder) = refused(&r.shared(&token(2), 30_000, READ, 0));
-    assert_eq!(holder, r.digest(PERMIT.as_bytes()));
+    assert_eq!(holder, r.digest(marked(PERMIT).as_bytes()));
 }
 
 #[test]
@@ -208,7 +214,7 @@ fn writer_intent_blocks_new_readers_and_is_removed_on_the_writers_success() {
     let mut r = redis();
     fence(&r.shared(&token(1), 30_000, READ, 0));
     let (_, holder) = refused(&r.write(&token(9), 30_000, "waiter-9", 5_000, false));
-    assert_eq!(holder, r.digest(READ.as_bytes()));
+    assert_eq!(holder, r.digest(marked(READ).as_bytes()));
     assert_eq!(r.zcard(W), 1);
     let w_pttl = r.pttl(W);
     assert!(
@@ -227,13 +233,13 @@ fn writer_intent_blocks_new_readers_and_is_removed_on_the_writers_success() {
     fence(&r.write(&token(9), 30_000, "waiter-9", 4_000, true));
     assert!(!r.exists(W), "intent removed");
     let mut raw: Vec<u8> = r.con.get(K).unwrap();
-    assert_eq!(raw, token(9));
+    assert_eq!(raw[..16], token(9));
     // Released: readers come in again.
     let released: i64 = r.eval(RELEASE, &[K], (&token(9)[..], "PUBLISH")).unwrap();
     assert_eq!(released, 1);
     fence(&r.shared(&token(2), 30_000, READ, 0));
     raw = r.con.get(K).unwrap();
-    assert_eq!(raw, READ.as_bytes());
+    assert_eq!(raw[..16], *marked(READ).as_bytes());
 }
 
 #[test]
@@ -297,7 +303,7 @@ fn at_most_limit_permit_holders() {
     fence(&r.shared(&token(1), 30_000, PERMIT, 2));
     fence(&r.shared(&token(2), 10_000, PERMIT, 2));
     let (wait, holder) = refused(&r.shared(&token(3), 30_000, PERMIT, 2));
-    assert_eq!(holder, r.digest(PERMIT.as_bytes()));
+    assert_eq!(holder, r.digest(marked(PERMIT).as_bytes()));
     assert!(
         wait > 5_000 && wait <= 10_000,
         "until the earliest holder expires: {wait}"
@@ -415,7 +421,7 @@ fn a_shared_release_never_touches_a_key_someone_else_took() {
     assert_eq!(r.renew_shared(&token(1), 30_000, READ), vec![0]);
     assert_eq!(r.release_shared(&token(1), READ, 0), 1);
     let held: Vec<u8> = r.con.get(K).unwrap();
-    assert_eq!(held, token(9));
+    assert_eq!(held[..16], token(9), "the writer's value, its token first");
     assert!(r.pttl(K) > 25_000);
     assert!(!r.exists(H));
 }
@@ -511,7 +517,7 @@ fn acquire_all_is_all_or_nothing() {
     let reply: Value = r
         .eval(ACQUIRE_ALL, &[a, K, F, F], (&token(1)[..], 30_000))
         .unwrap();
-    let read = r.digest(READ.as_bytes());
+    let read = r.digest(marked(READ).as_bytes());
     assert!(
         matches!(&reply, Value::Array(i) if i.len() == 4 && i[3] == Value::BulkString(read.into_bytes())),
         "{reply:?}"
@@ -674,4 +680,131 @@ fn bad_arguments_are_errors_and_write_nothing() {
     assert!(err.is_err(), "not a triple");
     let keys: Vec<String> = r.con.keys("*").unwrap();
     assert_eq!(keys, Vec::<String>::new());
+}
+
+const EXTEND: &str = include_str!("../redlock-runtime/src/scripts/extend.lua");
+const RENEW: &str = include_str!("../redlock-runtime/src/scripts/renew.lua");
+const INSPECT: &str = include_str!("../redlock-runtime/src/scripts/inspect.lua");
+
+/// Issue 16: the value is the token followed by owner metadata; release, extend, renew
+/// and a retried acquire compare only its first 16 bytes, and refuse a token that
+/// differs anywhere in them, or a longer argument that starts with the token.
+#[test]
+fn owner_metadata_follows_the_token_and_only_the_token_is_compared() {
+    let mut r = redis();
+    let owner = "|e|4242|build-host";
+    let fence1 = fence(
+        &r.eval(ACQUIRE, &[K, F, W], (&token(1)[..], 30_000, owner))
+            .unwrap(),
+    );
+    let raw: Vec<u8> = r.con.get(K).unwrap();
+    assert_eq!(raw[..16], token(1));
+    let meta = String::from_utf8(raw[16..].to_vec()).unwrap();
+    let fields: Vec<&str> = meta.split('|').collect();
+    assert_eq!(fields[..2], ["", "1"], "{meta}");
+    assert!(
+        fields[2].parse::<u64>().unwrap() > 1_600_000_000_000,
+        "server ms: {meta}"
+    );
+    assert_eq!(fields[3], fence1.to_string());
+    assert_eq!(fields[4..], ["e", "4242", "build-host"]);
+
+    let mut near = token(1);
+    near[15] ^= 1;
+    let mut longer = token(1);
+    longer.push(b'|');
+    for other in [&near[..], &longer[..], &token(1)[..15]] {
+        let extended: i64 = r.eval(EXTEND, &[K], (other, 60_000)).unwrap();
+        assert_eq!(extended, 0);
+        let released: i64 = r.eval(RELEASE, &[K], (other, "PUBLISH")).unwrap();
+        assert_eq!(released, -1);
+        let renewed: Vec<i64> = r.eval(RENEW, &[K], (other, 60_000)).unwrap();
+        assert_eq!(renewed, [0]);
+        refused(&r.eval(ACQUIRE, &[K, F, W], (other, 30_000, owner)).unwrap());
+    }
+    assert!(r.pttl(K) <= 30_000, "nobody else extended it");
+    let renewed: Vec<i64> = r.eval(RENEW, &[K], (&token(1)[..], 60_000)).unwrap();
+    assert_eq!(renewed, [1]);
+    let extended: i64 = r.eval(EXTEND, &[K], (&token(1)[..], 90_000)).unwrap();
+    assert_eq!(extended, 1);
+    assert!(r.pttl(K) > 60_000);
+    let again: Vec<u8> = r.con.get(K).unwrap();
+    assert_eq!(again, raw, "extends keep the metadata");
+    // A retry finding its own token is granted again.
+    fence(
+        &r.eval(ACQUIRE, &[K, F, W], (&token(1)[..], 30_000, owner))
+            .unwrap(),
+    );
+    let released: i64 = r.eval(RELEASE, &[K], (&token(1)[..], "PUBLISH")).unwrap();
+    assert_eq!(released, 1);
+    assert!(!r.exists(K));
+}
+
+/// Issue 16: a value written before owner metadata existed (the 16-byte token alone, or
+/// a bare reader marker) is still extended, renewed and released by its holder, and a
+/// reader joining bare-marker readers leaves the marker bare for them.
+#[test]
+fn values_written_before_owner_metadata_still_work() {
+    let mut r = redis();
+    let _: () = r.con.set_ex(K, &token(1)[..], 30).unwrap();
+    let extended: i64 = r.eval(EXTEND, &[K], (&token(1)[..], 60_000)).unwrap();
+    assert_eq!(extended, 1);
+    let renewed: Vec<i64> = r.eval(RENEW, &[K], (&token(1)[..], 60_000)).unwrap();
+    assert_eq!(renewed, [1]);
+    let (_, holder) = refused(&r.write(&token(2), 30_000, "", 0, false));
+    assert_eq!(
+        holder,
+        r.digest(&token(1)),
+        "the same digest as with metadata"
+    );
+    let released: i64 = r.eval(RELEASE, &[K], (&token(1)[..], "PUBLISH")).unwrap();
+    assert_eq!(released, 1);
+
+    // Readers of an older version: K holds the bare marker.
+    let _: () = r.con.set(K, READ).unwrap();
+    let _: () = r.con.zadd(H, &token(3)[..], 99_999_999_999_999u64).unwrap();
+    fence(&r.shared(&token(4), 30_000, READ, 0));
+    let raw: Vec<u8> = r.con.get(K).unwrap();
+    assert_eq!(raw, READ.as_bytes(), "left as the older readers wrote it");
+    assert_eq!(r.renew_shared(&token(4), 30_000, READ), vec![1]);
+    let info: Vec<Value> = r.eval(INSPECT, &[K, H], Vec::<u8>::new()).unwrap();
+    assert_eq!(info[0], Value::BulkString(b"r".to_vec()));
+    assert_eq!(info[3], Value::Int(2));
+    assert_eq!(
+        info[4],
+        Value::BulkString(Vec::new()),
+        "no metadata to show"
+    );
+    assert_eq!(r.release_shared(&token(4), READ, 0), 1);
+    assert_eq!(r.release_shared(&token(3), READ, 0), 1);
+    assert!(!r.exists(K) && !r.exists(H));
+}
+
+/// Issue 16: what inspect.lua returns never contains the token.
+#[test]
+fn inspect_returns_no_token() {
+    let mut r = redis();
+    fence(
+        &r.eval(ACQUIRE, &[K, F, W], (&token(1)[..], 30_000, "|e|1|h"))
+            .unwrap(),
+    );
+    let reply: Value = r.eval(INSPECT, &[K, H], Vec::<u8>::new()).unwrap();
+    let shown = format!("{reply:?}");
+    let tok = token(1);
+    let Value::Array(items) = reply else {
+        panic!("{shown}")
+    };
+    for item in &items {
+        if let Value::BulkString(b) = item {
+            assert!(
+                !b.windows(8).any(|w| tok.windows(8).any(|t| t == w)),
+                "{shown}"
+            );
+        }
+    }
+    assert_eq!(items[0], Value::BulkString(b"e".to_vec()));
+    let nothing: Value = r
+        .eval(INSPECT, &["lock:free_{7}", H], Vec::<u8>::new())
+        .unwrap();
+    assert_eq!(nothing, Value::Nil);
 }

@@ -12,6 +12,7 @@
 
 mod backend;
 mod error;
+mod info;
 mod key;
 mod kind;
 mod lease;
@@ -36,6 +37,7 @@ pub mod macro_support;
 pub mod layer;
 
 pub use error::LockError;
+pub use info::LockInfo;
 
 /// The redis-rs crate this library is built on, so applications name the same version
 /// (`redis::Client`, `redis::ConnectionInfo`, the source of [`LockError::Backend`]).

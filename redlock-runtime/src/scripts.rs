@@ -44,6 +44,9 @@ pub(crate) static ACQUIRE_ALL: LazyLock<LuaScript> =
 /// Compare-token raise of the fencing counter (Redlock): see `scripts/fence_floor.lua`.
 pub(crate) static FENCE_FLOOR: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(include_str!("scripts/fence_floor.lua")));
+/// A lock described for an operator, never its token: see `scripts/inspect.lua`.
+pub(crate) static INSPECT: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(include_str!("scripts/inspect.lua")));
 
 impl LuaScript {
     fn new(body: &'static str) -> Self {

@@ -238,6 +238,77 @@ pub async fn lost_when_stolen<H: Harness>(h: &H) {
     assert!(h.exists(&full).await, "release deleted someone else's lock");
 }
 
+/// `inspect` tells who holds what, for each kind: the kind, this process as the owner
+/// (host and pid), the grant's fencing token, when it was granted and the ttl left;
+/// `None` once released. Neither `Debug` nor `Display` of it shows anything but those.
+pub async fn inspect_tells_who_holds_what<H: Harness>(h: &H) {
+    use redlock::LockKind;
+    use std::time::SystemTime;
+    let (locks, other) = (manager(h).await, manager(h).await);
+    let key = unique("inspect");
+    assert_eq!(other.inspect(&key).await.unwrap(), None, "free");
+    let before = SystemTime::now() - Duration::from_secs(2);
+    let ttl = Duration::from_secs(20);
+    let check = |info: &redlock::LockInfo, kind, fence: u64, holders: u32| {
+        assert_eq!(info.key, format!("{}{key}", locks.prefix()));
+        assert_eq!(info.kind, kind);
+        assert_eq!(info.holders, holders);
+        assert_eq!(info.pid, Some(std::process::id()));
+        assert!(info.host.as_deref().is_some_and(|h| !h.is_empty()));
+        assert_eq!(info.fencing_token, Some(fence));
+        let at = info.acquired_at.expect("acquire time");
+        assert!(
+            at > before && at < SystemTime::now() + Duration::from_secs(2),
+            "{at:?}"
+        );
+        assert!(info.held_for.is_some_and(|d| d < Duration::from_secs(10)));
+        assert!(
+            info.ttl.is_some_and(|t| t <= ttl && t > ttl / 2),
+            "{info:?}"
+        );
+        assert_eq!(info.holder.len(), 16, "a 64-bit digest in hex");
+        let shown = format!("{info:?} {info}");
+        assert!(shown.contains(&fence.to_string()) && shown.contains(&kind.to_string()));
+    };
+    let guard = locks
+        .lock_with(&key, LockOptions::new().ttl(ttl))
+        .await
+        .unwrap();
+    let info = other.inspect(&key).await.unwrap().expect("held");
+    check(&info, LockKind::Exclusive, guard.fencing_token(), 1);
+    guard.release().await.unwrap();
+    assert_eq!(other.inspect(&key).await.unwrap(), None, "released");
+
+    let r1 = locks
+        .read_with(&key, LockOptions::new().ttl(ttl))
+        .await
+        .unwrap();
+    let r2 = locks
+        .read_with(&key, LockOptions::new().ttl(ttl))
+        .await
+        .unwrap();
+    let info = other.inspect(&key).await.unwrap().expect("read");
+    check(&info, LockKind::Read, r2.fencing_token(), 2);
+    r1.release().await.unwrap();
+    r2.release().await.unwrap();
+    assert_eq!(other.inspect(&key).await.unwrap(), None, "readers gone");
+
+    // Redlock keeps permits on places, keys of their own (see force_unlock).
+    if locks.backend_name() != "redlock" {
+        let p = locks
+            .permit_with(&key, 3, LockOptions::new().ttl(ttl))
+            .await
+            .unwrap();
+        let info = other.inspect(&key).await.unwrap().expect("permit");
+        check(&info, LockKind::Permit, p.fencing_token(), 1);
+        p.release().await.unwrap();
+    }
+    assert!(matches!(
+        other.inspect("").await,
+        Err(LockError::InvalidKey { .. })
+    ));
+}
+
 /// Dropping a guard releases it without waiting: the key disappears shortly.
 pub async fn drop_releases<H: Harness>(h: &H) {
     let (a, b) = (manager(h).await, manager(h).await);
@@ -659,7 +730,7 @@ macro_rules! conformance_tests {
             fencing_across_expiry, fencing_unique_under_concurrency, queue_full,
             notified_handoff_is_fast, one_attempt_apis, extend_sets_ttl,
             expiry_without_watchdog, guards_are_not_reentrant, local_waiters_are_fifo,
-            bad_input_is_rejected);
+            bad_input_is_rejected, inspect_tells_who_holds_what);
     };
     (@each $make:expr; $($name:ident),*) => {
         $(

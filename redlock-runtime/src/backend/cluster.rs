@@ -54,12 +54,14 @@ use redis::{ConnectionInfo, FromRedisValue, ProtocolVersion, PushInfo, PushKind,
 use tokio::sync::mpsc;
 
 use super::server::{
-    acquire_all_call, acquire_by_call, by_script_call, chunk_outcomes, decode_acquire,
-    decode_acquire_all, extend_shared_call, parse_eviction_policy, release_call, renew_call,
-    script_loads, ttl_ms, ScriptCall, Timeouts, WaitAttempt, WaitPool, MAX_REPLICA_WAIT,
+    acquire_all_call, acquire_args, acquire_by_call, by_script_call, chunk_outcomes,
+    decode_acquire, decode_acquire_all, extend_shared_call, inspect_on, parse_eviction_policy,
+    release_call, renew_call, script_loads, ttl_ms, ScriptCall, Timeouts, WaitAttempt, WaitPool,
+    MAX_REPLICA_WAIT,
 };
 use super::{Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Store, Together, Wake};
 use crate::error::chain;
+use crate::info::LockInfo;
 use crate::key::{key_slot, LockKey, SLOTS};
 use crate::notify::{channel_of, ChannelLocks, Interest};
 use crate::scripts::{ACQUIRE, EXTEND, RELEASE};
@@ -395,7 +397,7 @@ impl Store for ClusterBackend {
             return acquire_by_call(&self.con, claim).await;
         }
         let keys = [key.full(), key.fence()];
-        let args = (token.as_bytes(), ttl_ms(ttl));
+        let args = acquire_args(&token, ttl);
         let Some(rw) = replicas else {
             let reply: Value = ACQUIRE
                 .invoke(&self.con, &keys, args)
@@ -606,6 +608,10 @@ impl Store for ClusterBackend {
                 (node, policy)
             })
             .collect())
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        inspect_on(&self.con, key).await
     }
 
     async fn is_locked(&self, key: &LockKey) -> Result<bool, LockError> {

@@ -11,10 +11,12 @@
 
 use std::collections::HashMap;
 use std::future::{ready, Future};
+use std::hash::{BuildHasher, RandomState};
 use std::sync::{LazyLock, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use super::{Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Store, Together, Wake};
+use crate::info::{self, LockInfo};
 use crate::key::LockKey;
 use crate::kind::{LockKind, Mode};
 use crate::token::Token;
@@ -66,15 +68,43 @@ impl Table {
 /// comes by then and renews it), as in `acquire.lua`.
 const INTENT_SLACK: Duration = Duration::from_secs(2);
 
+/// A grant's fencing token and wall-clock time, for [`LockInfo`].
+#[derive(Clone, Copy)]
+struct Grant {
+    fence: u64,
+    at: SystemTime,
+}
+
+impl Grant {
+    fn new(fence: u64) -> Self {
+        Self {
+            fence,
+            at: SystemTime::now(),
+        }
+    }
+}
+
 /// What the store holds for a key.
 enum Held {
     /// One holder: an exclusive lock (or a write lock).
-    One { token: Token, expires: Instant },
-    /// Shared holders of one kind (readers, or permit holders), each with its expiry.
+    One {
+        token: Token,
+        expires: Instant,
+        grant: Grant,
+    },
+    /// Shared holders of one kind (readers, or permit holders), each with its expiry;
+    /// `latest` is the latest grant.
     Many {
         kind: LockKind,
         holders: HashMap<Token, Instant>,
+        latest: Grant,
     },
+}
+
+/// A 64-bit name for a holder that reveals nothing of its token (keyed per process).
+fn digest(of: impl std::hash::Hash) -> u64 {
+    static KEY: LazyLock<RandomState> = LazyLock::new(RandomState::new);
+    KEY.hash_one(of)
 }
 
 impl Held {
@@ -100,7 +130,9 @@ impl Held {
     /// The expiry of `token`'s hold, if it holds the key.
     fn expiry_of(&mut self, token: Token) -> Option<&mut Instant> {
         match self {
-            Self::One { token: t, expires } => (*t == token).then_some(expires),
+            Self::One {
+                token: t, expires, ..
+            } => (*t == token).then_some(expires),
             Self::Many { holders, .. } => holders.get_mut(&token),
         }
     }
@@ -183,7 +215,7 @@ impl Table {
             }
             let until = entry.expires(now);
             match (entry, shared) {
-                (Held::Many { kind, holders }, Some(want)) if *kind == want => {
+                (Held::Many { kind, holders, .. }, Some(want)) if *kind == want => {
                     if let Mode::Permit(n) = claim.mode {
                         if holders.len() >= n as usize {
                             let first = holders.values().copied().min().unwrap_or(now);
@@ -227,6 +259,7 @@ impl Table {
                     Held::One {
                         token: claim.token,
                         expires,
+                        grant: Grant::new(fence),
                     },
                 );
             }
@@ -237,9 +270,14 @@ impl Table {
                     .or_insert_with(|| Held::Many {
                         kind,
                         holders: HashMap::new(),
+                        latest: Grant::new(fence),
                     });
-                if let Held::Many { holders, .. } = entry {
+                if let Held::Many {
+                    holders, latest, ..
+                } = entry
+                {
                     holders.insert(claim.token, expires);
+                    *latest = Grant::new(fence);
                 }
             }
         }
@@ -279,8 +317,14 @@ impl Table {
                     return Err(e);
                 }
             }
-            self.locks
-                .insert(key.full().to_owned(), Held::One { token, expires });
+            self.locks.insert(
+                key.full().to_owned(),
+                Held::One {
+                    token,
+                    expires,
+                    grant: Grant::new(fences[fences.len() - 1]),
+                },
+            );
         }
         self.sweep(now);
         Ok(Together::Acquired(fences))
@@ -313,7 +357,7 @@ impl Table {
         }
         let (wake, emptied) = match entry {
             Held::One { .. } => (true, true),
-            Held::Many { kind, holders } => {
+            Held::Many { kind, holders, .. } => {
                 holders.remove(&lease.token);
                 (
                     *kind == LockKind::Permit || holders.is_empty(),
@@ -398,6 +442,36 @@ impl MemoryBackend {
         live
     }
 
+    /// What is known of the lock: see [`Store::inspect`].
+    fn inspect_now(&self, key: &LockKey) -> Option<LockInfo> {
+        let now = Instant::now();
+        let mut s = store();
+        let entry = s.live(key.full(), now)?;
+        let ttl = entry.expires(now).saturating_duration_since(now);
+        let (kind, holders, grant, holder) = match entry {
+            Held::One { token, grant, .. } => (LockKind::Exclusive, 1, *grant, digest(token)),
+            Held::Many {
+                kind,
+                holders,
+                latest,
+            } => (
+                *kind,
+                u32::try_from(holders.len()).unwrap_or(u32::MAX),
+                *latest,
+                digest(*kind),
+            ),
+        };
+        Some(info::local(
+            key.full(),
+            kind,
+            holders,
+            ttl,
+            grant.fence,
+            grant.at,
+            holder,
+        ))
+    }
+
     /// Whether anyone holds the lock.
     fn is_locked_now(&self, key: &LockKey) -> bool {
         store().live(key.full(), Instant::now()).is_some()
@@ -463,6 +537,13 @@ impl Store for MemoryBackend {
             })
             .collect();
         ready(Ok(renewed))
+    }
+
+    fn inspect(
+        &self,
+        key: &LockKey,
+    ) -> impl Future<Output = Result<Option<LockInfo>, LockError>> + Send {
+        ready(Ok(self.inspect_now(key)))
     }
 
     fn is_locked(&self, key: &LockKey) -> impl Future<Output = Result<bool, LockError>> + Send {

@@ -22,6 +22,7 @@ pub(crate) use redlock::{RedlockBackend, DEFAULT_NODE_TIMEOUT};
 pub(crate) use server::Timeouts;
 pub(crate) use single::SingleBackend;
 
+use crate::info::LockInfo;
 use crate::key::LockKey;
 use crate::kind::Mode;
 use crate::token::Token;
@@ -193,6 +194,12 @@ pub(crate) trait Store {
     /// Whether anyone holds the lock.
     fn is_locked(&self, key: &LockKey) -> impl Future<Output = Result<bool, LockError>> + Send;
 
+    /// What is known of the lock (never its token); `None` when nobody holds it.
+    fn inspect(
+        &self,
+        key: &LockKey,
+    ) -> impl Future<Output = Result<Option<LockInfo>, LockError>> + Send;
+
     /// The `maxmemory-policy` of every node locks are written to (every master), by
     /// node address; `Err` when the nodes could not even be asked.
     fn eviction_policies(&self) -> impl Future<Output = Result<Policies, LockError>> + Send;
@@ -352,6 +359,10 @@ impl Backend {
 
     pub(crate) async fn is_locked(&self, key: &LockKey) -> Result<bool, LockError> {
         dispatch!(self, b => b.is_locked(key).await)
+    }
+
+    pub(crate) async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        dispatch!(self, b => b.inspect(key).await)
     }
 
     pub(crate) async fn eviction_policies(&self) -> Result<Policies, LockError> {

@@ -121,6 +121,7 @@ use super::{
     jitter, Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Store, Timeouts, Together, Wake,
 };
 use crate::error::chain;
+use crate::info::LockInfo;
 use crate::key::LockKey;
 use crate::kind::Mode;
 use crate::lease::drift;
@@ -1458,6 +1459,41 @@ impl Store for RedlockBackend {
                 Err(self.unavailable(key, reached, error))
             }
         }
+    }
+
+    /// The holder that holds the key on a quorum of nodes (by its digest), if any: as
+    /// the node of that quorum whose ttl is shortest describes it (each node stores
+    /// its own acquire time), with the highest fence among them (the nodes' counters
+    /// differ; the token issued is the highest of a quorum).
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        let answers = self
+            .on_all("inspect", self.node_timeout, |n| n.inspect(key))
+            .await;
+        let reached = answers.iter().filter(|a| a.is_ok()).count();
+        if reached < self.quorum {
+            let error = answers.iter().find_map(|a| a.as_ref().err());
+            return Err(self.unavailable(key, reached, error));
+        }
+        let found: Vec<LockInfo> = answers
+            .into_iter()
+            .filter_map(|a| a.ok().flatten())
+            .collect();
+        let of = |holder: &str| -> Vec<&LockInfo> {
+            found.iter().filter(|i| i.holder == holder).collect()
+        };
+        let Some(shortest) = found
+            .iter()
+            .filter(|i| of(&i.holder).len() >= self.quorum)
+            .min_by_key(|i| i.ttl.unwrap_or(Duration::MAX))
+        else {
+            return Ok(None);
+        };
+        let mut info = shortest.clone();
+        info.fencing_token = of(&info.holder)
+            .iter()
+            .filter_map(|i| i.fencing_token)
+            .max();
+        Ok(Some(info))
     }
 
     /// Deletes the key on every node and wakes the waiters; true when any node had it.

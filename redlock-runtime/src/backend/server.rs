@@ -15,10 +15,12 @@ use redis::Cmd;
 
 use super::{Attempt, Claim, LeaseRef, Renewal, Renewed, Together};
 use crate::error::chain;
+use crate::info::{decode_inspect, owner_suffix, LockInfo};
 use crate::key::LockKey;
 use crate::kind::Mode;
 use crate::scripts::{
-    LuaScript, ACQUIRE, ACQUIRE_ALL, ACQUIRE_SHARED, RELEASE, RELEASE_SHARED, RENEW, RENEW_SHARED,
+    LuaScript, ACQUIRE, ACQUIRE_ALL, ACQUIRE_SHARED, INSPECT, RELEASE, RELEASE_SHARED, RENEW,
+    RENEW_SHARED,
 };
 use crate::token::Token;
 use crate::LockError;
@@ -116,8 +118,37 @@ pub(crate) fn acquire_all_call(keys: &[&LockKey], token: Token, ttl: Duration) -
         args: vec![
             token.as_bytes().to_vec(),
             ttl_ms(ttl).to_string().into_bytes(),
+            owner_suffix(Mode::Exclusive).as_bytes().to_vec(),
         ],
     }
+}
+
+/// The arguments of the plain exclusive `acquire.lua` call (no writer intent): token,
+/// ttl and the owner metadata.
+pub(crate) fn acquire_args(token: &Token, ttl: Duration) -> (&[u8], u64, &'static str) {
+    (token.as_bytes(), ttl_ms(ttl), owner_suffix(Mode::Exclusive))
+}
+
+/// The call of `inspect.lua` for `key`.
+pub(crate) fn inspect_call(key: &LockKey) -> ScriptCall {
+    ScriptCall {
+        script: &INSPECT,
+        keys: vec![key.full().to_owned(), key.holders()],
+        args: Vec::new(),
+    }
+}
+
+/// [`inspect_call`] on `con`, sent again once if the connection dropped (it writes
+/// nothing).
+pub(crate) async fn inspect_on<C>(con: &C, key: &LockKey) -> Result<Option<LockInfo>, LockError>
+where
+    C: ConnectionLike + Clone,
+{
+    let call = inspect_call(key);
+    let reply: Value = reconnecting(|| call.invoke(con))
+        .await
+        .map_err(LockError::backend("inspect"))?;
+    decode_inspect(key.full(), reply)
 }
 
 /// An `acquire_all.lua` reply for `n` keys: `{1, fence..}` or `{0, i, pttl, holder}`.
@@ -408,7 +439,7 @@ pub(crate) fn acquire_call(claim: &Claim<'_>) -> ScriptCall {
     match claim.mode {
         Mode::Exclusive => {
             let mut keys = vec![key.full().to_owned(), key.fence().to_owned()];
-            let mut args = vec![token, ttl];
+            let mut args = vec![token, ttl, owner_suffix(claim.mode).as_bytes().to_vec()];
             if let Some(intent) = claim.intent {
                 keys.push(key.intents());
                 args.push(intent.waiter.to_string().into_bytes());
@@ -444,6 +475,7 @@ pub(crate) fn acquire_call(claim: &Claim<'_>) -> ScriptCall {
                     marker(claim.mode).as_bytes().to_vec(),
                     limit.to_string().into_bytes(),
                     honour_intents.as_bytes().to_vec(),
+                    owner_suffix(claim.mode).as_bytes().to_vec(),
                 ],
             }
         }

@@ -12,14 +12,15 @@ use redis::aio::{ConnectionManager, MultiplexedConnection};
 use redis::{AsyncConnectionConfig, Client, ConnectionInfo, ProtocolVersion, Value};
 
 use super::server::{
-    acquire_all_call, acquire_by_call, by_script_call, chunk_outcomes, decode_acquire,
-    decode_acquire_all, extend_shared_call, in_batch_order, is_dropped, parse_eviction_policy,
-    reconnecting, release_call, renew_calls, renew_groups, script_loads, ttl_ms, Timeouts,
-    WaitAttempt, WaitPool, MAX_REPLICA_WAIT,
+    acquire_all_call, acquire_args, acquire_by_call, by_script_call, chunk_outcomes,
+    decode_acquire, decode_acquire_all, extend_shared_call, in_batch_order, inspect_on, is_dropped,
+    parse_eviction_policy, reconnecting, release_call, renew_calls, renew_groups, script_loads,
+    ttl_ms, Timeouts, WaitAttempt, WaitPool, MAX_REPLICA_WAIT,
 };
 use super::{
     Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, ReplicaWait, Store, Together, Wake,
 };
+use crate::info::LockInfo;
 use crate::key::LockKey;
 use crate::notify::{push_handler, Channels, Subscriber};
 use crate::scripts::{ACQUIRE, EXTEND, RELEASE};
@@ -133,7 +134,7 @@ impl SingleBackend {
             key, token, ttl, ..
         } = *claim;
         let keys = [key.full(), key.fence()];
-        let args = (token.as_bytes(), ttl_ms(ttl));
+        let args = acquire_args(&token, ttl);
         // WAIT counts the writes of its own connection and blocks it meanwhile: a
         // connection of its own. A pooled one found broken (the server restarted) is
         // dropped with the other idle ones, broken too, and the request retried once on
@@ -190,7 +191,7 @@ impl Store for SingleBackend {
             return Box::pin(acquire_by_call(&self.con, claim)).await;
         }
         let keys = [key.full(), key.fence()];
-        let args = (token.as_bytes(), ttl_ms(ttl));
+        let args = acquire_args(&token, ttl);
         let Some(rw) = replicas else {
             let reply: Value = reconnecting(|| ACQUIRE.invoke(&self.con, &keys, args))
                 .await
@@ -276,6 +277,10 @@ impl Store for SingleBackend {
             .map_err(LockError::backend("renew"))?;
         let outcomes = decode_renewals(groups.iter().map(Vec::len), replies, self.backend);
         Ok(in_batch_order(batch.len(), &groups, outcomes))
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        inspect_on(&self.con, key).await
     }
 
     async fn is_locked(&self, key: &LockKey) -> Result<bool, LockError> {

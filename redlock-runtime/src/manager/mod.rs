@@ -22,7 +22,7 @@ use crate::key::LockKey;
 use crate::kind::Mode;
 use crate::options::Resolved;
 use crate::watchdog::Job;
-use crate::{LockError, LockOptions};
+use crate::{LockError, LockInfo, LockOptions};
 
 pub use builder::{
     LockManagerBuilder, DEFAULT_MAX_WAITERS_PER_KEY, DEFAULT_PREFIX, DEFAULT_SLOW_ACQUISITION,
@@ -307,9 +307,42 @@ impl LockManager {
         self.0.shared.backend.is_locked(&key).await
     }
 
+    /// Who holds `key` (prefixed, as for [`lock`](Self::lock)) and since when: its kind,
+    /// the holder's host and process id, when it was granted, the time left and the
+    /// fencing token; `None` when nobody holds it. Never the token: nothing returned can
+    /// release or extend the lock. On Redlock, the holder of a quorum of the nodes.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidKey`], [`LockError::Backend`] (or
+    /// [`LockError::QuorumUnavailable`] when too few Redlock nodes answered).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use redlock::{LockKind, LockManager};
+    ///
+    /// let locks = LockManager::builder().in_memory().build().await?;
+    /// assert!(locks.inspect("buy_{42}").await?.is_none());
+    /// let guard = locks.lock("buy_{42}").await?;
+    /// let info = locks.inspect("buy_{42}").await?.expect("held");
+    /// assert_eq!(info.kind, LockKind::Exclusive);
+    /// assert_eq!(info.pid, Some(std::process::id()));
+    /// assert_eq!(info.fencing_token, Some(guard.fencing_token()));
+    /// println!("{info}"); // lock:buy_{42} (exclusive) fencing token 1 held by … pid … for 0ns, 30s left
+    /// # Ok(()) }
+    /// ```
+    pub async fn inspect(&self, key: &str) -> Result<Option<LockInfo>, LockError> {
+        self.check_runtime()?;
+        let key = LockKey::prefixed(&self.0.prefix, key)?;
+        self.0.shared.backend.inspect(&key).await
+    }
+
     /// Deletes `key`'s lock whoever holds it, and wakes its waiters: an operator's tool
-    /// for a stuck lock. The holder finds out at its next renewal. Returns whether a lock
-    /// was there. Readers and permit holders are removed too, except Redlock's permits
+    /// for a stuck lock. The holder finds out at its next renewal (its guard's
+    /// [`lost`](LockGuard::lost) resolves). Returns whether a lock was there. Logged as a
+    /// `tracing` warning naming the key and this process. Readers and permit holders are removed too, except Redlock's permits
     /// (held on places, keys of their own, which this does not touch: their ttl frees
     /// them).
     ///
@@ -333,7 +366,15 @@ impl LockManager {
     pub async fn force_unlock(&self, key: &str) -> Result<bool, LockError> {
         self.check_runtime()?;
         let key = LockKey::prefixed(&self.0.prefix, key)?;
-        self.0.shared.backend.force_unlock(&key).await
+        let held = self.0.shared.backend.force_unlock(&key).await?;
+        tracing::warn!(
+            key = key.full(),
+            backend = self.backend_name(),
+            held,
+            by_pid = std::process::id(),
+            "lock force-released"
+        );
+        Ok(held)
     }
 
     /// The number of locks the watchdog is renewing.

@@ -2,10 +2,14 @@
 -- in one step.
 -- KEYS[1] lock key, KEYS[2] fencing counter of the key's hash slot (shared by every key
 -- of the slot, never expires), KEYS[3] the key's writer-intent zset (same slot; may be
--- left out when ARGV[3] is)
--- ARGV[1] owner token, ARGV[2] ttl in milliseconds, ARGV[3] writer id of this wait (''
--- or absent: no writer intent), ARGV[4] intent in milliseconds (the caller's remaining
--- wait), ARGV[5] '1' when this wait registered an intent before (removed on success)
+-- left out when ARGV[4] is)
+-- ARGV[1] owner token (16 bytes), ARGV[2] ttl in milliseconds, ARGV[3] owner metadata
+-- ('' or absent: none; see below), ARGV[4] writer id of this wait ('' or absent: no
+-- writer intent), ARGV[5] intent in milliseconds (the caller's remaining wait), ARGV[6]
+-- '1' when this wait registered an intent before (removed on success)
+-- The key's value is the token followed by '|1|<server ms>|<fence>' and ARGV[3] (the
+-- format is in info.rs); only its first 16 bytes are ever compared with a token, so a
+-- value of a token alone (written before the metadata existed) compares the same.
 -- Returns the fencing token when acquired: an integer while a Lua number holds the
 -- counter exactly (below 2^53), else the counter read back as its decimal digits (a
 -- Lua number's double is inexact above 2^53). A retried call that finds its own token
@@ -13,59 +17,74 @@
 -- Returns {pttl, holder} when someone else holds the lock (pttl -1: held without
 -- expiry); holder is 16 hex digits of the SHA1 of the holder's value, the same on every
 -- node one holder holds (Redlock tells a majority holder from a split vote by it), and
--- nothing anyone could use to release or extend that lock. Readers hold it as the value
--- '~read', so their holder digest is that of '~read'.
+-- nothing anyone could use to release or extend that lock (the digest of the value's
+-- first 16 bytes: the token, not the metadata, which differs between nodes). Readers
+-- hold it as the marker '~read' padded to 16 bytes with '~' (or '~read' alone, written
+-- before the metadata existed), so their holder digest is that of the marker.
 -- Held, with a writer id and a positive intent: the id is added to KEYS[3] with score =
--- the server's now (TIME, milliseconds) + ARGV[4], but at most KEYS[1]'s PTTL + 2000
+-- the server's now (TIME, milliseconds) + ARGV[5], but at most KEYS[1]'s PTTL + 2000
 -- (the writer, told that PTTL, asks again by then, or sooner when woken, renewing its
 -- intent; one whose writer died runs out soon, not at the end of its wait), expired
 -- intents dropped, and KEYS[3] expires with its last intent; new readers are refused while an intent is unexpired
 -- (acquire_shared.lua). Every held reply to a call with a writer id means its intent is
 -- registered, whoever holds the lock.
--- Fails, the lock given back, when the counter does not yield a positive integer
--- (not an integer, zero or negative, or INCR overflowing at 2^63 - 1).
+-- Fails, nothing written (a retry: the lock given back), when the counter does not
+-- yield a positive integer (not an integer, zero or negative, or INCR overflowing at
+-- 2^63 - 1).
 
--- The counter's decimal digits, or the lock given back and an error.
-local function read_back()
+-- The counter's decimal digits, or an error (after `undo`, when given).
+local function read_back(undo)
   local fence = redis.pcall('GET', KEYS[2])
   if type(fence) == 'string' and string.match(fence, '^[1-9][0-9]*$') then
     return fence
   end
-  redis.call('DEL', KEYS[1])
+  if undo then
+    redis.call('DEL', KEYS[1])
+  end
   if type(fence) == 'table' and fence.err then
     return redis.error_reply('ERR fencing counter ' .. KEYS[2] .. ': ' .. fence.err)
   end
   return redis.error_reply('ERR fencing counter ' .. KEYS[2] .. ' holds no positive integer')
 end
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+local held = redis.call('GET', KEYS[1])
+if not held then
   local n = redis.pcall('INCR', KEYS[2])
   if type(n) == 'table' then
-    redis.call('DEL', KEYS[1])
     return redis.error_reply('ERR fencing counter ' .. KEYS[2] .. ': ' .. n.err)
   end
-  if ARGV[5] == '1' then
-    redis.call('ZREM', KEYS[3], ARGV[3])
+  local fence = n
+  if n < 1 or n >= 9007199254740992 then
+    fence = read_back(false)
+    if type(fence) == 'table' then
+      return fence
+    end
+  else
+    fence = string.format('%d', n)
+  end
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local value = ARGV[1] .. '|1|' .. string.format('%d', now) .. '|' .. fence .. (ARGV[3] or '')
+  redis.call('SET', KEYS[1], value, 'PX', ARGV[2])
+  if ARGV[6] == '1' then
+    redis.call('ZREM', KEYS[3], ARGV[4])
   end
   if n >= 1 and n < 9007199254740992 then
     return n
   end
-  return read_back()
+  return fence
 end
-local held = redis.call('GET', KEYS[1])
-if held == ARGV[1] then
+local head = string.sub(held, 1, 16)
+if head == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  if ARGV[5] == '1' then
-    redis.call('ZREM', KEYS[3], ARGV[3])
+  if ARGV[6] == '1' then
+    redis.call('ZREM', KEYS[3], ARGV[4])
   end
-  return read_back()
+  return read_back(true)
 end
-local holder = ''
-if held then
-  holder = string.sub(redis.sha1hex(held), 1, 16)
-end
+local holder = string.sub(redis.sha1hex(head), 1, 16)
 local pttl = redis.call('PTTL', KEYS[1])
-if held and ARGV[3] and ARGV[3] ~= '' then
-  local intent = tonumber(ARGV[4])
+if ARGV[4] and ARGV[4] ~= '' then
+  local intent = tonumber(ARGV[5])
   if not intent then
     return redis.error_reply('ERR writer intent ms is not a number')
   end
@@ -77,7 +96,7 @@ if held and ARGV[3] and ARGV[3] ~= '' then
       ms = pttl + 2000
     end
     redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
-    redis.call('ZADD', KEYS[3], now + ms, ARGV[3])
+    redis.call('ZADD', KEYS[3], now + ms, ARGV[4])
     local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
     redis.call('PEXPIRE', KEYS[3], tonumber(last[2]) - now)
   end

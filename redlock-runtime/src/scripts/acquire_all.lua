@@ -2,7 +2,10 @@
 -- on one server: one slot in a cluster), each with a fencing token of its own.
 -- KEYS[1..n] lock keys K_1..K_n, KEYS[n+1..2n] the fencing counter F_i of each K_i's
 -- slot (keys of one slot name the same counter)
--- ARGV[1] owner token, ARGV[2] ttl in milliseconds (a positive integer)
+-- ARGV[1] owner token (16 bytes), ARGV[2] ttl in milliseconds (a positive integer),
+-- ARGV[3] owner metadata ('' or absent: none)
+-- Each K_i's value is the token followed by '|1|<server ms>|<fence_i>' and ARGV[3], as
+-- in acquire.lua; only the first 16 bytes are compared with a token.
 -- Returns {1, fence_1, ..., fence_n} when all are acquired: each fence an INCR of F_i,
 -- in key order, so keys sharing a counter get distinct increasing fences; an integer
 -- below 2^53, else the counter read back as its decimal digits right after that INCR. A
@@ -22,8 +25,9 @@ if not string.match(ARGV[2] or '', '^[1-9][0-9]*$') then
 end
 for i = 1, n do
   local held = redis.call('GET', KEYS[i])
-  if held and held ~= ARGV[1] then
-    return {0, i, redis.call('PTTL', KEYS[i]), string.sub(redis.sha1hex(held), 1, 16)}
+  if held and string.sub(held, 1, 16) ~= ARGV[1] then
+    local head = string.sub(held, 1, 16)
+    return {0, i, redis.call('PTTL', KEYS[i]), string.sub(redis.sha1hex(head), 1, 16)}
   end
 end
 -- Every K_i given back and an error.
@@ -33,9 +37,9 @@ local function fail(f, msg)
   end
   return redis.error_reply('ERR fencing counter ' .. f .. msg)
 end
-for i = 1, n do
-  redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2])
-end
+local t = redis.call('TIME')
+local stamp = ARGV[1] .. '|1|' .. string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)) .. '|'
+local owner = ARGV[3] or ''
 local out = {1}
 for i = 1, n do
   local f = KEYS[n + i]
@@ -43,12 +47,17 @@ for i = 1, n do
   if type(fence) == 'table' then
     return fail(f, ': ' .. fence.err)
   end
+  local digits
   if fence < 1 or fence >= 9007199254740992 then
     fence = redis.pcall('GET', f)
     if type(fence) ~= 'string' or not string.match(fence, '^[1-9][0-9]*$') then
       return fail(f, ' holds no positive integer')
     end
+    digits = fence
+  else
+    digits = string.format('%d', fence)
   end
+  redis.call('SET', KEYS[i], stamp .. digits .. owner, 'PX', ARGV[2])
   out[i + 1] = fence
 end
 return out

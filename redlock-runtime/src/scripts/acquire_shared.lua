@@ -3,8 +3,12 @@
 -- hash slot (never expires), KEYS[4] its writer-intent zset W (all in one slot)
 -- ARGV[1] owner token, ARGV[2] ttl in milliseconds (a positive integer), ARGV[3] marker
 -- ('~read' or '~permit'), ARGV[4] limit (0 = unlimited, as for readers), ARGV[5] '1' to
--- refuse while a writer intent is unexpired (readers)
--- While shared holders exist, K holds the marker (so the exclusive SET NX fails), H maps
+-- refuse while a writer intent is unexpired (readers), ARGV[6] owner metadata ('' or
+-- absent: none)
+-- While shared holders exist, K holds the marker padded to 16 bytes with '~' followed by
+-- '|1|<server ms>|<fence>' and ARGV[6] of the latest grant (the format is in info.rs;
+-- the marker alone when written before the metadata existed: such a K is left as it is,
+-- for the holders that wrote it), so the exclusive acquire finds it held; H maps
 -- each holder's token to its expiry in the server's milliseconds (TIME, never the
 -- client's clock), and K and H both expire with the last holder: PTTL = max(score) - now.
 -- Expired holders (score <= now) are reclaimed before anything is counted.
@@ -22,10 +26,9 @@
 --   limit > 0 and at least limit live holders: {ms until the earliest holder expires,
 --   digest of the marker}.
 -- Fails (error reply, nothing granted) when the ttl or limit is not a number, when a key
--- has the wrong type, or when the counter does not yield a positive integer (the place
--- given back).
+-- has the wrong type, or when the counter does not yield a positive integer.
 local function digest(s)
-  return string.sub(redis.sha1hex(s), 1, 16)
+  return string.sub(redis.sha1hex(string.sub(s, 1, 16)), 1, 16)
 end
 local ttl, limit = tonumber(ARGV[2]), tonumber(ARGV[4])
 if not ttl or ttl < 1 or ttl ~= math.floor(ttl) then
@@ -37,9 +40,10 @@ end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local marker = ARGV[3]
+local padded = marker .. string.rep('~', 16 - #marker)
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local held = redis.call('GET', KEYS[1])
-if held and held ~= marker then
+if held and held ~= marker and string.sub(held, 1, 16) ~= padded then
   return {redis.call('PTTL', KEYS[1]), digest(held)}
 end
 local mine = redis.call('ZSCORE', KEYS[2], ARGV[1])
@@ -53,46 +57,43 @@ if not mine then
       if pttl > 0 and pttl < wait then
         wait = pttl
       end
-      return {wait, digest('~write-intent')}
+      return {wait, string.sub(redis.sha1hex('~write-intent'), 1, 16)}
     end
   end
   if limit > 0 and redis.call('ZCARD', KEYS[2]) >= limit then
     local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
-    return {tonumber(first[2]) - now, digest(marker)}
+    return {tonumber(first[2]) - now, digest(padded)}
   end
 end
 -- K and H expire with the latest holder.
 local function expire_with_latest()
   local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
-  if not last[1] then
-    redis.call('DEL', KEYS[1], KEYS[2])
-    return
-  end
   local ms = tonumber(last[2]) - now
   redis.call('PEXPIRE', KEYS[1], ms)
   redis.call('PEXPIRE', KEYS[2], ms)
 end
--- The place given back and an error.
-local function fail(msg)
-  redis.call('ZREM', KEYS[2], ARGV[1])
-  expire_with_latest()
-  return redis.error_reply('ERR fencing counter ' .. KEYS[3] .. msg)
-end
-redis.call('ZADD', KEYS[2], now + ttl, ARGV[1])
-redis.call('SET', KEYS[1], marker)
-expire_with_latest()
 local n = redis.pcall('INCR', KEYS[3])
 if type(n) == 'table' then
-  return fail(': ' .. n.err)
+  return redis.error_reply('ERR fencing counter ' .. KEYS[3] .. ': ' .. n.err)
 end
+local fence = n
+if n < 1 or n >= 9007199254740992 then
+  fence = redis.pcall('GET', KEYS[3])
+  if type(fence) == 'table' and fence.err then
+    return redis.error_reply('ERR fencing counter ' .. KEYS[3] .. ': ' .. fence.err)
+  end
+  if type(fence) ~= 'string' or not string.match(fence, '^[1-9][0-9]*$') then
+    return redis.error_reply('ERR fencing counter ' .. KEYS[3] .. ' holds no positive integer')
+  end
+else
+  fence = string.format('%d', n)
+end
+redis.call('ZADD', KEYS[2], now + ttl, ARGV[1])
+if held ~= marker then
+  redis.call('SET', KEYS[1], padded .. '|1|' .. string.format('%d', now) .. '|' .. fence .. (ARGV[6] or ''))
+end
+expire_with_latest()
 if n >= 1 and n < 9007199254740992 then
   return n
 end
-local fence = redis.pcall('GET', KEYS[3])
-if type(fence) == 'string' and string.match(fence, '^[1-9][0-9]*$') then
-  return fence
-end
-if type(fence) == 'table' and fence.err then
-  return fail(': ' .. fence.err)
-end
-return fail(' holds no positive integer')
+return fence

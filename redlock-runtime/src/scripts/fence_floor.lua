@@ -27,8 +27,12 @@ local function less(a, b)
   end
   return false
 end
+-- K's value: the token, or the marker padded to 16 bytes with '~', followed by
+-- metadata; or the token or marker alone, written before the metadata existed.
+local held = redis.call('GET', KEYS[1])
 if ARGV[3] then
-  if redis.call('GET', KEYS[1]) ~= ARGV[3] then
+  local padded = ARGV[3] .. string.rep('~', 16 - #ARGV[3])
+  if held ~= ARGV[3] and not (held and string.sub(held, 1, 16) == padded) then
     return 0
   end
   local t = redis.call('TIME')
@@ -37,7 +41,7 @@ if ARGV[3] then
   if not score or tonumber(score) <= now then
     return 0
   end
-elseif redis.call('GET', KEYS[1]) ~= ARGV[1] then
+elseif not (held and string.sub(held, 1, 16) == ARGV[1]) then
   return 0
 end
 local floor = ARGV[2]

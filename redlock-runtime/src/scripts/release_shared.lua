@@ -37,7 +37,11 @@ end
 if freed == 0 and released == 0 then
   return 0
 end
-local ours = redis.call('GET', KEYS[1]) == ARGV[3]
+-- K holds the marker alone, or padded to 16 bytes with '~' and followed by metadata
+-- (acquire_shared.lua).
+local k = redis.call('GET', KEYS[1])
+local ours = k == ARGV[3]
+  or (type(k) == 'string' and string.sub(k, 1, 16) == ARGV[3] .. string.rep('~', 16 - #ARGV[3]))
 local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
 local empty = last[1] == nil
 if empty then

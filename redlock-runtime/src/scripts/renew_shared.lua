@@ -4,7 +4,8 @@
 -- ARGV[3i-2] owner token of place i, ARGV[3i-1] its ttl in milliseconds (a positive
 -- integer), ARGV[3i] its marker ('~read' or '~permit')
 -- A place is renewed while its token is in H_i unexpired (score > the server's now) and
--- K_i holds the marker: its score becomes now + ttl, and K_i and H_i expire with the
+-- K_i holds the marker (alone, or padded to 16 bytes with '~' and followed by metadata,
+-- see acquire_shared.lua): its score becomes now + ttl, and K_i and H_i expire with the
 -- latest holder (PTTL = max(score) - now), so shortening one holder never cuts another
 -- holder's time.
 -- Returns one integer per place: 1 renewed, 0 lost (gone, expired, K_i not holding the
@@ -21,13 +22,17 @@ for i = 2, #ARGV, 3 do
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- Whether K_i's value is `marker`'s.
+local function marks(v, marker)
+  return v == marker or (type(v) == 'string' and string.sub(v, 1, 16) == marker .. string.rep('~', 16 - #marker))
+end
 local out = {}
 for i = 1, #KEYS / 2 do
   local k, h = KEYS[2 * i - 1], KEYS[2 * i]
   local token, ttl, marker = ARGV[3 * i - 2], tonumber(ARGV[3 * i - 1]), ARGV[3 * i]
   local score = redis.pcall('ZSCORE', h, token)
   out[i] = 0
-  if type(score) == 'string' and tonumber(score) > now and redis.pcall('GET', k) == marker then
+  if type(score) == 'string' and tonumber(score) > now and marks(redis.pcall('GET', k), marker) then
     redis.call('ZADD', h, now + ttl, token)
     local last = redis.call('ZRANGE', h, -1, -1, 'WITHSCORES')
     local ms = tonumber(last[2]) - now

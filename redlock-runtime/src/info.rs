@@ -1,0 +1,287 @@
+//! Who holds what: the owner metadata stored with every lock, and [`LockInfo`], what
+//! [`LockManager::inspect`](crate::LockManager::inspect) and
+//! [`list`](crate::LockManager::list) make of it.
+//!
+//! # The stored format (version 1)
+//! A lock key's value is its 16-byte owner token (or a shared kind's marker, `~read` or
+//! `~permit` padded to 16 bytes with `~`) followed by
+//! `|1|<acquired, server ms>|<fencing token>|<kind>|<pid>|<host>`, where `<kind>` is
+//! `e`, `r` or `p`. The acquire scripts write the first three fields (the server's
+//! clock, the fence they issued); the rest is [`owner_suffix`], built once per process
+//! and sent as one argument, so nothing costs an extra round trip or key. Every script
+//! that compares a token compares the first 16 bytes only: a value of the token alone,
+//! written before this format, compares the same. A reader or permit holder's own entry
+//! in the holders set stays its token: the key's value describes the latest grant, and
+//! `holders` counts the live ones. Nothing here, nor anything `inspect` returns, holds a
+//! token: the holder is named by a 64-bit digest of it.
+
+use std::fmt;
+use std::sync::LazyLock;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use redis::Value;
+
+use crate::kind::{LockKind, Mode};
+use crate::LockError;
+
+/// What is known about a held lock: its kind, owner and timing. `Debug` and `Display`
+/// show all of it; none of it can release or extend the lock (no token is in here).
+///
+/// The owner fields are `None` for a lock written by a version of this library from
+/// before owner metadata (or by something else); for readers and permits they describe
+/// the latest grant, `holders` counting the live ones.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LockInfo {
+    /// The full key, prefix included (as [`LockGuard::key`](crate::LockGuard::key)).
+    pub key: String,
+    /// Exclusive (or write), read, or permit.
+    pub kind: LockKind,
+    /// How many hold it: 1, or the live readers or permit holders.
+    pub holders: u32,
+    /// The time left before it expires unless renewed (`None`: no expiry set).
+    pub ttl: Option<Duration>,
+    /// The fencing token of the (latest) grant.
+    pub fencing_token: Option<u64>,
+    /// The holder's host name.
+    pub host: Option<String>,
+    /// The holder's process id.
+    pub pid: Option<u32>,
+    /// When it was granted, by the server's clock (the process clock in memory).
+    pub acquired_at: Option<SystemTime>,
+    /// How long it has been held, by that same clock (no skew with the caller's).
+    pub held_for: Option<Duration>,
+    /// 16 hex digits naming the holder, the same for one holder on every node (the
+    /// digest Redis replies name holders by); never the token.
+    pub holder: String,
+}
+
+impl fmt::Display for LockInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({}", self.key, self.kind)?;
+        if self.holders != 1 {
+            write!(f, ", {} holders", self.holders)?;
+        }
+        f.write_str(")")?;
+        if let Some(fence) = self.fencing_token {
+            write!(f, " fencing token {fence}")?;
+        }
+        match (&self.host, self.pid) {
+            (Some(host), Some(pid)) => write!(f, " held by {host} pid {pid}")?,
+            _ => write!(f, " held by {}", self.holder)?,
+        }
+        if let Some(held) = self.held_for {
+            write!(f, " for {}", short(held))?;
+        }
+        match self.ttl {
+            Some(ttl) => write!(f, ", {} left", short(ttl)),
+            None => f.write_str(", no expiry"),
+        }
+    }
+}
+
+/// A duration to the millisecond, for people.
+fn short(d: Duration) -> String {
+    format!(
+        "{:?}",
+        Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    )
+}
+
+/// This process's part of the metadata (kind, pid, host), one string per kind.
+struct Owner {
+    exclusive: String,
+    read: String,
+    permit: String,
+}
+
+static OWNER: LazyLock<Owner> = LazyLock::new(|| {
+    let (pid, host) = (std::process::id(), host_name());
+    let suffix = |kind: char| format!("|{kind}|{pid}|{host}");
+    Owner {
+        exclusive: suffix('e'),
+        read: suffix('r'),
+        permit: suffix('p'),
+    }
+});
+
+/// The metadata argument of the acquire scripts for a grant of `mode`:
+/// `|<kind>|<pid>|<host>`.
+pub(crate) fn owner_suffix(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Exclusive => &OWNER.exclusive,
+        Mode::Read => &OWNER.read,
+        Mode::Permit(_) => &OWNER.permit,
+    }
+}
+
+/// This machine's name: `/proc/sys/kernel/hostname`, else `$HOSTNAME`, else `unknown`;
+/// kept to letters, digits, `.`, `-` and `_` (anything else becomes `_`), at most 255
+/// bytes, so it can never break the format.
+fn host_name() -> String {
+    let raw = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "unknown".to_owned());
+    raw.chars()
+        .take(255)
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// The owner fields of a value's metadata: `|1|<ms>|<fence>|<kind>|<pid>|<host>`.
+#[derive(Debug, Default, PartialEq)]
+struct Meta {
+    acquired_ms: Option<u64>,
+    fence: Option<u64>,
+    kind: Option<LockKind>,
+    pid: Option<u32>,
+    host: Option<String>,
+}
+
+fn parse_meta(meta: &[u8]) -> Meta {
+    let Some(rest) = std::str::from_utf8(meta)
+        .ok()
+        .and_then(|m| m.strip_prefix("|1|"))
+    else {
+        return Meta::default();
+    };
+    let mut fields = rest.splitn(5, '|');
+    let mut next = || fields.next().filter(|f| !f.is_empty());
+    Meta {
+        acquired_ms: next().and_then(|f| f.parse().ok()),
+        fence: next().and_then(|f| f.parse().ok()).filter(|&f| f >= 1),
+        kind: next().and_then(|k| match k {
+            "e" => Some(LockKind::Exclusive),
+            "r" => Some(LockKind::Read),
+            "p" => Some(LockKind::Permit),
+            _ => None,
+        }),
+        pid: next().and_then(|f| f.parse().ok()),
+        host: next().map(str::to_owned),
+    }
+}
+
+/// The time `ms` milliseconds after the Unix epoch.
+fn from_ms(ms: u64) -> Option<SystemTime> {
+    UNIX_EPOCH.checked_add(Duration::from_millis(ms))
+}
+
+/// A reply of `inspect.lua` for `key`: `None` for nil (nothing held).
+pub(crate) fn decode_inspect(key: &str, reply: Value) -> Result<Option<LockInfo>, LockError> {
+    let items = match reply {
+        Value::Nil => return Ok(None),
+        Value::Array(items) => items,
+        other => return Err(bad_reply(format!("{other:?}"))),
+    };
+    let Ok([kind, pttl, holder, holders, meta, now]) = <[Value; 6]>::try_from(items) else {
+        return Err(bad_reply("not 6 fields".to_owned()));
+    };
+    let text = |v: Value| redis::from_redis_value::<String>(v).ok();
+    let kind = match text(kind).as_deref() {
+        Some("e") => LockKind::Exclusive,
+        Some("r") => LockKind::Read,
+        Some("p") => LockKind::Permit,
+        other => return Err(bad_reply(format!("kind {other:?}"))),
+    };
+    let pttl: i64 = redis::from_redis_value(pttl).map_err(|e| bad_reply(e.to_string()))?;
+    let holders: u32 = redis::from_redis_value(holders).map_err(|e| bad_reply(e.to_string()))?;
+    let meta = parse_meta(&redis::from_redis_value::<Vec<u8>>(meta).unwrap_or_default());
+    let now = text(now).and_then(|n| n.parse::<u64>().ok());
+    Ok(Some(LockInfo {
+        key: key.to_owned(),
+        // A Redlock permit's place is an exclusive key held for a permit.
+        kind: meta
+            .kind
+            .filter(|_| kind == LockKind::Exclusive)
+            .unwrap_or(kind),
+        holders,
+        ttl: u64::try_from(pttl).ok().map(Duration::from_millis),
+        fencing_token: meta.fence,
+        host: meta.host,
+        pid: meta.pid,
+        acquired_at: meta.acquired_ms.and_then(from_ms),
+        held_for: meta
+            .acquired_ms
+            .zip(now)
+            .map(|(at, now)| Duration::from_millis(now.saturating_sub(at))),
+        holder: text(holder).unwrap_or_default(),
+    }))
+}
+
+/// What the in-memory backend knows of a grant, as a [`LockInfo`].
+pub(crate) fn local(
+    key: &str,
+    kind: LockKind,
+    holders: u32,
+    ttl: Duration,
+    fence: u64,
+    acquired_at: SystemTime,
+    holder: u64,
+) -> LockInfo {
+    LockInfo {
+        key: key.to_owned(),
+        kind,
+        holders,
+        ttl: Some(ttl),
+        fencing_token: Some(fence),
+        host: Some(host_name()),
+        pid: Some(std::process::id()),
+        acquired_at: Some(acquired_at),
+        held_for: SystemTime::now().duration_since(acquired_at).ok(),
+        holder: format!("{holder:016x}"),
+    }
+}
+
+/// An inspect reply of the wrong shape.
+fn bad_reply(detail: String) -> LockError {
+    LockError::Backend {
+        operation: "inspect",
+        source: redis::RedisError::from((
+            redis::ErrorKind::UnexpectedReturnType,
+            "unexpected reply to the inspect script",
+            detail,
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metadata_round_trips_and_odd_values_parse_to_nothing() {
+        let suffix = owner_suffix(Mode::Read);
+        let meta = parse_meta(format!("|1|1700000000123|42{suffix}").as_bytes());
+        assert_eq!(meta.acquired_ms, Some(1_700_000_000_123));
+        assert_eq!(meta.fence, Some(42));
+        assert_eq!(meta.kind, Some(LockKind::Read));
+        assert_eq!(meta.pid, Some(std::process::id()));
+        assert_eq!(meta.host.as_deref(), Some(host_name().as_str()));
+        for odd in [
+            &b""[..],
+            b"|2|1|2|e|3|h",
+            b"garbage",
+            b"|1|x|y",
+            b"\xff\xfe",
+        ] {
+            let meta = parse_meta(odd);
+            assert_eq!((meta.fence, meta.pid, meta.host), (None, None, None));
+        }
+    }
+
+    #[test]
+    fn host_names_cannot_break_the_format() {
+        let host = host_name();
+        assert!(!host.is_empty() && host.len() <= 255);
+        assert!(!host.contains('|'));
+    }
+}
