@@ -202,6 +202,7 @@ async fn cluster_behaviour() {
         local_waiters_are_fifo,
         bad_input_is_rejected,
         inspect_tells_who_holds_what,
+        list_shows_held_locks_only,
     );
     conformance::static_send_sync_checks(&h.builder().build().await.unwrap());
     macro_rules! kinds {

@@ -309,6 +309,39 @@ pub async fn inspect_tells_who_holds_what<H: Harness>(h: &H) {
     ));
 }
 
+/// `list` shows the held locks under the manager's prefix, matching the pattern, and
+/// nothing kept beside them (fencing counters, holder sets, writer intents).
+pub async fn list_shows_held_locks_only<H: Harness>(h: &H) {
+    use redlock::LockKind;
+    let prefix = unique("ls").replace(['{', '}'], "") + ":";
+    let locks = h.builder().prefix(&prefix).build().await.unwrap();
+    let other = h.builder().prefix(&prefix).build().await.unwrap();
+    assert_eq!(other.list("").await.unwrap(), vec![]);
+    let a = locks.lock("buy_{1}").await.unwrap();
+    let b = locks.lock("buy_{2}").await.unwrap();
+    let r = locks.read("report_{7}").await.unwrap();
+    // A writer waiting behind the reader leaves an intent beside the key.
+    let w = locks.lock_with(
+        "report_{7}",
+        LockOptions::new().wait(Duration::from_millis(50)),
+    );
+    assert!(matches!(w.await, Err(LockError::Timeout { .. })));
+    let all = other.list("").await.unwrap();
+    let keys: Vec<&str> = all.iter().map(|i| i.key.as_str()).collect();
+    let full = |k: &str| format!("{prefix}{k}");
+    assert_eq!(keys, [full("buy_{1}"), full("buy_{2}"), full("report_{7}")]);
+    assert_eq!(all[0].fencing_token, Some(a.fencing_token()));
+    assert_eq!(all[2].kind, LockKind::Read);
+    let some = other.list("buy_*").await.unwrap();
+    assert_eq!(some.len(), 2);
+    assert_eq!(other.list("buy_{2}").await.unwrap().len(), 1);
+    assert_eq!(other.list("buy_{[13]}").await.unwrap().len(), 1);
+    for g in [a, b, r] {
+        g.release().await.unwrap();
+    }
+    assert_eq!(other.list("*").await.unwrap(), vec![]);
+}
+
 /// Dropping a guard releases it without waiting: the key disappears shortly.
 pub async fn drop_releases<H: Harness>(h: &H) {
     let (a, b) = (manager(h).await, manager(h).await);
@@ -730,7 +763,7 @@ macro_rules! conformance_tests {
             fencing_across_expiry, fencing_unique_under_concurrency, queue_full,
             notified_handoff_is_fast, one_attempt_apis, extend_sets_ttl,
             expiry_without_watchdog, guards_are_not_reentrant, local_waiters_are_fifo,
-            bad_input_is_rejected, inspect_tells_who_holds_what);
+            bad_input_is_rejected, inspect_tells_who_holds_what, list_shows_held_locks_only);
     };
     (@each $make:expr; $($name:ident),*) => {
         $(

@@ -55,9 +55,10 @@ use tokio::sync::mpsc;
 
 use super::server::{
     acquire_all_call, acquire_args, acquire_by_call, by_script_call, chunk_outcomes,
-    decode_acquire, decode_acquire_all, extend_shared_call, inspect_on, parse_eviction_policy,
-    release_call, renew_call, script_loads, ttl_ms, ScriptCall, Timeouts, WaitAttempt, WaitPool,
-    MAX_REPLICA_WAIT,
+    decode_acquire, decode_acquire_all, decode_scan, extend_shared_call, inspect_all, inspect_on,
+    parse_eviction_policy, release_call, renew_call, scan_cmd, scan_glob, scan_unfinished,
+    script_loads, ttl_ms, ScriptCall, Timeouts, WaitAttempt, WaitPool, MAX_REPLICA_WAIT,
+    MAX_SCAN_STEPS,
 };
 use super::{Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Store, Together, Wake};
 use crate::error::chain;
@@ -612,6 +613,59 @@ impl Store for ClusterBackend {
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
         inspect_on(&self.con, key).await
+    }
+
+    /// Every master, `SCAN` by `SCAN`: the first step sent to all masters at once, the
+    /// next ones to each master by its address; each step's locks inspected before the
+    /// next step.
+    async fn list(&self, prefix: &str, pattern: &str) -> Result<Vec<LockInfo>, LockError> {
+        let glob = scan_glob(prefix, pattern);
+        let first = self
+            .con
+            .clone()
+            .route_command(
+                scan_cmd(0, &glob),
+                RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None)),
+            )
+            .await
+            .map_err(LockError::backend("scan"))?;
+        let Value::Map(firsts) = first else {
+            return Err(unexpected("scan", 1));
+        };
+        let mut out = Vec::new();
+        for (node, reply) in firsts {
+            let node: String = decode(node, "scan")?;
+            let Some((host, port)) = node
+                .rsplit_once(':')
+                .and_then(|(h, p)| Some((h.to_owned(), p.parse::<u16>().ok()?)))
+            else {
+                return Err(unexpected("scan", 1));
+            };
+            let (mut cursor, keys) = decode_scan(prefix, reply)?;
+            out.extend(inspect_all(&self.con, &keys).await?);
+            for _ in 0..MAX_SCAN_STEPS {
+                if cursor == 0 {
+                    break;
+                }
+                let at = SingleNodeRoutingInfo::ByAddress {
+                    host: host.clone(),
+                    port,
+                };
+                let reply = self
+                    .con
+                    .clone()
+                    .route_command(scan_cmd(cursor, &glob), RoutingInfo::SingleNode(at))
+                    .await
+                    .map_err(LockError::backend("scan"))?;
+                let (next, keys) = decode_scan(prefix, reply)?;
+                out.extend(inspect_all(&self.con, &keys).await?);
+                cursor = next;
+            }
+            if cursor != 0 {
+                return Err(scan_unfinished());
+            }
+        }
+        Ok(out)
     }
 
     async fn is_locked(&self, key: &LockKey) -> Result<bool, LockError> {

@@ -194,6 +194,14 @@ pub(crate) trait Store {
     /// Whether anyone holds the lock.
     fn is_locked(&self, key: &LockKey) -> impl Future<Output = Result<bool, LockError>> + Send;
 
+    /// Every lock held under `prefix` whose full key matches `prefix` + `pattern` (a
+    /// Redis glob), in no particular order, without blocking the server (`SCAN`).
+    fn list(
+        &self,
+        prefix: &str,
+        pattern: &str,
+    ) -> impl Future<Output = Result<Vec<LockInfo>, LockError>> + Send;
+
     /// What is known of the lock (never its token); `None` when nobody holds it.
     fn inspect(
         &self,
@@ -363,6 +371,14 @@ impl Backend {
 
     pub(crate) async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
         dispatch!(self, b => b.inspect(key).await)
+    }
+
+    pub(crate) async fn list(
+        &self,
+        prefix: &str,
+        pattern: &str,
+    ) -> Result<Vec<LockInfo>, LockError> {
+        dispatch!(self, b => b.list(prefix, pattern).await)
     }
 
     pub(crate) async fn eviction_policies(&self) -> Result<Policies, LockError> {

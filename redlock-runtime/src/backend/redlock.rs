@@ -115,7 +115,7 @@ use futures_util::future::join_all;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio_util::sync::CancellationToken;
 
-use super::server::{marker, release_call};
+use super::server::{marker, release_call, INSPECT_BATCH};
 use super::single::SingleBackend;
 use super::{
     jitter, Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Store, Timeouts, Together, Wake,
@@ -1494,6 +1494,32 @@ impl Store for RedlockBackend {
             .filter_map(|i| i.fencing_token)
             .max();
         Ok(Some(info))
+    }
+
+    /// The union of every node's lock keys (`SCAN`; a node that fails is left out while
+    /// a quorum answered), each inspected as [`inspect`](Self::inspect) does.
+    async fn list(&self, prefix: &str, pattern: &str) -> Result<Vec<LockInfo>, LockError> {
+        let scans = join_all(self.nodes.iter().map(|n| n.scan_keys(prefix, pattern))).await;
+        let reached = scans.iter().filter(|s| s.is_ok()).count();
+        if reached < self.quorum {
+            let error = scans.iter().find_map(|s| s.as_ref().err());
+            let any = LockKey::prefixed(prefix, "*")?;
+            return Err(self.unavailable(&any, reached, error));
+        }
+        let keys: std::collections::BTreeMap<String, LockKey> = scans
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|k| (k.full().to_owned(), k))
+            .collect();
+        let keys: Vec<LockKey> = keys.into_values().collect();
+        let mut out = Vec::new();
+        for batch in keys.chunks(INSPECT_BATCH) {
+            let infos =
+                futures_util::future::try_join_all(batch.iter().map(|k| self.inspect(k))).await?;
+            out.extend(infos.into_iter().flatten());
+        }
+        Ok(out)
     }
 
     /// Deletes the key on every node and wakes the waiters; true when any node had it.

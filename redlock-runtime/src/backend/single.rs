@@ -14,8 +14,8 @@ use redis::{AsyncConnectionConfig, Client, ConnectionInfo, ProtocolVersion, Valu
 use super::server::{
     acquire_all_call, acquire_args, acquire_by_call, by_script_call, chunk_outcomes,
     decode_acquire, decode_acquire_all, extend_shared_call, in_batch_order, inspect_on, is_dropped,
-    parse_eviction_policy, reconnecting, release_call, renew_calls, renew_groups, script_loads,
-    ttl_ms, Timeouts, WaitAttempt, WaitPool, MAX_REPLICA_WAIT,
+    list_on, parse_eviction_policy, reconnecting, release_call, renew_calls, renew_groups,
+    scan_keys_on, script_loads, ttl_ms, Timeouts, WaitAttempt, WaitPool, MAX_REPLICA_WAIT,
 };
 use super::{
     Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, ReplicaWait, Store, Together, Wake,
@@ -112,6 +112,15 @@ impl SingleBackend {
     /// The server's address (no credentials), for messages.
     pub(crate) fn addr(&self) -> String {
         self.client.get_connection_info().addr().to_string()
+    }
+
+    /// Every lock key under `prefix` matching `pattern` here (Redlock lists the union).
+    pub(crate) async fn scan_keys(
+        &self,
+        prefix: &str,
+        pattern: &str,
+    ) -> Result<Vec<LockKey>, LockError> {
+        scan_keys_on(&self.con, prefix, pattern).await
     }
 
     /// The server's `maxmemory-policy`, from `INFO memory`.
@@ -281,6 +290,10 @@ impl Store for SingleBackend {
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
         inspect_on(&self.con, key).await
+    }
+
+    async fn list(&self, prefix: &str, pattern: &str) -> Result<Vec<LockInfo>, LockError> {
+        list_on(&self.con, prefix, pattern).await
     }
 
     async fn is_locked(&self, key: &LockKey) -> Result<bool, LockError> {
