@@ -10,7 +10,7 @@
 //! in the same run, and the ratio. The last line sums the ratios up:
 //!
 //! ```text
-//! ratios: uncontended=<x> uncontended_rslock=<x> distinct64=<x> distinct64_rslock=<x> handoff_vs_poll=<x> handoff_vs_rslock=<x> handoff_vs_rtt=<x> fifo=<x> redlock5_vs_single=<x> redlock5_vs_floor=<x> frozen_node=<x> macro_vs_guard=<x> held_100k=<x>
+//! ratios: uncontended=<x> uncontended_rslock=<x> distinct64=<x> distinct64_rslock=<x> handoff_vs_poll=<x> handoff_vs_rslock=<x> handoff_vs_rtt=<x> fifo=<x> redlock5_vs_single=<x> redlock5_vs_floor=<x> frozen_node=<x> macro_vs_guard=<x> held_100k=<x> list_100k_ping=<x>
 //! ```
 //!
 //! Throughput ratios are redlock ÷ baseline (`*_rslock`: rslock's ops/s ÷ the same raw
@@ -23,7 +23,9 @@
 //! SIGSTOPped ÷ the same managers' healthy p50 (the larger over 3 and 5 masters);
 //! for `macro_vs_guard` the macro's extra work is measured on the in-memory backend (where
 //! it is well above the noise) and set against a Redis lock+release of the same run;
-//! `held_100k` is the time of a lock + drop with 100 000 other locks held ÷ with none.
+//! `held_100k` is the time of a lock + drop with 100 000 other locks held ÷ with none;
+//! `list_100k_ping` is another client's `PING` p99 while `LockManager::list` walks 100 000
+//! held locks ÷ its p99 on the idle server (listing must not block Redis).
 //! Figures are printed, never asserted: timings do not fail the run (a scenario that
 //! cannot run at all, e.g. no redis-server, exits non-zero).
 
@@ -31,6 +33,7 @@ mod cpu;
 mod frozen;
 mod handoff;
 mod held;
+mod list;
 mod lockers;
 mod macro_guard;
 mod raw;
@@ -101,12 +104,13 @@ impl Config {
     }
 }
 
-const SCENARIOS: [&str; 8] = [
+const SCENARIOS: [&str; 9] = [
     "uncontended",
     "distinct64",
     "handoff",
     "watchdog",
     "held",
+    "list",
     "redlock5",
     "frozen",
     "macro",
@@ -115,8 +119,8 @@ const SCENARIOS: [&str; 8] = [
 const USAGE: &str = "usage: redlock-bench [--quick] [--scenario NAME]...
   --quick            short runs (under 90 s on 2 cores), as CI runs it
   --scenario NAME    only this scenario (repeatable, or comma-separated):
-                     uncontended, distinct64, handoff, watchdog, held, redlock5,
-                     frozen, macro";
+                     uncontended, distinct64, handoff, watchdog, held, list,
+                     redlock5, frozen, macro";
 
 fn parse_args() -> Result<(bool, Vec<String>), String> {
     let mut quick = false;
@@ -252,6 +256,12 @@ fn main() -> ExitCode {
                 Err(e) => report("held", e),
             }
         }
+        if wanted("list") {
+            match list::run(&cfg, &url).await {
+                Ok(x) => r.list_100k_ping = Some(x),
+                Err(e) => report("list", e),
+            }
+        }
         if let (Some(urls), true) = (&set_urls, wanted("redlock5")) {
             match redlock5::run(&cfg, urls, &set_pids).await {
                 Ok(x) => {
@@ -303,6 +313,7 @@ struct Ratios {
     frozen_node: Option<f64>,
     macro_vs_guard: Option<f64>,
     held_100k: Option<f64>,
+    list_100k_ping: Option<f64>,
 }
 
 impl Ratios {
@@ -312,7 +323,7 @@ impl Ratios {
             _ => "n/a".into(),
         };
         format!(
-            "ratios: uncontended={} uncontended_rslock={} distinct64={} distinct64_rslock={} handoff_vs_poll={} handoff_vs_rslock={} handoff_vs_rtt={} fifo={} redlock5_vs_single={} redlock5_vs_floor={} frozen_node={} macro_vs_guard={} held_100k={}",
+            "ratios: uncontended={} uncontended_rslock={} distinct64={} distinct64_rslock={} handoff_vs_poll={} handoff_vs_rslock={} handoff_vs_rtt={} fifo={} redlock5_vs_single={} redlock5_vs_floor={} frozen_node={} macro_vs_guard={} held_100k={} list_100k_ping={}",
             f(self.uncontended, 2),
             f(self.uncontended_rslock, 2),
             f(self.distinct64, 2),
@@ -326,6 +337,7 @@ impl Ratios {
             f(self.frozen_node, 2),
             f(self.macro_vs_guard, 3),
             f(self.held_100k, 2),
+            f(self.list_100k_ping, 2),
         )
     }
 }
