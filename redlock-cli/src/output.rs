@@ -1,0 +1,155 @@
+//! What the commands print: a table or lines for people, JSON for scripts.
+
+use std::time::{Duration, UNIX_EPOCH};
+
+use redlock::LockInfo;
+use serde_json::{json, Value};
+
+/// A lock as JSON: every field of [`LockInfo`], times in milliseconds.
+pub(crate) fn to_json(info: &LockInfo) -> Value {
+    json!({
+        "key": info.key,
+        "kind": info.kind.to_string(),
+        "holders": info.holders,
+        "ttl_ms": info.ttl.map(ms),
+        "fencing_token": info.fencing_token,
+        "host": info.host,
+        "pid": info.pid,
+        "acquired_at_ms": info
+            .acquired_at
+            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+            .map(ms),
+        "held_for_ms": info.held_for.map(ms),
+        "holder": info.holder,
+    })
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// `host:pid`, or the holder's digest when the lock carries no owner (written by an
+/// older version).
+pub(crate) fn owner(info: &LockInfo) -> String {
+    match (&info.host, info.pid) {
+        (Some(host), Some(pid)) => format!("{host}:{pid}"),
+        _ => format!("holder {}", info.holder),
+    }
+}
+
+/// A duration for a table cell: `850ms`, `12.3s`, `4m05s`, `2h03m`.
+pub(crate) fn human(d: Duration) -> String {
+    let s = d.as_secs();
+    if s < 1 {
+        format!("{}ms", d.as_millis())
+    } else if s < 60 {
+        format!("{:.1}s", d.as_secs_f64())
+    } else if s < 3600 {
+        format!("{}m{:02}s", s / 60, s % 60)
+    } else {
+        format!("{}h{:02}m", s / 3600, (s % 3600) / 60)
+    }
+}
+
+fn cell(d: Option<Duration>, none: &str) -> String {
+    d.map_or_else(|| none.to_owned(), human)
+}
+
+/// `list`: a table (or a JSON array).
+pub(crate) fn list(found: &[LockInfo], json: bool) {
+    if json {
+        let all: Vec<Value> = found.iter().map(to_json).collect();
+        println!("{}", Value::Array(all));
+        return;
+    }
+    let header = ["KEY", "KIND", "HOLDERS", "TTL", "FENCE", "OWNER", "HELD FOR"];
+    let rows: Vec<[String; 7]> = found
+        .iter()
+        .map(|i| {
+            [
+                i.key.clone(),
+                i.kind.to_string(),
+                i.holders.to_string(),
+                cell(i.ttl, "none"),
+                i.fencing_token.map_or_else(|| "-".to_owned(), |f| f.to_string()),
+                owner(i),
+                cell(i.held_for, "-"),
+            ]
+        })
+        .collect();
+    let mut widths = header.map(str::len);
+    for row in &rows {
+        for (w, c) in widths.iter_mut().zip(row) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let line = |cells: &[String]| {
+        let padded: Vec<String> = cells
+            .iter()
+            .zip(widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        println!("{}", padded.join("  ").trim_end());
+    };
+    line(&header.map(str::to_owned));
+    for row in &rows {
+        line(row);
+    }
+    if rows.is_empty() {
+        println!("(no locks held)");
+    }
+}
+
+/// `inspect`: the lock's fields, one per line (or a JSON object, `null` when free).
+pub(crate) fn inspect(key: &str, info: Option<&LockInfo>, json: bool) {
+    match (info, json) {
+        (Some(i), true) => println!("{}", to_json(i)),
+        (None, true) => println!("null"),
+        (None, false) => println!("{key}: not held"),
+        (Some(i), false) => {
+            println!("key            {}", i.key);
+            println!("kind           {}", i.kind);
+            println!("holders        {}", i.holders);
+            println!("owner          {}", owner(i));
+            if let Some(at) = i.acquired_at.and_then(|t| t.duration_since(UNIX_EPOCH).ok()) {
+                println!("acquired at    {} ms since the Unix epoch (server clock)", ms(at));
+            }
+            println!("held for       {}", cell(i.held_for, "unknown"));
+            println!("ttl left       {}", cell(i.ttl, "no expiry"));
+            let fence = i.fencing_token.map_or_else(|| "unknown".to_owned(), |f| f.to_string());
+            println!("fencing token  {fence}");
+            println!("holder digest  {}", i.holder);
+        }
+    }
+}
+
+/// `release`: what was released, on stdout (the log line goes to stderr).
+pub(crate) fn released(info: &LockInfo, released: bool, json: bool) {
+    let (user, host, pid) = operator();
+    if json {
+        let out = json!({
+            "key": info.key,
+            "released": released,
+            "was": to_json(info),
+            "by": { "user": user, "host": host, "pid": pid },
+        });
+        println!("{out}");
+    } else if released {
+        println!("released {}", info.key);
+    } else {
+        println!("{}: already free", info.key);
+    }
+}
+
+/// Who runs this command: user (`$USER`, `$LOGNAME`), host name and process id.
+pub(crate) fn operator() -> (String, String, u32) {
+    let user = std::env::var("USER")
+        .or_else(|_| std::env::var("LOGNAME"))
+        .unwrap_or_else(|_| "unknown".to_owned());
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|| "unknown".to_owned());
+    (user, host, std::process::id())
+}

@@ -1,0 +1,193 @@
+//! `watch KEY`: a line per grant, release and expiry.
+//!
+//! The lock is inspected every `--interval`, and at once when a notification about the
+//! key arrives: on one server, the release wake-up the library publishes on the key's
+//! channel, and keyspace notifications when the server has them enabled
+//! (`notify-keyspace-events`). A change between two looks is reported as:
+//! - `granted`: the key is held by a grant not seen before (a new fencing token, or a
+//!   new holder);
+//! - `released`: the grant seen last is gone, while its ttl had time left;
+//! - `expired`: the grant seen last is gone, and its ttl had run out by now.
+
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use redlock::{redis, LockInfo, LockManager};
+use serde_json::json;
+
+use crate::output::{human, owner, to_json};
+use crate::{failed, Exit};
+
+/// What happened to the lock between two looks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Event {
+    Granted,
+    Released,
+    Expired,
+}
+
+impl Event {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Granted => "granted",
+            Self::Released => "released",
+            Self::Expired => "expired",
+        }
+    }
+}
+
+/// The events from what was seen last (`before`, `since` ago) to what is seen now.
+fn events(before: Option<&LockInfo>, since: Duration, now: Option<&LockInfo>) -> Vec<Event> {
+    let same = |a: &LockInfo, b: &LockInfo| {
+        a.holder == b.holder && a.fencing_token == b.fencing_token
+    };
+    let gone = |a: &LockInfo| match a.ttl {
+        Some(ttl) if ttl <= since => Event::Expired,
+        _ => Event::Released,
+    };
+    match (before, now) {
+        (None, None) => vec![],
+        (None, Some(_)) => vec![Event::Granted],
+        (Some(a), None) => vec![gone(a)],
+        (Some(a), Some(b)) if same(a, b) => vec![],
+        (Some(a), Some(b)) if a.kind == b.kind && a.holders < b.holders => vec![Event::Granted],
+        (Some(a), Some(_)) => vec![gone(a), Event::Granted],
+    }
+}
+
+/// Prints one event.
+fn print(event: Event, info: &LockInfo, json: bool) {
+    if json {
+        println!("{}", json!({ "event": event.name(), "lock": to_json(info) }));
+        return;
+    }
+    let fence = info
+        .fencing_token
+        .map_or_else(String::new, |f| format!(" fencing token {f}"));
+    let ttl = info
+        .ttl
+        .map_or_else(|| "no expiry".to_owned(), |t| format!("ttl {}", human(t)));
+    println!(
+        "{} {} {} ({}{fence}, {ttl}) {}",
+        event.name(),
+        info.key,
+        info.kind,
+        owner(info),
+        match info.holders {
+            1 => String::new(),
+            n => format!("{n} holders"),
+        }
+    );
+}
+
+/// Watches `key` (without the prefix) for `duration` (or until Ctrl-C), looking every
+/// `interval` and whenever a notification arrives.
+pub(crate) async fn run(
+    locks: &LockManager,
+    key: &str,
+    duration: Option<Duration>,
+    interval: Duration,
+    json: bool,
+    notify_url: Option<&str>,
+) -> Exit {
+    let end = duration.map(|d| Instant::now() + d);
+    let full = format!("{}{key}", locks.prefix());
+    let mut notes = match notify_url {
+        Some(url) => notifications(url, &full).await,
+        None => None,
+    };
+    let mut seen = match locks.inspect(key).await {
+        Ok(info) => info,
+        Err(e) => return failed(&e),
+    };
+    let mut at = Instant::now();
+    if let Some(info) = &seen {
+        print(Event::Granted, info, json);
+    } else if !json {
+        println!("{full}: not held; watching");
+    }
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    loop {
+        let left = end.map(|end| end.saturating_duration_since(Instant::now()));
+        if left.is_some_and(|l| l.is_zero()) {
+            return Exit::Ok;
+        }
+        let pause = left.map_or(interval, |l| l.min(interval));
+        tokio::select! {
+            _ = &mut ctrl_c => return Exit::Ok,
+            _ = tokio::time::sleep(pause) => {}
+            note = next(&mut notes) => {
+                if note.is_none() {
+                    // The subscription ended: polling goes on.
+                    notes = None;
+                }
+            }
+        }
+        let now = match locks.inspect(key).await {
+            Ok(info) => info,
+            Err(e) => return failed(&e),
+        };
+        for event in events(seen.as_ref(), at.elapsed(), now.as_ref()) {
+            let about = match event {
+                Event::Granted => now.as_ref(),
+                _ => seen.as_ref(),
+            };
+            if let Some(info) = about {
+                print(event, info, json);
+            }
+        }
+        (seen, at) = (now, Instant::now());
+    }
+}
+
+type Notes = std::pin::Pin<Box<dyn futures_util::Stream<Item = redis::Msg> + Send>>;
+
+/// The key's wake-up channel and its keyspace events, on a connection of their own;
+/// `None` (polling only) when they cannot be had.
+async fn notifications(url: &str, full: &str) -> Option<Notes> {
+    let client = redis::Client::open(url).ok()?;
+    let subscribe = async {
+        let mut pubsub = client.get_async_pubsub().await?;
+        pubsub.subscribe(full).await?;
+        pubsub
+            .psubscribe(format!("__keyspace@*__:{}", escape(full)))
+            .await?;
+        Ok::<_, redis::RedisError>(pubsub)
+    };
+    let pubsub = tokio::time::timeout(Duration::from_secs(3), subscribe)
+        .await
+        .ok()?
+        .ok()?;
+    Some(Box::pin(pubsub.into_on_message()))
+}
+
+/// `s` with the glob characters of `PSUBSCRIBE` escaped.
+fn escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The next notification; never resolves without a subscription.
+async fn next(notes: &mut Option<Notes>) -> Option<redis::Msg> {
+    match notes {
+        Some(stream) => stream.next().await,
+        None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escapes_globs() {
+        assert_eq!(escape("lock:a*[b]?\\"), "lock:a\\*\\[b\\]\\?\\\\");
+    }
+}

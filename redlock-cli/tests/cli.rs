@@ -1,0 +1,253 @@
+//! The `redlock` binary against real redis-server processes: each subcommand, its exit
+//! codes, `--json`, and a forced release seen by the holder (`lost()`) and by a waiter
+//! (woken at once).
+
+use std::process::{Output, Stdio};
+use std::time::{Duration, Instant};
+
+use redlock::{LockManager, LockOptions};
+use redlock_testkit::RedisServer;
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::Command;
+
+/// The binary with `--url` of `server`, `$USER` set, no `$REDIS_URL`.
+fn redlock(url: &str) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_redlock"));
+    cmd.arg("--url")
+        .arg(url)
+        .env("USER", "night-operator")
+        .env_remove("REDIS_URL")
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    cmd
+}
+
+async fn run(url: &str, args: &[&str]) -> Output {
+    let out = tokio::time::timeout(Duration::from_secs(30), redlock(url).args(args).output())
+        .await
+        .expect("the command finished")
+        .expect("the command ran");
+    eprintln!(
+        "redlock {args:?} -> {:?}\nstdout: {}\nstderr: {}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+async fn manager(server: &RedisServer) -> LockManager {
+    LockManager::builder()
+        .single(server.url())
+        .build()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_prints_a_table_and_json() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let locks = manager(&server).await;
+    let empty = run(&url, &["list"]).await;
+    assert_eq!(empty.status.code(), Some(0));
+    assert!(stdout(&empty).contains("(no locks held)"));
+
+    let a = locks.lock("buy_{42}").await.unwrap();
+    let b = locks.lock("sell_{7}").await.unwrap();
+    let readers = [
+        locks.read("report_{1}").await.unwrap(),
+        locks.read("report_{1}").await.unwrap(),
+    ];
+    let out = run(&url, &["list"]).await;
+    assert_eq!(out.status.code(), Some(0));
+    let table = stdout(&out);
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(lines.len(), 4, "a header and three locks:\n{table}");
+    assert!(lines[0].starts_with("KEY") && lines[0].contains("HELD FOR"));
+    let me = format!(":{}", std::process::id());
+    assert!(lines[1].starts_with("lock:buy_{42}") && lines[1].contains(&me));
+    assert!(lines[1].contains(&format!(" {} ", a.fencing_token())));
+    assert!(lines[2].starts_with("lock:report_{1}") && lines[2].contains("read"));
+    assert!(lines[3].starts_with("lock:sell_{7}"));
+
+    // --json before or after the subcommand; a pattern.
+    for args in [&["--json", "list", "buy_*"][..], &["list", "buy_*", "--json"]] {
+        let out = run(&url, args).await;
+        assert_eq!(out.status.code(), Some(0));
+        let all: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let all = all.as_array().unwrap();
+        assert_eq!(all.len(), 1);
+        assert_eq!(all[0]["key"], "lock:buy_{42}");
+        assert_eq!(all[0]["kind"], "exclusive");
+        assert_eq!(all[0]["fencing_token"], a.fencing_token());
+        assert_eq!(all[0]["pid"], std::process::id());
+        assert!(all[0]["ttl_ms"].as_u64().unwrap() > 20_000);
+    }
+    let out = run(&url, &["--json", "list", "report_*"]).await;
+    let all: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(all[0]["holders"], 2);
+    drop((a, b, readers));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_shows_the_owner_or_exits_1() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let locks = manager(&server).await;
+    let free = run(&url, &["inspect", "lock:buy_{42}"]).await;
+    assert_eq!(free.status.code(), Some(1));
+    let free = run(&url, &["inspect", "lock:buy_{42}", "--json"]).await;
+    assert_eq!(free.status.code(), Some(1));
+    assert_eq!(stdout(&free).trim(), "null");
+
+    let g = locks.lock("buy_{42}").await.unwrap();
+    let out = run(&url, &["inspect", "lock:buy_{42}"]).await;
+    assert_eq!(out.status.code(), Some(0));
+    let text = stdout(&out);
+    assert!(text.contains(&format!(":{}", std::process::id())), "{text}");
+    assert!(text.contains(&format!("fencing token  {}", g.fencing_token())));
+    // A key without the prefix gets it.
+    let out = run(&url, &["--json", "inspect", "buy_{42}"]).await;
+    let info: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(info["key"], "lock:buy_{42}");
+    assert!(info["acquired_at_ms"].as_u64().unwrap() > 1_600_000_000_000);
+    g.release().await.unwrap();
+}
+
+/// Issue 16: a forced release deletes the lock whoever holds it, wakes a waiter at once
+/// (not at the holder's ttl), and the holder sees `lost()` at its next renewal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_release_wakes_a_waiter_and_the_holder_sees_lost() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let (holder, waiter) = (manager(&server).await, manager(&server).await);
+    let ttl = Duration::from_secs(3);
+    let guard = holder
+        .lock_with("stuck_{1}", LockOptions::new().ttl(ttl))
+        .await
+        .unwrap();
+    let first = guard.fencing_token();
+    let waiting = tokio::spawn(async move {
+        let g = waiter
+            .lock_with("stuck_{1}", LockOptions::new().wait(Duration::from_secs(30)))
+            .await;
+        (Instant::now(), g)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "the waiter waits");
+
+    // Without --yes and without a terminal to ask on: a usage error, nothing released.
+    let refused = run(&url, &["release", "lock:stuck_{1}"]).await;
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(guard.is_held() && !waiting.is_finished());
+
+    let released_at = Instant::now();
+    let out = run(&url, &["release", "lock:stuck_{1}", "--yes"]).await;
+    assert_eq!(out.status.code(), Some(0));
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        log.contains("force-released lock:stuck_{1}")
+            && log.contains("night-operator")
+            && log.contains(&format!(":{}", std::process::id())),
+        "who did it, and whose lock it was: {log}"
+    );
+    let (woken_at, next) = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the waiter was woken")
+        .unwrap();
+    let next = next.expect("the waiter got the lock");
+    assert!(next.fencing_token() > first);
+    let woke = woken_at.duration_since(released_at);
+    assert!(
+        woke < ttl,
+        "woken by the release's notification, not the holder's ttl: {woke:?}"
+    );
+    tokio::time::timeout(ttl * 2, guard.lost())
+        .await
+        .expect("the holder saw lost() at its next renewal");
+    assert!(!guard.is_held());
+
+    // Nothing left to release: exit 1.
+    next.release().await.unwrap();
+    let again = run(&url, &["release", "lock:stuck_{1}", "--yes"]).await;
+    assert_eq!(again.status.code(), Some(1));
+}
+
+/// `watch` prints a line per grant, release and expiry, and stops after `--for`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_reports_grants_releases_and_expiries() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let locks = manager(&server).await;
+    let g = locks.lock("job_{1}").await.unwrap();
+    let mut child = redlock(&url)
+        .args(["--json", "watch", "lock:job_{1}", "--for", "20s"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut next_event = async || -> Value {
+        let line = tokio::time::timeout(Duration::from_secs(5), lines.next_line())
+            .await
+            .expect("an event within 5 s")
+            .unwrap()
+            .expect("a line");
+        serde_json::from_str(&line).unwrap()
+    };
+    let e = next_event().await;
+    assert_eq!(e["event"], "granted");
+    assert_eq!(e["lock"]["fencing_token"], g.fencing_token());
+    g.release().await.unwrap();
+    assert_eq!(next_event().await["event"], "released");
+
+    let short = locks
+        .lock_with(
+            "job_{1}",
+            LockOptions::new()
+                .ttl(Duration::from_millis(400))
+                .watchdog(false),
+        )
+        .await
+        .unwrap();
+    let e = next_event().await;
+    assert_eq!(e["event"], "granted");
+    assert_eq!(e["lock"]["fencing_token"], short.fencing_token());
+    assert_eq!(next_event().await["event"], "expired");
+    drop(short);
+    child.kill().await.unwrap();
+
+    // --for bounds it.
+    let started = Instant::now();
+    let out = run(&url, &["watch", "lock:job_{1}", "--for", "300ms"]).await;
+    assert_eq!(out.status.code(), Some(0));
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert!(stdout(&out).contains("not held"));
+}
+
+#[tokio::test]
+async fn bad_input_exits_2_and_unreachable_redis_exits_3() {
+    let server = RedisServer::start();
+    let url = server.url();
+    for args in [
+        &["--url", "redis://127.0.0.1:1", "list"][..],
+        &["frobnicate"],
+        &["inspect"],
+        &["inspect", ""],
+        &["watch", "k", "--interval", "1ms"],
+        &["watch", "k", "--for", "soon"],
+    ] {
+        assert_eq!(run(&url, args).await.status.code(), Some(2), "{args:?}");
+    }
+    let port = redlock_testkit::free_port();
+    let started = Instant::now();
+    let out = run(&format!("redis://127.0.0.1:{port}"), &["list"]).await;
+    assert_eq!(out.status.code(), Some(3));
+    assert!(started.elapsed() < Duration::from_secs(15));
+    assert!(String::from_utf8_lossy(&out.stderr).starts_with("redlock: "));
+}
