@@ -90,6 +90,7 @@ fn short(d: Duration) -> String {
 
 /// This process's part of the metadata (kind, pid, host), one string per kind.
 struct Owner {
+    host: String,
     exclusive: String,
     read: String,
     permit: String,
@@ -102,8 +103,14 @@ static OWNER: LazyLock<Owner> = LazyLock::new(|| {
         exclusive: suffix('e'),
         read: suffix('r'),
         permit: suffix('p'),
+        host,
     }
 });
+
+/// This machine's name as locks record it (see [`host_name`]), read once.
+pub(crate) fn this_host() -> &'static str {
+    &OWNER.host
+}
 
 /// The metadata argument of the acquire scripts for a grant of `mode`:
 /// `|<kind>|<pid>|<host>`.
@@ -233,7 +240,7 @@ pub(crate) fn local(
         holders,
         ttl: Some(ttl),
         fencing_token: Some(fence),
-        host: Some(host_name()),
+        host: Some(this_host().to_owned()),
         pid: Some(std::process::id()),
         acquired_at: Some(acquired_at),
         held_for: SystemTime::now().duration_since(acquired_at).ok(),

@@ -409,6 +409,7 @@ impl LockManager {
             key = key.full(),
             backend = self.backend_name(),
             held,
+            by_host = crate::info::this_host(),
             by_pid = std::process::id(),
             "lock force-released"
         );
