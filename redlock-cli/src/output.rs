@@ -62,7 +62,9 @@ pub(crate) fn list(found: &[LockInfo], json: bool) {
         println!("{}", Value::Array(all));
         return;
     }
-    let header = ["KEY", "KIND", "HOLDERS", "TTL", "FENCE", "OWNER", "HELD FOR"];
+    let header = [
+        "KEY", "KIND", "HOLDERS", "TTL", "FENCE", "OWNER", "HELD FOR",
+    ];
     let rows: Vec<[String; 7]> = found
         .iter()
         .map(|i| {
@@ -71,7 +73,8 @@ pub(crate) fn list(found: &[LockInfo], json: bool) {
                 i.kind.to_string(),
                 i.holders.to_string(),
                 cell(i.ttl, "none"),
-                i.fencing_token.map_or_else(|| "-".to_owned(), |f| f.to_string()),
+                i.fencing_token
+                    .map_or_else(|| "-".to_owned(), |f| f.to_string()),
                 owner(i),
                 cell(i.held_for, "-"),
             ]
@@ -111,12 +114,20 @@ pub(crate) fn inspect(key: &str, info: Option<&LockInfo>, json: bool) {
             println!("kind           {}", i.kind);
             println!("holders        {}", i.holders);
             println!("owner          {}", owner(i));
-            if let Some(at) = i.acquired_at.and_then(|t| t.duration_since(UNIX_EPOCH).ok()) {
-                println!("acquired at    {} ms since the Unix epoch (server clock)", ms(at));
+            if let Some(at) = i
+                .acquired_at
+                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+            {
+                println!(
+                    "acquired at    {} ms since the Unix epoch (server clock)",
+                    ms(at)
+                );
             }
             println!("held for       {}", cell(i.held_for, "unknown"));
             println!("ttl left       {}", cell(i.ttl, "no expiry"));
-            let fence = i.fencing_token.map_or_else(|| "unknown".to_owned(), |f| f.to_string());
+            let fence = i
+                .fencing_token
+                .map_or_else(|| "unknown".to_owned(), |f| f.to_string());
             println!("fencing token  {fence}");
             println!("holder digest  {}", i.holder);
         }

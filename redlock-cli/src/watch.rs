@@ -38,9 +38,8 @@ impl Event {
 
 /// The events from what was seen last (`before`, `since` ago) to what is seen now.
 fn events(before: Option<&LockInfo>, since: Duration, now: Option<&LockInfo>) -> Vec<Event> {
-    let same = |a: &LockInfo, b: &LockInfo| {
-        a.holder == b.holder && a.fencing_token == b.fencing_token
-    };
+    let same =
+        |a: &LockInfo, b: &LockInfo| a.holder == b.holder && a.fencing_token == b.fencing_token;
     let gone = |a: &LockInfo| match a.ttl {
         Some(ttl) if ttl <= since => Event::Expired,
         _ => Event::Released,
@@ -58,7 +57,10 @@ fn events(before: Option<&LockInfo>, since: Duration, now: Option<&LockInfo>) ->
 /// Prints one event.
 fn print(event: Event, info: &LockInfo, json: bool) {
     if json {
-        println!("{}", json!({ "event": event.name(), "lock": to_json(info) }));
+        println!(
+            "{}",
+            json!({ "event": event.name(), "lock": to_json(info) })
+        );
         return;
     }
     let fence = info

@@ -77,7 +77,10 @@ async fn list_prints_a_table_and_json() {
     assert!(lines[3].starts_with("lock:sell_{7}"));
 
     // --json before or after the subcommand; a pattern.
-    for args in [&["--json", "list", "buy_*"][..], &["list", "buy_*", "--json"]] {
+    for args in [
+        &["--json", "list", "buy_*"][..],
+        &["list", "buy_*", "--json"],
+    ] {
         let out = run(&url, args).await;
         assert_eq!(out.status.code(), Some(0));
         let all: Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -135,7 +138,10 @@ async fn force_release_wakes_a_waiter_and_the_holder_sees_lost() {
     let first = guard.fencing_token();
     let waiting = tokio::spawn(async move {
         let g = waiter
-            .lock_with("stuck_{1}", LockOptions::new().wait(Duration::from_secs(30)))
+            .lock_with(
+                "stuck_{1}",
+                LockOptions::new().wait(Duration::from_secs(30)),
+            )
             .await;
         (Instant::now(), g)
     });
