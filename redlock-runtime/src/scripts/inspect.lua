@@ -26,10 +26,7 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local holders = 1
 if kind ~= 'e' then
-  holders = redis.pcall('ZCOUNT', KEYS[2], '(' .. string.format('%d', now), '+inf')
-  if type(holders) ~= 'number' then
-    holders = 0
-  end
+  holders = redis.call('ZCOUNT', KEYS[2], '(' .. string.format('%d', now), '+inf')
 end
 local pttl = redis.call('PTTL', KEYS[1])
 local holder = string.sub(redis.sha1hex(head), 1, 16)
