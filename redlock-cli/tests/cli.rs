@@ -6,17 +6,20 @@ use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
 use redlock::{LockManager, LockOptions};
-use redlock_testkit::RedisServer;
+use redlock_testkit::{RedisCluster, RedisServer};
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
-/// The binary with `--url` of `server`, `$USER` set, no `$REDIS_URL`.
+/// The binary with `--url url`, `$USER` set, no `$REDIS_URL`.
 fn redlock(url: &str) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_redlock"));
-    cmd.arg("--url")
-        .arg(url)
-        .env("USER", "night-operator")
+    cmd.arg("--url").arg(url);
+    environment(cmd)
+}
+
+fn environment(mut cmd: Command) -> Command {
+    cmd.env("USER", "night-operator")
         .env_remove("REDIS_URL")
         .stdin(Stdio::null())
         .kill_on_drop(true);
@@ -256,4 +259,69 @@ async fn bad_input_exits_2_and_unreachable_redis_exits_3() {
     assert_eq!(out.status.code(), Some(3));
     assert!(started.elapsed() < Duration::from_secs(15));
     assert!(String::from_utf8_lossy(&out.stderr).starts_with("redlock: "));
+}
+
+/// Issue 16: on a Cluster, `list` scans every master (SCAN per node) and `release`
+/// reaches the key's master, waking its waiters by sharded pub/sub.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_list_covers_every_master_and_release_reaches_the_key() {
+    let cluster = RedisCluster::start(3, 0);
+    let urls = cluster.urls();
+    let locks = LockManager::builder()
+        .cluster(&urls)
+        .build()
+        .await
+        .unwrap();
+    let mut guards = Vec::new();
+    for i in 0..30 {
+        guards.push(locks.lock(&format!("order_{{{i}}}")).await.unwrap());
+    }
+    let masters: std::collections::HashSet<usize> = guards
+        .iter()
+        .map(|g| cluster.master_for_key(g.key()))
+        .collect();
+    assert_eq!(masters.len(), 3, "the keys are spread over every master");
+    let cli = |args: &[&str]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_redlock"));
+        cmd.arg("--cluster");
+        for url in &urls {
+            cmd.arg("--url").arg(url);
+        }
+        cmd.args(args);
+        environment(cmd)
+    };
+    let out = cli(&["--json", "list"]).output().await.unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let all: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut listed: Vec<String> = all
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["key"].as_str().unwrap().to_owned())
+        .collect();
+    let mut held: Vec<String> = guards.iter().map(|g| g.key().to_owned()).collect();
+    listed.sort();
+    held.sort();
+    assert_eq!(listed, held);
+
+    let victim = guards.remove(7);
+    let waiter = locks.clone();
+    let key = victim.key().strip_prefix("lock:").unwrap().to_owned();
+    let waiting = tokio::spawn(async move {
+        waiter
+            .lock_with(&key, LockOptions::new().wait(Duration::from_secs(30)))
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let out = cli(&["release", victim.key(), "--yes"]).output().await.unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let next = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the waiter was woken well before the 30 s ttl")
+        .unwrap()
+        .unwrap();
+    assert!(next.fencing_token() > victim.fencing_token());
+    tokio::time::timeout(Duration::from_secs(30), victim.lost())
+        .await
+        .expect("the holder saw lost() at its next renewal");
 }
