@@ -267,11 +267,7 @@ async fn bad_input_exits_2_and_unreachable_redis_exits_3() {
 async fn cluster_list_covers_every_master_and_release_reaches_the_key() {
     let cluster = RedisCluster::start(3, 0);
     let urls = cluster.urls();
-    let locks = LockManager::builder()
-        .cluster(&urls)
-        .build()
-        .await
-        .unwrap();
+    let locks = LockManager::builder().cluster(&urls).build().await.unwrap();
     let mut guards = Vec::new();
     for i in 0..30 {
         guards.push(locks.lock(&format!("order_{{{i}}}")).await.unwrap());
@@ -313,7 +309,10 @@ async fn cluster_list_covers_every_master_and_release_reaches_the_key() {
             .await
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let out = cli(&["release", victim.key(), "--yes"]).output().await.unwrap();
+    let out = cli(&["release", victim.key(), "--yes"])
+        .output()
+        .await
+        .unwrap();
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let next = tokio::time::timeout(Duration::from_secs(10), waiting)
         .await

@@ -1461,10 +1461,12 @@ impl Store for RedlockBackend {
         }
     }
 
-    /// The holder that holds the key on a quorum of nodes (by its digest), if any: as
-    /// the node of that quorum whose ttl is shortest describes it (each node stores
-    /// its own acquire time), with the highest fence among them (the nodes' counters
-    /// differ; the token issued is the highest of a quorum).
+    /// The holder that holds the key on a quorum of nodes (by its digest), if any, as
+    /// the node with its latest grant (the highest fence, at least the token issued:
+    /// that is the highest of a quorum) describes it; each node records its own
+    /// acquire time. The ttl is the one a quorum still has (the quorum-th longest);
+    /// `holders` of readers and permits is the most any of those nodes counts (a
+    /// reader holds a quorum of the nodes, not necessarily the same as another's).
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
         let answers = self
             .on_all("inspect", self.node_timeout, |n| n.inspect(key))
@@ -1481,18 +1483,27 @@ impl Store for RedlockBackend {
         let of = |holder: &str| -> Vec<&LockInfo> {
             found.iter().filter(|i| i.holder == holder).collect()
         };
-        let Some(shortest) = found
+        let Some(group) = found
             .iter()
-            .filter(|i| of(&i.holder).len() >= self.quorum)
-            .min_by_key(|i| i.ttl.unwrap_or(Duration::MAX))
+            .map(|i| of(&i.holder))
+            .find(|group| group.len() >= self.quorum)
         else {
             return Ok(None);
         };
-        let mut info = shortest.clone();
-        info.fencing_token = of(&info.holder)
+        let Some(latest) = group.iter().max_by_key(|i| i.fencing_token) else {
+            return Ok(None);
+        };
+        let mut ttls: Vec<Duration> = group
             .iter()
-            .filter_map(|i| i.fencing_token)
-            .max();
+            .map(|i| i.ttl.unwrap_or(Duration::MAX))
+            .collect();
+        ttls.sort_unstable_by(|a, b| b.cmp(a));
+        let mut info = (*latest).clone();
+        info.ttl = ttls
+            .get(self.quorum - 1)
+            .copied()
+            .filter(|&t| t != Duration::MAX);
+        info.holders = group.iter().map(|i| i.holders).max().unwrap_or(1);
         Ok(Some(info))
     }
 
