@@ -71,7 +71,7 @@ pub(crate) const SCAN_COUNT: usize = 1000;
 pub(crate) const MAX_SCAN_STEPS: usize = 1 << 24;
 
 /// Lock keys inspected at once, in one pipelined burst on the multiplexed connection.
-pub(crate) const INSPECT_BATCH: usize = 256;
+pub(crate) const INSPECT_BATCH: usize = 64;
 
 /// The `SCAN MATCH` glob for `pattern` under `prefix`: the prefix with its glob
 /// characters escaped, then the pattern as given (`*` when empty).
