@@ -36,6 +36,9 @@ use crate::LockError;
 pub(crate) struct Subscriber {
     con: ConnectionManager,
     channels: Arc<Channels>,
+    /// Which connection of `channels` this is: a Sentinel deployment replaces the
+    /// connection when the master moves, and a retired one confirms nothing.
+    generation: u64,
     /// Serialises each channel's (un)subscribe commands so the server sees them in
     /// decision order (shared with the tasks that send the `UNSUBSCRIBE`s).
     ops: Arc<ChannelLocks>,
@@ -170,6 +173,9 @@ struct ChannelState {
     /// Counts the connection's disconnections: a `SUBSCRIBE` reply that raced one says
     /// nothing about the new connection.
     epoch: u64,
+    /// The connection that carries the subscriptions now (0 unless replaced, see
+    /// [`Channels::move_to`]).
+    generation: u64,
     interest: HashMap<String, Interest>,
 }
 
@@ -184,6 +190,23 @@ impl Channels {
             .interest
             .get(channel)
             .is_some_and(Interest::is_confirmed)
+    }
+
+    /// Hands the subscriptions over to connection `generation` (a new master): nothing
+    /// confirmed so far counts any more, and a reply or push of an older connection
+    /// confirms nothing. Returns every channel with an interest, each to be subscribed
+    /// on the new connection.
+    pub(crate) fn move_to(&self, generation: u64) -> Vec<String> {
+        let mut state = self.state();
+        state.generation = generation;
+        state.epoch += 1;
+        state.interest.values_mut().for_each(Interest::lose);
+        state.interest.keys().cloned().collect()
+    }
+
+    /// Whether connection `generation` still carries the subscriptions.
+    fn is_current(&self, generation: u64) -> bool {
+        self.state().generation == generation
     }
 }
 
@@ -253,15 +276,18 @@ impl Interest {
 }
 
 impl Subscriber {
-    /// Wraps a RESP3 connection whose pushes go to a [`push_handler`] over `channels`.
+    /// Wraps a RESP3 connection whose pushes go to a [`push_handler`] over `channels`;
+    /// `generation` is the one the handler was made for.
     pub(crate) fn new(
         con: ConnectionManager,
         channels: Arc<Channels>,
+        generation: u64,
         backend: &'static str,
     ) -> Self {
         Self {
             con,
             channels,
+            generation,
             ops: Arc::new(ChannelLocks::default()),
             backend,
         }
@@ -301,14 +327,17 @@ impl Subscriber {
     }
 
     /// Sends `SUBSCRIBE` for an interest [`register`](Self::register)ed in `key`, unless
-    /// the channel was confirmed meanwhile or nobody wants it any more (its last interest
-    /// was dropped while this waited for its turn), and waits for the reply.
+    /// the channel was confirmed meanwhile, nobody wants it any more (its last interest
+    /// was dropped while this waited for its turn) or this connection was retired (the
+    /// caller subscribes on the new one), and waits for the reply.
     pub(crate) async fn send_subscribe(&self, key: &str) -> Result<(), LockError> {
         let _turn = self.ops.lock(key).await;
         let epoch = {
             let state = self.channels.state();
             match state.interest.get(key) {
-                Some(entry) if !entry.is_confirmed() => state.epoch,
+                Some(entry) if !entry.is_confirmed() && state.generation == self.generation => {
+                    state.epoch
+                }
                 _ => return Ok(()),
             }
         };
@@ -363,10 +392,13 @@ impl Subscriber {
 /// The push sender of a subscriber connection: turns each push into wake-ups (through
 /// `wake`) where the connection manager hands it over (it only takes std mutexes and
 /// notifies, so it never blocks the connection), and keeps `channels` up to date.
-/// Reports [`ManagerGone`] once the manager is dropped.
+/// Reports [`ManagerGone`] once the manager is dropped. Once `channels` moved to a newer
+/// connection than `generation` (see [`Channels::move_to`]), only messages still count
+/// (a release heard late wakes a head to retry, which is harmless).
 pub(crate) fn push_handler(
     wake: Wake,
     channels: Arc<Channels>,
+    generation: u64,
     backend: &'static str,
 ) -> impl Fn(PushInfo) -> Result<(), ManagerGone> + Send + Sync + 'static {
     move |push| {
@@ -374,7 +406,9 @@ pub(crate) fn push_handler(
             return Err(ManagerGone);
         }
         let hearing = channels.hearing.get();
+        let retired = || !channels.is_current(generation);
         match push.kind {
+            PushKind::Disconnection | PushKind::Subscribe if retired() => {}
             PushKind::Disconnection => {
                 tracing::debug!(
                     backend,
