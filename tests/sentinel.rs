@@ -6,12 +6,14 @@
 //! One Sentinel set at a time (`ONE_SET`): their timers are timing-sensitive, and this
 //! machine has two cores.
 
-use std::sync::Mutex;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redis::Value;
 use redlock::{LockError, LockManager, LockOptions};
-use redlock_testkit::{RedisServer, Sentinels};
+use redlock_testkit::{ChaosProxy, Fault, RedisServer, Sentinels};
 
 static ONE_SET: Mutex<()> = Mutex::new(());
 
@@ -201,4 +203,231 @@ async fn a_waiter_is_woken_by_a_release_on_the_new_master() {
         after < Duration::from_secs(5),
         "woken {after:?} after the release"
     );
+}
+
+/// Sentinels that refuse connections, and one that accepts and never answers: `build`
+/// fails with an error naming each, within the connect timeout (the Sentinels are asked
+/// at once, not one timeout after another).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_sentinels_are_a_clear_error_within_the_connect_timeout() {
+    let silent = RedisServer::start();
+    let blackhole = ChaosProxy::start(silent.addr()).await.unwrap();
+    blackhole.set(Fault::Blackhole);
+    let closed: Vec<String> = (0..2)
+        .map(|_| {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            format!("redis://{}", listener.local_addr().unwrap())
+        })
+        .collect();
+    let mut urls = closed.clone();
+    urls.push(blackhole.url());
+    let connect = Duration::from_millis(800);
+    let started = Instant::now();
+    let err = LockManager::builder()
+        .sentinel("mymaster", urls)
+        .connect_timeout(connect)
+        .response_timeout(Duration::from_millis(300))
+        .build()
+        .await
+        .unwrap_err();
+    let took = started.elapsed();
+    assert!(matches!(err, LockError::Backend { .. }), "{err}");
+    let message = format!(
+        "{err}: {}",
+        std::error::Error::source(&err).map_or(String::new(), |s| s.to_string())
+    );
+    for url in &closed {
+        let addr = url.trim_start_matches("redis://");
+        assert!(message.contains(addr), "{addr} not named in: {message}");
+    }
+    assert!(took < connect + Duration::from_millis(500), "took {took:?}");
+}
+
+/// Grants seen by the load test: who holds each key now, and each key's last fencing
+/// token.
+#[derive(Default)]
+struct Ledger {
+    holders: HashMap<String, usize>,
+    fences: HashMap<String, u64>,
+    double_holdings: usize,
+    fences_not_increasing: usize,
+    grants: usize,
+}
+
+/// kill -9 of the master while three managers contend for three keys with
+/// `min_replicas(1)`: no two holders of a key at once, fencing tokens strictly
+/// increasing per key across the failover, and locks granted again once the killed
+/// server is back as a replica (`min_replicas` keeps its meaning: none before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_of_the_master_under_load_with_three_managers() {
+    let _one = ONE_SET.lock().unwrap_or_else(|e| e.into_inner());
+    let mut sent = start();
+    let ledger = Arc::new(Mutex::new(Ledger::default()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for m in 0..3 {
+        let locks = manager(&sent).await;
+        for t in 0..2 {
+            let (locks, ledger, stop) = (locks.clone(), ledger.clone(), stop.clone());
+            let me = m * 2 + t;
+            tasks.push(tokio::spawn(async move {
+                let mut errors: HashMap<&'static str, usize> = HashMap::new();
+                for round in 0..100_000usize {
+                    if stop.load(Ordering::Acquire) {
+                        break;
+                    }
+                    let key = format!("load_{{{}}}", (me + round) % 3);
+                    let opts = replicated(Duration::from_secs(2)).wait(Duration::from_secs(5));
+                    let guard = match locks.lock_with(&key, opts).await {
+                        Ok(guard) => guard,
+                        Err(e) => {
+                            *errors.entry(e.kind()).or_default() += 1;
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                            continue;
+                        }
+                    };
+                    {
+                        let mut l = ledger.lock().unwrap();
+                        l.grants += 1;
+                        if l.holders.insert(key.clone(), me).is_some() {
+                            l.double_holdings += 1;
+                        }
+                        let last = l.fences.insert(key.clone(), guard.fencing_token());
+                        if last.is_some_and(|last| last >= guard.fencing_token()) {
+                            l.fences_not_increasing += 1;
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    ledger.lock().unwrap().holders.remove(&key);
+                    if let Err(e) = guard.release().await {
+                        *errors.entry(e.kind()).or_default() += 1;
+                    }
+                }
+                errors
+            }));
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let before = ledger.lock().unwrap().grants;
+    assert!(before > 0, "no grant before the kill");
+    tokio::task::block_in_place(|| {
+        sent.kill_master();
+        sent.wait_failover(Duration::from_secs(15));
+        sent.restore_killed(Duration::from_secs(30));
+    });
+    let restored = ledger.lock().unwrap().grants;
+    let resumed =
+        redlock_testkit::wait_until(Duration::from_secs(15), Duration::from_millis(50), || {
+            ledger.lock().unwrap().grants >= restored + 20
+        });
+    stop.store(true, Ordering::Release);
+    let mut errors: HashMap<&'static str, usize> = HashMap::new();
+    for task in tasks {
+        for (kind, n) in task.await.unwrap() {
+            *errors.entry(kind).or_default() += n;
+        }
+    }
+    let l = ledger.lock().unwrap();
+    println!(
+        "grants before the kill {before}, by the restore {restored}, in all {}; errors {errors:?}",
+        l.grants
+    );
+    assert_eq!(l.double_holdings, 0, "two holders of a key at once");
+    assert_eq!(
+        l.fences_not_increasing, 0,
+        "a fencing token did not increase"
+    );
+    assert!(
+        resumed,
+        "no locks granted after the failover and the restore"
+    );
+}
+
+/// A master paused (SIGSTOP) past `down-after-milliseconds` is replaced, and comes back
+/// still calling itself master until the Sentinels demote it: no manager writes to it.
+/// Locks taken after it came back are on the new master, not on it, and a lock held
+/// across the pause is renewed on the new master.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_master_that_comes_back_is_not_written_to() {
+    let _one = ONE_SET.lock().unwrap_or_else(|e| e.into_inner());
+    let mut sent = start();
+    let first = manager(&sent).await;
+    let second = manager(&sent).await;
+    let held = first
+        .lock_with("stock_{held}", replicated(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    let old_port = sent.master().port();
+    tokio::task::block_in_place(|| {
+        sent.master_mut().pause();
+        sent.wait_failover(Duration::from_secs(20));
+        sent.master_mut().resume();
+    });
+    let mut keys = Vec::new();
+    for (i, locks) in [&first, &second].into_iter().enumerate() {
+        for j in 0..10 {
+            let key = format!("zombie_{{{i}_{j}}}");
+            let guard = locks
+                .lock_with(&key, LockOptions::new().wait(Duration::from_secs(10)))
+                .await
+                .expect("a lock after the failover");
+            keys.push((format!("lock:{key}"), guard));
+        }
+    }
+    let old = sent.master();
+    assert_eq!(old.port(), old_port);
+    let role = |s: &RedisServer| match s.cmd_sync(&["ROLE"]) {
+        Ok(Value::Array(items)) => items.first().cloned(),
+        _ => None,
+    };
+    let zombie = role(old) == Some(Value::BulkString(b"master".to_vec()));
+    let on_old: Vec<&str> = keys
+        .iter()
+        .filter(|(k, _)| old.exists(k))
+        .map(|(k, _)| k.as_str())
+        .collect();
+    let still_zombie = role(old) == Some(Value::BulkString(b"master".to_vec()));
+    let new = current_master(&sent);
+    assert_ne!(new.port(), old_port);
+    assert!(
+        keys.iter().all(|(k, _)| new.exists(k)),
+        "a lock is not on the new master"
+    );
+    if zombie && still_zombie {
+        assert!(on_old.is_empty(), "written to the old master: {on_old:?}");
+    } else {
+        println!("the old master was demoted before the check; its keys come from the new one");
+    }
+    assert!(
+        held.is_held(),
+        "the lock held across the pause was given up"
+    );
+    assert!(new.exists("lock:stock_{held}"));
+    for (_, guard) in keys {
+        guard.release().await.unwrap();
+    }
+    held.release().await.unwrap();
+}
+
+/// The Sentinel a manager listens to for `+switch-master` is killed together with the
+/// master: the other two still fail over, and the manager follows through them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_killed_during_the_failover() {
+    let _one = ONE_SET.lock().unwrap_or_else(|e| e.into_inner());
+    let mut sent = start();
+    let locks = manager(&sent).await;
+    tokio::task::block_in_place(|| {
+        sent.kill_master();
+        sent.kill_sentinel(0);
+        sent.wait_failover(Duration::from_secs(20));
+    });
+    let guard = locks
+        .lock_with(
+            "stock_{followed}",
+            LockOptions::new().wait(Duration::from_secs(10)),
+        )
+        .await
+        .expect("the manager follows the failover");
+    assert!(current_master(&sent).exists("lock:stock_{followed}"));
+    guard.release().await.unwrap();
 }

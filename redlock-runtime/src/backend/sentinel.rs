@@ -128,14 +128,10 @@ impl SentinelBackend {
             })
             .collect();
         let channels = Arc::new(Channels::default());
-        let first = tokio::time::timeout(
-            timeouts.connect,
-            find_master(
-                &master, &sentinels, &node, timeouts, &wake, &channels, None, 0,
-            ),
+        let first = find_master(
+            &master, &sentinels, &node, timeouts, &wake, &channels, None, 0,
         )
-        .await
-        .map_err(|_| LockError::timed_out("sentinel discovery", timeouts.connect))??;
+        .await?;
         let Found::New(backend) = first else {
             unreachable!("a first discovery has nothing to compare with");
         };
@@ -255,9 +251,10 @@ enum Found {
     New(SingleBackend),
 }
 
-/// Asks every Sentinel where `name`'s master is; takes the answer of the highest epoch
-/// among the first majority (or all, if fewer answer) whose node says `ROLE master`.
-/// `Same` when that is `current`.
+/// Asks every Sentinel where `name`'s master is (those that did not answer within the
+/// connect timeout count as failed); takes the answer of the highest epoch among the
+/// first majority (or all, if fewer answer) whose node says `ROLE master`. `Same` when
+/// that is `current`.
 #[allow(clippy::too_many_arguments)]
 async fn find_master(
     name: &str,
@@ -270,6 +267,11 @@ async fn find_master(
     generation: u64,
 ) -> Result<Found, LockError> {
     let majority = sentinels.len() / 2 + 1;
+    let deadline = tokio::time::Instant::now() + timeouts.connect;
+    let mut silent: Vec<String> = sentinels
+        .iter()
+        .map(|s| s.info.addr().to_string())
+        .collect();
     let mut asks: futures_util::stream::FuturesUnordered<_> = sentinels
         .iter()
         .map(|s| async move { (s.info.addr().to_string(), s.ask(name, timeouts).await) })
@@ -277,7 +279,18 @@ async fn find_master(
     let mut answers: Vec<Answer> = Vec::new();
     let mut problems: Vec<String> = Vec::new();
     let mut unknown = 0;
-    while let Some((sentinel, asked)) = asks.next().await {
+    loop {
+        let Ok(Some((sentinel, asked))) = tokio::time::timeout_at(deadline, asks.next()).await
+        else {
+            let late = timeouts.connect;
+            problems.extend(
+                silent
+                    .drain(..)
+                    .map(|s| format!("{s}: no answer within {late:?}")),
+            );
+            break;
+        };
+        silent.retain(|s| *s != sentinel);
         match asked {
             Ok(Some(answer)) => answers.push(answer),
             Ok(None) => {
