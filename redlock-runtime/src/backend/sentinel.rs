@@ -612,3 +612,179 @@ impl Store for SentinelBackend {
         self.current().backend.interests()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use redlock_testkit::{ChaosProxy, Direction, Fault, RedisServer};
+
+    use super::*;
+    use crate::kind::Mode;
+
+    const TIMEOUTS: Timeouts = Timeouts {
+        connect: Duration::from_secs(3),
+        response: Duration::from_secs(2),
+    };
+
+    async fn node(url: &str, channels: &Arc<Channels>, generation: u64) -> SingleBackend {
+        let info = redis::IntoConnectionInfo::into_connection_info(url).unwrap();
+        let listening = (channels.clone(), generation);
+        SingleBackend::connect_listening(info, TIMEOUTS, Wake::default(), NAME, listening)
+            .await
+            .unwrap()
+    }
+
+    /// A backend on the server at `url`, asking no Sentinel: the tests move it by hand
+    /// ([`Inner::move_to`]), as a discovery would.
+    async fn on(url: &str) -> SentinelBackend {
+        let channels = Arc::new(Channels::default());
+        let backend = node(url, &channels, 0).await;
+        let (stop, _) = oneshot::channel();
+        SentinelBackend {
+            inner: Arc::new(Inner {
+                master: "test".to_owned(),
+                sentinels: Vec::new(),
+                node: redis::IntoConnectionInfo::into_connection_info(url).unwrap(),
+                timeouts: TIMEOUTS,
+                wake: Wake::default(),
+                channels,
+                current: RwLock::new(Arc::new(Master {
+                    backend,
+                    generation: 0,
+                })),
+                rediscovering: Mutex::new(()),
+                suspecting: AtomicBool::new(false),
+                _stop: stop,
+            }),
+        }
+    }
+
+    /// Moves `sentinel` to the server at `url`.
+    async fn move_to(sentinel: &SentinelBackend, url: &str) {
+        let old = sentinel.current();
+        let new = node(url, &sentinel.inner.channels, old.generation + 1).await;
+        sentinel.inner.move_to(new, &old, "test");
+    }
+
+    /// `proxy` holds the old master's replies while the master moves.
+    async fn moved_while_answering<T>(
+        sentinel: &SentinelBackend,
+        proxy: &ChaosProxy,
+        new_url: &str,
+        request: impl std::future::Future<Output = T>,
+    ) -> T {
+        proxy.set_direction(Direction::ToClient, Fault::Blackhole);
+        let (answer, ()) = tokio::join!(request, async {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            move_to(sentinel, new_url).await;
+            proxy.heal();
+        });
+        answer
+    }
+
+    /// An extend the old master granted (its copy had our token) while the master moved
+    /// to one without the lock: before, the old master's "extended" was the answer,
+    /// and a lock that no longer existed anywhere that counts was believed held.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_extend_answered_by_the_old_master_after_a_move_does_not_count() {
+        let (old, new) = (RedisServer::start(), RedisServer::start());
+        let proxy = ChaosProxy::start(old.addr()).await.unwrap();
+        let sentinel = on(&proxy.url()).await;
+        let key = LockKey::prefixed("lock:", "moved_{extend}").unwrap();
+        let token = Token::random();
+        let mut con = old.connection().await;
+        let _: () = redis::cmd("SET")
+            .arg(key.full())
+            .arg(token.as_bytes())
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        let lease = LeaseRef {
+            key: &key,
+            token,
+            mode: Mode::Exclusive,
+        };
+        let extended = moved_while_answering(
+            &sentinel,
+            &proxy,
+            &new.url(),
+            sentinel.extend(lease, Duration::from_secs(30)),
+        )
+        .await
+        .unwrap();
+        assert!(old.pttl(key.full()) > 0, "the old master never extended");
+        assert!(!extended, "the old master's answer counted after the move");
+    }
+
+    /// An acquire the old master granted while the master moved to one where another
+    /// holder has the key: the answer is the new master's (held), not the old one's.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_acquire_granted_by_the_old_master_after_a_move_does_not_count() {
+        let (old, new) = (RedisServer::start(), RedisServer::start());
+        let proxy = ChaosProxy::start(old.addr()).await.unwrap();
+        let sentinel = on(&proxy.url()).await;
+        let key = LockKey::prefixed("lock:", "moved_{acquire}").unwrap();
+        let mut con = new.connection().await;
+        let _: () = redis::cmd("SET")
+            .arg(key.full())
+            .arg(Token::random().as_bytes())
+            .arg("PX")
+            .arg(30_000)
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        let claim = Claim {
+            key: &key,
+            token: Token::random(),
+            ttl: Duration::from_secs(30),
+            replicas: None,
+            mode: Mode::Exclusive,
+            intent: None,
+        };
+        let attempt =
+            moved_while_answering(&sentinel, &proxy, &new.url(), sentinel.acquire(&claim))
+                .await
+                .unwrap();
+        assert!(old.exists(key.full()), "the old master never granted");
+        assert!(
+            matches!(attempt, Attempt::Held { .. }),
+            "the old master's grant counted after the move: {attempt:?}"
+        );
+    }
+
+    /// Interests move with the master: a channel subscribed on the old master is
+    /// subscribed on the new one, and a confirmation from the old connection after the
+    /// move does not make it count as heard.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn subscriptions_move_with_the_master() {
+        let (old, new) = (RedisServer::start(), RedisServer::start());
+        let sentinel = on(&old.url()).await;
+        let retired = sentinel.current();
+        sentinel.subscribe("lock:a", true).await.unwrap();
+        assert!(sentinel.listening("lock:a"));
+        move_to(&sentinel, &new.url()).await;
+        assert!(
+            !sentinel.listening("lock:a"),
+            "still heard on the old master"
+        );
+        // A late subscription on the old connection confirms nothing.
+        retired.backend.subscribe("lock:b", true).await.unwrap();
+        assert!(!sentinel.listening("lock:b"));
+        sentinel.subscribe("lock:b", false).await.unwrap();
+        let numsub = |channel: &str| {
+            new.cmd_sync(&["PUBSUB", "NUMSUB", channel])
+                .ok()
+                .and_then(|v| match v {
+                    redis::Value::Array(items) => items.get(1).cloned(),
+                    _ => None,
+                })
+        };
+        let moved =
+            redlock_testkit::wait_until(Duration::from_secs(5), Duration::from_millis(20), || {
+                numsub("lock:a") == Some(redis::Value::Int(1)) && sentinel.listening("lock:a")
+            });
+        assert!(moved, "lock:a was not subscribed on the new master");
+        assert!(sentinel.listening("lock:b"));
+        assert_eq!(numsub("lock:b"), Some(redis::Value::Int(1)));
+        assert_eq!(sentinel.interests(), 2);
+    }
+}
