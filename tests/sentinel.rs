@@ -243,8 +243,7 @@ async fn unreachable_sentinels_are_a_clear_error_within_the_connect_timeout() {
     assert!(took < connect + Duration::from_millis(500), "took {took:?}");
 }
 
-/// Grants seen by the load test: who holds each key now, and each key's last fencing
-/// token.
+/// Grants seen by a workload: who holds each key now, and each key's last fencing token.
 #[derive(Default)]
 struct Ledger {
     holders: HashMap<String, usize>,
@@ -252,6 +251,107 @@ struct Ledger {
     double_holdings: usize,
     fences_not_increasing: usize,
     grants: usize,
+}
+
+/// Three managers, two tasks each, locking three keys in turn with `min_replicas(1)`
+/// (ttl 2 s, held 5 ms), every grant checked against the [`Ledger`].
+struct Workload {
+    ledger: Arc<Mutex<Ledger>>,
+    stop: Arc<AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<HashMap<&'static str, usize>>>,
+}
+
+impl Workload {
+    async fn start(sent: &Sentinels) -> Self {
+        let ledger = Arc::new(Mutex::new(Ledger::default()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut tasks = Vec::new();
+        for m in 0..3 {
+            let locks = manager(sent).await;
+            for t in 0..2 {
+                let (locks, ledger, stop) = (locks.clone(), ledger.clone(), stop.clone());
+                tasks.push(tokio::spawn(run(locks, m * 2 + t, ledger, stop)));
+            }
+        }
+        Self {
+            ledger,
+            stop,
+            tasks,
+        }
+    }
+
+    fn grants(&self) -> usize {
+        self.ledger.lock().unwrap().grants
+    }
+
+    /// Waits (up to 20 s) for `n` more grants; false if they did not come.
+    fn progresses(&self, n: usize) -> bool {
+        let from = self.grants();
+        redlock_testkit::wait_until(Duration::from_secs(20), Duration::from_millis(50), || {
+            self.grants() >= from + n
+        })
+    }
+
+    /// Stops the tasks and checks the ledger; returns the errors the tasks saw, by kind.
+    async fn finish(self) -> HashMap<&'static str, usize> {
+        self.stop.store(true, Ordering::Release);
+        let mut errors: HashMap<&'static str, usize> = HashMap::new();
+        for task in self.tasks {
+            for (kind, n) in task.await.unwrap() {
+                *errors.entry(kind).or_default() += n;
+            }
+        }
+        let l = self.ledger.lock().unwrap();
+        println!("grants {}; errors {errors:?}", l.grants);
+        assert_eq!(l.double_holdings, 0, "two holders of a key at once");
+        assert_eq!(
+            l.fences_not_increasing, 0,
+            "a fencing token did not increase"
+        );
+        errors
+    }
+}
+
+/// One task of a [`Workload`].
+async fn run(
+    locks: LockManager,
+    me: usize,
+    ledger: Arc<Mutex<Ledger>>,
+    stop: Arc<AtomicBool>,
+) -> HashMap<&'static str, usize> {
+    let mut errors: HashMap<&'static str, usize> = HashMap::new();
+    for round in 0..1_000_000usize {
+        if stop.load(Ordering::Acquire) {
+            break;
+        }
+        let key = format!("load_{{{}}}", (me + round) % 3);
+        let opts = replicated(Duration::from_secs(2)).wait(Duration::from_secs(5));
+        let guard = match locks.lock_with(&key, opts).await {
+            Ok(guard) => guard,
+            Err(e) => {
+                *errors.entry(e.kind()).or_default() += 1;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            }
+        };
+        {
+            let mut l = ledger.lock().unwrap();
+            l.grants += 1;
+            if l.holders.insert(key.clone(), me).is_some() {
+                l.double_holdings += 1;
+            }
+            let last = l.fences.insert(key.clone(), guard.fencing_token());
+            if last.is_some_and(|last| last >= guard.fencing_token()) {
+                l.fences_not_increasing += 1;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        ledger.lock().unwrap().holders.remove(&key);
+        if let Err(e) = guard.release().await {
+            *errors.entry(e.kind()).or_default() += 1;
+        }
+    }
+    errors
 }
 
 /// kill -9 of the master while three managers contend for three keys with
@@ -262,85 +362,99 @@ struct Ledger {
 async fn kill_9_of_the_master_under_load_with_three_managers() {
     let _one = ONE_SET.lock().unwrap_or_else(|e| e.into_inner());
     let mut sent = start();
-    let ledger = Arc::new(Mutex::new(Ledger::default()));
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut tasks = Vec::new();
-    for m in 0..3 {
-        let locks = manager(&sent).await;
-        for t in 0..2 {
-            let (locks, ledger, stop) = (locks.clone(), ledger.clone(), stop.clone());
-            let me = m * 2 + t;
-            tasks.push(tokio::spawn(async move {
-                let mut errors: HashMap<&'static str, usize> = HashMap::new();
-                for round in 0..100_000usize {
-                    if stop.load(Ordering::Acquire) {
-                        break;
-                    }
-                    let key = format!("load_{{{}}}", (me + round) % 3);
-                    let opts = replicated(Duration::from_secs(2)).wait(Duration::from_secs(5));
-                    let guard = match locks.lock_with(&key, opts).await {
-                        Ok(guard) => guard,
-                        Err(e) => {
-                            *errors.entry(e.kind()).or_default() += 1;
-                            tokio::time::sleep(Duration::from_millis(20)).await;
-                            continue;
-                        }
-                    };
-                    {
-                        let mut l = ledger.lock().unwrap();
-                        l.grants += 1;
-                        if l.holders.insert(key.clone(), me).is_some() {
-                            l.double_holdings += 1;
-                        }
-                        let last = l.fences.insert(key.clone(), guard.fencing_token());
-                        if last.is_some_and(|last| last >= guard.fencing_token()) {
-                            l.fences_not_increasing += 1;
-                        }
-                    }
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                    ledger.lock().unwrap().holders.remove(&key);
-                    if let Err(e) = guard.release().await {
-                        *errors.entry(e.kind()).or_default() += 1;
-                    }
-                }
-                errors
-            }));
-        }
-    }
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let before = ledger.lock().unwrap().grants;
-    assert!(before > 0, "no grant before the kill");
+    let load = Workload::start(&sent).await;
+    assert!(load.progresses(20), "no grants before the kill");
     tokio::task::block_in_place(|| {
         sent.kill_master();
         sent.wait_failover(Duration::from_secs(15));
         sent.restore_killed(Duration::from_secs(30));
     });
-    let restored = ledger.lock().unwrap().grants;
-    let resumed =
-        redlock_testkit::wait_until(Duration::from_secs(15), Duration::from_millis(50), || {
-            ledger.lock().unwrap().grants >= restored + 20
-        });
-    stop.store(true, Ordering::Release);
-    let mut errors: HashMap<&'static str, usize> = HashMap::new();
-    for task in tasks {
-        for (kind, n) in task.await.unwrap() {
-            *errors.entry(kind).or_default() += n;
-        }
-    }
-    let l = ledger.lock().unwrap();
-    println!(
-        "grants before the kill {before}, by the restore {restored}, in all {}; errors {errors:?}",
-        l.grants
-    );
-    assert_eq!(l.double_holdings, 0, "two holders of a key at once");
-    assert_eq!(
-        l.fences_not_increasing, 0,
-        "a fencing token did not increase"
-    );
     assert!(
-        resumed,
+        load.progresses(20),
         "no locks granted after the failover and the restore"
     );
+    load.finish().await;
+}
+
+/// A tiny xorshift generator (the nemesis's choices; its seed is printed).
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+/// A randomized nemesis over the Sentinel set while the [`Workload`] runs: four faults
+/// drawn from kill -9 of the master (then restored as a replica), a pause of the master
+/// shorter than `down-after-milliseconds` (no failover: requests time out, nothing
+/// moves), a pause past it (a failover; the old master comes back as a zombie and is
+/// demoted), and the kill of a Sentinel (restarted after). After each, the set settles
+/// and locks must be granted again; throughout, no double holding and fencing tokens
+/// strictly increasing per key. `SENTINEL_NEMESIS_SEED` replays a run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_randomized_nemesis_of_failovers_and_pauses() {
+    let _one = ONE_SET.lock().unwrap_or_else(|e| e.into_inner());
+    let seed = std::env::var("SENTINEL_NEMESIS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+                | 1
+        });
+    println!("SENTINEL_NEMESIS_SEED={seed}");
+    let mut rng = Rng(seed);
+    let mut sent = start();
+    let load = Workload::start(&sent).await;
+    assert!(load.progresses(20), "no grants before the faults");
+    for step in 0..4 {
+        let fault = rng.below(4);
+        let started = Instant::now();
+        let what = tokio::task::block_in_place(|| match fault {
+            0 => {
+                sent.kill_master();
+                sent.wait_failover(Duration::from_secs(15));
+                sent.restore_killed(Duration::from_secs(30));
+                "kill -9 of the master"
+            }
+            1 => {
+                let pause = Duration::from_millis(200 + rng.below(500));
+                sent.current_master_mut().pause();
+                std::thread::sleep(pause);
+                sent.current_master_mut().resume();
+                "a short pause of the master"
+            }
+            2 => {
+                let old = sent.current_master_addr().1;
+                sent.current_master_mut().pause();
+                sent.wait_failover(Duration::from_secs(20));
+                let paused = if sent.master().port() == old {
+                    sent.master_mut()
+                } else {
+                    sent.replica_mut()
+                };
+                paused.resume();
+                sent.wait_healthy(Duration::from_secs(40));
+                "a pause of the master past down-after"
+            }
+            _ => {
+                let i = rng.below(3) as usize;
+                sent.kill_sentinel(i);
+                std::thread::sleep(Duration::from_millis(500));
+                sent.restart_sentinel(i);
+                "the kill of a Sentinel"
+            }
+        });
+        println!("step {step}: {what}, settled in {:?}", started.elapsed());
+        assert!(load.progresses(10), "no grants after {what}");
+    }
+    load.finish().await;
 }
 
 /// A master paused (SIGSTOP) past `down-after-milliseconds` is replaced, and comes back

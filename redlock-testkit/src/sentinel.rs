@@ -146,6 +146,12 @@ impl Sentinels {
         format!("redis://{host}:{port}")
     }
 
+    /// The data server the Sentinels name as master now (to pause it, say).
+    pub fn current_master_mut(&mut self) -> &mut RedisServer {
+        let i = self.current_master_index();
+        &mut self.data[i]
+    }
+
     /// Kills (SIGKILL + reap) sentinel `i` (0, 1 or 2); the others go on.
     ///
     /// # Panics
@@ -153,6 +159,16 @@ impl Sentinels {
     /// When `i` is out of range.
     pub fn kill_sentinel(&mut self, i: usize) {
         self.sentinels[i].kill9();
+    }
+
+    /// Restarts sentinel `i` (after [`kill_sentinel`](Self::kill_sentinel)) on its port,
+    /// with the configuration it last wrote.
+    ///
+    /// # Panics
+    ///
+    /// When `i` is out of range or the process cannot be started.
+    pub fn restart_sentinel(&mut self, i: usize) {
+        self.sentinels[i].restart();
     }
 
     /// Restarts the data server [`kill_master`](Self::kill_master) killed as a replica of
