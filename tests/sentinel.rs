@@ -15,7 +15,7 @@ use redis::Value;
 use redlock::{LockError, LockManager, LockOptions};
 use redlock_testkit::{ChaosProxy, Fault, RedisServer, Sentinels};
 
-static ONE_SET: Mutex<()> = Mutex::new(());
+static ONE_SET: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Starts a Sentinel set (off the async worker: it blocks for ~2-3 s).
 fn start() -> Sentinels {
@@ -36,7 +36,7 @@ fn exists(server: &RedisServer, key: &str) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn build_finds_the_master_and_locks_on_it() {
-    let _one = ONE_SET.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = ONE_SET.lock().await;
     let sent = start();
     let locks = manager(&sent).await;
     let guard = locks.lock("stock_{1}").await.unwrap();
@@ -47,7 +47,7 @@ async fn build_finds_the_master_and_locks_on_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unknown_master_name_is_a_clear_error() {
-    let _one = ONE_SET.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = ONE_SET.lock().await;
     let sent = start();
     let started = Instant::now();
     let err = LockManager::builder()
@@ -82,7 +82,7 @@ fn replicated(ttl: Duration) -> LockOptions {
 /// moment it would have expired there unrenewed, and the release deletes it there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replicated_lock_is_renewed_on_the_new_master() {
-    let _one = ONE_SET.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = ONE_SET.lock().await;
     let mut sent = start();
     let locks = manager(&sent).await;
     let ttl = Duration::from_secs(8);
@@ -111,7 +111,7 @@ async fn a_replicated_lock_is_renewed_on_the_new_master() {
 /// (built before the failover) gets the lock there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_lost_in_the_failover_is_reported_lost() {
-    let _one = ONE_SET.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = ONE_SET.lock().await;
     let mut sent = start();
     let first = manager(&sent).await;
     let second = manager(&sent).await;
@@ -152,7 +152,7 @@ async fn a_lock_lost_in_the_failover_is_reported_lost() {
 /// by the release there, long before the holder's ttl would have let it in.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_is_woken_by_a_release_on_the_new_master() {
-    let _one = ONE_SET.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = ONE_SET.lock().await;
     let mut sent = start();
     let holder = manager(&sent).await;
     let waiter = manager(&sent).await;
@@ -360,7 +360,7 @@ async fn run(
 /// server is back as a replica (`min_replicas` keeps its meaning: none before).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_of_the_master_under_load_with_three_managers() {
-    let _one = ONE_SET.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = ONE_SET.lock().await;
     let mut sent = start();
     let load = Workload::start(&sent).await;
     assert!(load.progresses(20), "no grants before the kill");
@@ -397,7 +397,7 @@ impl Rng {
 /// strictly increasing per key. `SENTINEL_NEMESIS_SEED` replays a run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_randomized_nemesis_of_failovers_and_pauses() {
-    let _one = ONE_SET.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = ONE_SET.lock().await;
     let seed = std::env::var("SENTINEL_NEMESIS_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -463,7 +463,7 @@ async fn a_randomized_nemesis_of_failovers_and_pauses() {
 /// across the pause is renewed on the new master.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_master_that_comes_back_is_not_written_to() {
-    let _one = ONE_SET.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = ONE_SET.lock().await;
     let mut sent = start();
     let first = manager(&sent).await;
     let second = manager(&sent).await;
@@ -527,7 +527,7 @@ async fn a_paused_master_that_comes_back_is_not_written_to() {
 /// master: the other two still fail over, and the manager follows through them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sentinel_killed_during_the_failover() {
-    let _one = ONE_SET.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = ONE_SET.lock().await;
     let mut sent = start();
     let locks = manager(&sent).await;
     tokio::task::block_in_place(|| {

@@ -145,7 +145,7 @@ impl SentinelBackend {
             wake,
             channels,
             current: RwLock::new(Arc::new(Master {
-                backend,
+                backend: *backend,
                 generation: 0,
             })),
             rediscovering: Mutex::new(()),
@@ -186,7 +186,7 @@ impl Inner {
         .await;
         match found {
             Ok(Found::Same) => {}
-            Ok(Found::New(backend)) => self.move_to(backend, &current, why),
+            Ok(Found::New(backend)) => self.move_to(*backend, &current, why),
             Err(e) => tracing::debug!(
                 master = self.master,
                 why,
@@ -248,7 +248,7 @@ enum Found {
     /// The master in use is still the one.
     Same,
     /// Another master, connected (as connection `generation` of the channels).
-    New(SingleBackend),
+    New(Box<SingleBackend>),
 }
 
 /// Asks every Sentinel where `name`'s master is (those that did not answer within the
@@ -315,7 +315,7 @@ async fn find_master(
             source: (ErrorKind::Io, "no Sentinel answered", detail).into(),
         });
     }
-    answers.sort_by(|a, b| b.epoch.cmp(&a.epoch));
+    answers.sort_by_key(|a| std::cmp::Reverse(a.epoch));
     answers.dedup_by(|a, b| a.host == b.host && a.port == b.port);
     let mut last_error = None;
     for answer in answers {
@@ -341,7 +341,7 @@ async fn find_master(
             }
         };
         match backend.role().await {
-            Ok(role) if role == "master" => return Ok(Found::New(backend)),
+            Ok(role) if role == "master" => return Ok(Found::New(Box::new(backend))),
             Ok(role) => {
                 last_error = Some(LockError::Backend {
                     operation: "sentinel discovery",
