@@ -545,3 +545,27 @@ async fn a_sentinel_killed_during_the_failover() {
     assert!(current_master(&sent).exists("lock:stock_{followed}"));
     guard.release().await.unwrap();
 }
+
+/// Bad settings fail `build` with an `InvalidOption` naming the problem, before any
+/// connection is tried.
+#[tokio::test]
+async fn bad_sentinel_settings_are_clear_errors() {
+    let cases: [(&str, Vec<&str>, &str); 3] = [
+        ("", vec!["redis://127.0.0.1:26379"], "master name is empty"),
+        ("mymaster", vec![], "no Sentinel given"),
+        (
+            "mymaster",
+            vec!["redis://127.0.0.1:26379", "nonsense://"],
+            "Sentinel #2",
+        ),
+    ];
+    for (name, urls, expected) in cases {
+        let err = LockManager::builder()
+            .sentinel(name, urls)
+            .build()
+            .await
+            .unwrap_err();
+        assert!(matches!(err, LockError::InvalidOption { .. }), "{err}");
+        assert!(err.to_string().contains(expected), "{err}");
+    }
+}
