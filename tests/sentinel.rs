@@ -569,3 +569,58 @@ async fn bad_sentinel_settings_are_clear_errors() {
         assert!(err.to_string().contains(expected), "{err}");
     }
 }
+
+/// `SENTINEL FAILOVER` (a planned switch-over), asked of one Sentinel: the old master
+/// becomes a replica (it answers writes with `READONLY`), but only after a while during
+/// which it still takes writes, and the other Sentinels hear of the switch a couple of
+/// seconds later. The manager moves on the announcement (it listens to the Sentinel that
+/// led the switch, and takes the highest epoch any Sentinel reports, not the first
+/// majority's answer); a lock held across the switch stays held, and new locks go to
+/// the new master.
+///
+/// A lock asked for in the instant between the switch and the announcement's arrival is
+/// granted by the old master and discarded by its demotion (this test saw it when it
+/// locked at once): it is reported lost at its next renewal, and `min_replicas` refuses
+/// it (the promoted replica no longer acknowledges the old master's writes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_planned_failover_is_followed_at_once() {
+    let _one = ONE_SET.lock().await;
+    let sent = start();
+    let locks = manager(&sent).await;
+    let held = locks
+        .lock_with("stock_{planned}", replicated(Duration::from_secs(6)))
+        .await
+        .unwrap();
+    let old_port = sent.master().port();
+    let _: Value = sent.sentinels()[0]
+        .cmd_sync(&["SENTINEL", "FAILOVER", sent.master_name()])
+        .expect("SENTINEL FAILOVER");
+    let switched =
+        redlock_testkit::wait_until(Duration::from_secs(15), Duration::from_millis(20), || {
+            sent.current_master_addr().1 != old_port
+        });
+    assert!(switched, "no switch-over: {}", sent.describe());
+    // The announcement reaches the manager at once (it listens to the Sentinel that led
+    // the switch-over); well before the other Sentinels are told, a lock is on the new
+    // master, while the old one still takes writes.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let fresh = locks
+        .lock_with(
+            "stock_{after}",
+            LockOptions::new().wait(Duration::from_secs(10)),
+        )
+        .await
+        .expect("a lock after the switch-over");
+    let new = current_master(&sent);
+    assert_ne!(new.port(), old_port);
+    assert!(new.exists("lock:stock_{after}"), "not on the new master");
+    // Past the held lock's ttl: renewed on the new master meanwhile.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    assert!(
+        held.is_held(),
+        "the lock held across the switch-over was given up"
+    );
+    assert!(new.exists("lock:stock_{planned}"));
+    fresh.release().await.unwrap();
+    held.release().await.unwrap();
+}

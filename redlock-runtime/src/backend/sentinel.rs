@@ -4,10 +4,9 @@
 //! moves. The Sentinels are asked where the master is at `build`, after a failed request
 //! (a dropped connection, a timeout, `READONLY` from a demoted master), when one of them
 //! announces `+switch-master`, and once a second in case an announcement was missed.
-//! Every Sentinel is asked at once; once a majority has answered, the answer with the
-//! highest configuration epoch wins (a Sentinel cut off during a failover still names
-//! the old master, with the old epoch), and its master must say `ROLE master` before it
-//! is used.
+//! Every Sentinel is asked at once, and the answer with the highest configuration epoch
+//! wins (a Sentinel that has not heard of a failover yet still names the old master,
+//! with the old epoch); its master must say `ROLE master` before it is used.
 //!
 //! When the master moves:
 //! - the subscriptions move with it: every channel with an interest is subscribed on the
@@ -50,6 +49,9 @@ const POLL: Duration = Duration::from_secs(1);
 
 /// The least time between two re-discoveries set off by failed requests.
 const MIN_GAP: Duration = Duration::from_millis(100);
+
+/// How long a discovery waits for the remaining Sentinels once a majority answered.
+const STRAGGLERS: Duration = Duration::from_millis(200);
 
 /// The backend's name in logs and metrics.
 const NAME: &str = "sentinel";
@@ -252,9 +254,13 @@ enum Found {
 }
 
 /// Asks every Sentinel where `name`'s master is (those that did not answer within the
-/// connect timeout count as failed); takes the answer of the highest epoch among the
-/// first majority (or all, if fewer answer) whose node says `ROLE master`. `Same` when
-/// that is `current`.
+/// connect timeout, or [`STRAGGLERS`] after a majority, count as failed); takes the
+/// answer of the highest epoch whose node says `ROLE master`. `Same` when that is
+/// `current`.
+///
+/// Not the first majority's answer: right after a failover only the Sentinel that led
+/// it may know (the others learn within a couple of seconds), while the old master,
+/// not yet demoted, still says `ROLE master` and takes writes.
 #[allow(clippy::too_many_arguments)]
 async fn find_master(
     name: &str,
@@ -267,7 +273,7 @@ async fn find_master(
     generation: u64,
 ) -> Result<Found, LockError> {
     let majority = sentinels.len() / 2 + 1;
-    let deadline = tokio::time::Instant::now() + timeouts.connect;
+    let mut deadline = tokio::time::Instant::now() + timeouts.connect;
     let mut silent: Vec<String> = sentinels
         .iter()
         .map(|s| s.info.addr().to_string())
@@ -299,8 +305,10 @@ async fn find_master(
             }
             Err(e) => problems.push(format!("{sentinel}: {}", chain(&e))),
         }
-        if answers.len() >= majority {
-            break;
+        // A majority has answered: the others get a moment more (one that just
+        // failed over may be among them, the rest not yet told).
+        if answers.len() == majority {
+            deadline = deadline.min(tokio::time::Instant::now() + STRAGGLERS);
         }
     }
     if answers.is_empty() {
