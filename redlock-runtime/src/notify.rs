@@ -128,9 +128,9 @@ pub(crate) struct Channels {
 
 /// The subscriber connections of several nodes, of which `needed` must listen on a
 /// channel for its releases to be heard (Redlock: a release publishes on every node it
-/// reaches, and a successful one reaches a quorum, so it reaches one of any N − quorum
-/// + 1 nodes). A lost connection wakes a head only when its channel falls below that
-/// line.
+/// reaches, and a successful one reaches a quorum, so it reaches one of any
+/// N − quorum + 1 nodes). A lost connection wakes a head only when its channel falls
+/// below that line.
 #[derive(Debug)]
 pub(crate) struct Hearing {
     members: Vec<Weak<Channels>>,
