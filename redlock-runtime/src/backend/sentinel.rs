@@ -32,7 +32,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, ConnectionAddr, ConnectionInfo, ErrorKind};
-use tokio::sync::{oneshot, Mutex};
+use tokio::sync::{oneshot, watch, Mutex};
 
 use super::{
     Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, SingleBackend, Store, Timeouts, Together,
@@ -71,6 +71,9 @@ struct Inner {
     /// The interests in wake-up channels, kept across masters.
     channels: Arc<Channels>,
     current: RwLock<Arc<Master>>,
+    /// The generation of `current`, announced when the master moves (requests in flight
+    /// on the old one are given up).
+    moved: watch::Sender<u64>,
     /// Serialises re-discoveries.
     rediscovering: Mutex<()>,
     /// A re-discovery set off by a failed request is under way (or just ended).
@@ -152,6 +155,7 @@ impl SentinelBackend {
                 backend,
                 generation: 0,
             })),
+            moved: watch::Sender::new(0),
             rediscovering: Mutex::new(()),
             suspecting: AtomicBool::new(false),
             _stop: stop,
@@ -215,6 +219,7 @@ impl Inner {
             generation,
         });
         *self.current.write().unwrap_or_else(PoisonError::into_inner) = master.clone();
+        self.moved.send_replace(generation);
         let channels = self.channels.move_to(generation);
         self.wake.wake_all();
         for key in channels {
@@ -495,24 +500,35 @@ async fn announcements(
 }
 
 /// Runs `$call` with `$b` bound to the current master's backend; when the master moved
-/// while it ran, runs it again on the new one, whose answer is the answer. A failed
-/// request sets off a re-discovery.
+/// while it ran, runs it again on the new one, whose answer is the answer. The call on
+/// the old master is given up as soon as the master moves (its answer would not count,
+/// and on a frozen or dead master it lasts until its timeout or its reconnects fail). A
+/// failed request sets off a re-discovery.
 macro_rules! on_master {
     ($self:ident, $b:ident => $call:expr) => {{
         let master = $self.current();
-        let answer = {
+        let mut moved = $self.inner.moved.subscribe();
+        let first = async {
             let $b = &master.backend;
             $call
         };
+        let answer = tokio::select! {
+            biased;
+            answer = first => Some(answer),
+            _ = moved.wait_for(|g| *g != master.generation) => None,
+        };
         let now = $self.current();
-        if now.generation == master.generation {
-            $self.inner.suspect(&answer, master.generation);
-            answer
-        } else {
-            let $b = &now.backend;
-            let answer = $call;
-            $self.inner.suspect(&answer, now.generation);
-            answer
+        match answer {
+            Some(answer) if now.generation == master.generation => {
+                $self.inner.suspect(&answer, master.generation);
+                answer
+            }
+            _ => {
+                let $b = &now.backend;
+                let answer = $call;
+                $self.inner.suspect(&answer, now.generation);
+                answer
+            }
         }
     }};
 }
