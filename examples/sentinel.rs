@@ -38,7 +38,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     };
 
-    let locks = match LockManager::builder().sentinel(&master, &sentinels).build().await {
+    let locks = match LockManager::builder()
+        .sentinel(&master, &sentinels)
+        .build()
+        .await
+    {
         Ok(locks) => locks,
         Err(e) => {
             eprintln!("cannot find master {master:?} through {sentinels:?}: {e}");
@@ -59,7 +63,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("killed the master (kill -9); the Sentinels promote the replica");
     // The same manager: granted once it has followed the failover.
     let other = locks
-        .lock_with("report_{8}", LockOptions::new().wait(Duration::from_secs(30)))
+        .lock_with(
+            "report_{8}",
+            LockOptions::new().wait(Duration::from_secs(30)),
+        )
         .await?;
     println!(
         "{} granted on the new master {} ms after the kill",

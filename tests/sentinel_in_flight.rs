@@ -34,6 +34,7 @@ async fn a_request_in_flight_on_a_frozen_master_is_given_up_when_the_master_move
         .await
         .expect("granted on the new master");
     let granted = paused.elapsed();
+    println!("granted {granted:?} after the master froze");
     let (_, promoted) = sent.current_master_addr();
     assert_ne!(promoted, frozen);
     assert!(
