@@ -4,10 +4,9 @@
 //! moves. The Sentinels are asked where the master is at `build`, after a failed request
 //! (a dropped connection, a timeout, `READONLY` from a demoted master), when one of them
 //! announces `+switch-master`, and once a second in case an announcement was missed.
-//! Every Sentinel is asked at once; once a majority has answered, the answer with the
-//! highest configuration epoch wins (a Sentinel cut off during a failover still names
-//! the old master, with the old epoch), and its master must say `ROLE master` before it
-//! is used.
+//! Every Sentinel is asked at once, and the answer with the highest configuration epoch
+//! wins (a Sentinel that has not heard of a failover yet still names the old master,
+//! with the old epoch); its master must say `ROLE master` before it is used.
 //!
 //! When the master moves:
 //! - the subscriptions move with it: every channel with an interest is subscribed on the
@@ -50,6 +49,9 @@ const POLL: Duration = Duration::from_secs(1);
 
 /// The least time between two re-discoveries set off by failed requests.
 const MIN_GAP: Duration = Duration::from_millis(100);
+
+/// How long a discovery waits for the remaining Sentinels once a majority answered.
+const STRAGGLERS: Duration = Duration::from_millis(200);
 
 /// The backend's name in logs and metrics.
 const NAME: &str = "sentinel";
@@ -131,14 +133,10 @@ impl SentinelBackend {
             })
             .collect();
         let channels = Arc::new(Channels::default());
-        let first = tokio::time::timeout(
-            timeouts.connect,
-            find_master(
-                &master, &sentinels, &node, timeouts, &wake, &channels, None, 0,
-            ),
+        let first = find_master(
+            &master, &sentinels, &node, timeouts, &wake, &channels, None, 0,
         )
-        .await
-        .map_err(|_| LockError::timed_out("sentinel discovery", timeouts.connect))??;
+        .await?;
         let Found::New(backend) = first else {
             unreachable!("a first discovery has nothing to compare with");
         };
@@ -152,7 +150,7 @@ impl SentinelBackend {
             wake,
             channels,
             current: RwLock::new(Arc::new(Master {
-                backend,
+                backend: *backend,
                 generation: 0,
             })),
             moved: watch::Sender::new(0),
@@ -194,7 +192,7 @@ impl Inner {
         .await;
         match found {
             Ok(Found::Same) => {}
-            Ok(Found::New(backend)) => self.move_to(backend, &current, why),
+            Ok(Found::New(backend)) => self.move_to(*backend, &current, why),
             Err(e) => tracing::debug!(
                 master = self.master,
                 why,
@@ -257,12 +255,17 @@ enum Found {
     /// The master in use is still the one.
     Same,
     /// Another master, connected (as connection `generation` of the channels).
-    New(SingleBackend),
+    New(Box<SingleBackend>),
 }
 
-/// Asks every Sentinel where `name`'s master is; takes the answer of the highest epoch
-/// among the first majority (or all, if fewer answer) whose node says `ROLE master`.
-/// `Same` when that is `current`.
+/// Asks every Sentinel where `name`'s master is (those that did not answer within the
+/// connect timeout, or [`STRAGGLERS`] after a majority, count as failed); takes the
+/// answer of the highest epoch whose node says `ROLE master`. `Same` when that is
+/// `current`.
+///
+/// Not the first majority's answer: right after a failover only the Sentinel that led
+/// it may know (the others learn within a couple of seconds), while the old master,
+/// not yet demoted, still says `ROLE master` and takes writes.
 #[allow(clippy::too_many_arguments)]
 async fn find_master(
     name: &str,
@@ -275,6 +278,11 @@ async fn find_master(
     generation: u64,
 ) -> Result<Found, LockError> {
     let majority = sentinels.len() / 2 + 1;
+    let mut deadline = tokio::time::Instant::now() + timeouts.connect;
+    let mut silent: Vec<String> = sentinels
+        .iter()
+        .map(|s| s.info.addr().to_string())
+        .collect();
     let mut asks: futures_util::stream::FuturesUnordered<_> = sentinels
         .iter()
         .map(|s| async move { (s.info.addr().to_string(), s.ask(name, timeouts).await) })
@@ -282,7 +290,18 @@ async fn find_master(
     let mut answers: Vec<Answer> = Vec::new();
     let mut problems: Vec<String> = Vec::new();
     let mut unknown = 0;
-    while let Some((sentinel, asked)) = asks.next().await {
+    loop {
+        let Ok(Some((sentinel, asked))) = tokio::time::timeout_at(deadline, asks.next()).await
+        else {
+            let late = timeouts.connect;
+            problems.extend(
+                silent
+                    .drain(..)
+                    .map(|s| format!("{s}: no answer within {late:?}")),
+            );
+            break;
+        };
+        silent.retain(|s| *s != sentinel);
         match asked {
             Ok(Some(answer)) => answers.push(answer),
             Ok(None) => {
@@ -291,8 +310,10 @@ async fn find_master(
             }
             Err(e) => problems.push(format!("{sentinel}: {}", chain(&e))),
         }
-        if answers.len() >= majority {
-            break;
+        // A majority has answered: the others get a moment more (one that just
+        // failed over may be among them, the rest not yet told).
+        if answers.len() == majority {
+            deadline = deadline.min(tokio::time::Instant::now() + STRAGGLERS);
         }
     }
     if answers.is_empty() {
@@ -307,7 +328,7 @@ async fn find_master(
             source: (ErrorKind::Io, "no Sentinel answered", detail).into(),
         });
     }
-    answers.sort_by(|a, b| b.epoch.cmp(&a.epoch));
+    answers.sort_by_key(|a| std::cmp::Reverse(a.epoch));
     answers.dedup_by(|a, b| a.host == b.host && a.port == b.port);
     let mut last_error = None;
     for answer in answers {
@@ -333,7 +354,7 @@ async fn find_master(
             }
         };
         match backend.role().await {
-            Ok(role) if role == "master" => return Ok(Found::New(backend)),
+            Ok(role) if role == "master" => return Ok(Found::New(Box::new(backend))),
             Ok(role) => {
                 last_error = Some(LockError::Backend {
                     operation: "sentinel discovery",
@@ -613,5 +634,181 @@ impl Store for SentinelBackend {
 
     fn interests(&self) -> usize {
         self.current().backend.interests()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use redlock_testkit::{ChaosProxy, Direction, Fault, RedisServer};
+
+    use super::*;
+    use crate::kind::Mode;
+
+    const TIMEOUTS: Timeouts = Timeouts {
+        connect: Duration::from_secs(3),
+        response: Duration::from_secs(2),
+    };
+
+    async fn node(url: &str, channels: &Arc<Channels>, generation: u64) -> SingleBackend {
+        let info = redis::IntoConnectionInfo::into_connection_info(url).unwrap();
+        let listening = (channels.clone(), generation);
+        SingleBackend::connect_listening(info, TIMEOUTS, Wake::default(), NAME, listening)
+            .await
+            .unwrap()
+    }
+
+    /// A backend on the server at `url`, asking no Sentinel: the tests move it by hand
+    /// ([`Inner::move_to`]), as a discovery would.
+    async fn on(url: &str) -> SentinelBackend {
+        let channels = Arc::new(Channels::default());
+        let backend = node(url, &channels, 0).await;
+        let (stop, _) = oneshot::channel();
+        SentinelBackend {
+            inner: Arc::new(Inner {
+                master: "test".to_owned(),
+                sentinels: Vec::new(),
+                node: redis::IntoConnectionInfo::into_connection_info(url).unwrap(),
+                timeouts: TIMEOUTS,
+                wake: Wake::default(),
+                channels,
+                current: RwLock::new(Arc::new(Master {
+                    backend,
+                    generation: 0,
+                })),
+                rediscovering: Mutex::new(()),
+                suspecting: AtomicBool::new(false),
+                _stop: stop,
+            }),
+        }
+    }
+
+    /// Moves `sentinel` to the server at `url`.
+    async fn move_to(sentinel: &SentinelBackend, url: &str) {
+        let old = sentinel.current();
+        let new = node(url, &sentinel.inner.channels, old.generation + 1).await;
+        sentinel.inner.move_to(new, &old, "test");
+    }
+
+    /// `proxy` holds the old master's replies while the master moves.
+    async fn moved_while_answering<T>(
+        sentinel: &SentinelBackend,
+        proxy: &ChaosProxy,
+        new_url: &str,
+        request: impl std::future::Future<Output = T>,
+    ) -> T {
+        proxy.set_direction(Direction::ToClient, Fault::Blackhole);
+        let (answer, ()) = tokio::join!(request, async {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            move_to(sentinel, new_url).await;
+            proxy.heal();
+        });
+        answer
+    }
+
+    /// An extend the old master granted (its copy had our token) while the master moved
+    /// to one without the lock: before, the old master's "extended" was the answer,
+    /// and a lock that no longer existed anywhere that counts was believed held.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_extend_answered_by_the_old_master_after_a_move_does_not_count() {
+        let (old, new) = (RedisServer::start(), RedisServer::start());
+        let proxy = ChaosProxy::start(old.addr()).await.unwrap();
+        let sentinel = on(&proxy.url()).await;
+        let key = LockKey::prefixed("lock:", "moved_{extend}").unwrap();
+        let token = Token::random();
+        let mut con = old.connection().await;
+        let _: () = redis::cmd("SET")
+            .arg(key.full())
+            .arg(token.as_bytes())
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        let lease = LeaseRef {
+            key: &key,
+            token,
+            mode: Mode::Exclusive,
+        };
+        let extended = moved_while_answering(
+            &sentinel,
+            &proxy,
+            &new.url(),
+            sentinel.extend(lease, Duration::from_secs(30)),
+        )
+        .await
+        .unwrap();
+        assert!(old.pttl(key.full()) > 0, "the old master never extended");
+        assert!(!extended, "the old master's answer counted after the move");
+    }
+
+    /// An acquire the old master granted while the master moved to one where another
+    /// holder has the key: the answer is the new master's (held), not the old one's.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_acquire_granted_by_the_old_master_after_a_move_does_not_count() {
+        let (old, new) = (RedisServer::start(), RedisServer::start());
+        let proxy = ChaosProxy::start(old.addr()).await.unwrap();
+        let sentinel = on(&proxy.url()).await;
+        let key = LockKey::prefixed("lock:", "moved_{acquire}").unwrap();
+        let mut con = new.connection().await;
+        let _: () = redis::cmd("SET")
+            .arg(key.full())
+            .arg(Token::random().as_bytes())
+            .arg("PX")
+            .arg(30_000)
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        let claim = Claim {
+            key: &key,
+            token: Token::random(),
+            ttl: Duration::from_secs(30),
+            replicas: None,
+            mode: Mode::Exclusive,
+            intent: None,
+        };
+        let attempt =
+            moved_while_answering(&sentinel, &proxy, &new.url(), sentinel.acquire(&claim))
+                .await
+                .unwrap();
+        assert!(old.exists(key.full()), "the old master never granted");
+        assert!(
+            matches!(attempt, Attempt::Held { .. }),
+            "the old master's grant counted after the move: {attempt:?}"
+        );
+    }
+
+    /// Interests move with the master: a channel subscribed on the old master is
+    /// subscribed on the new one, and a confirmation from the old connection after the
+    /// move does not make it count as heard.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn subscriptions_move_with_the_master() {
+        let (old, new) = (RedisServer::start(), RedisServer::start());
+        let sentinel = on(&old.url()).await;
+        let retired = sentinel.current();
+        sentinel.subscribe("lock:a", true).await.unwrap();
+        assert!(sentinel.listening("lock:a"));
+        move_to(&sentinel, &new.url()).await;
+        assert!(
+            !sentinel.listening("lock:a"),
+            "still heard on the old master"
+        );
+        // A late subscription on the old connection confirms nothing.
+        retired.backend.subscribe("lock:b", true).await.unwrap();
+        assert!(!sentinel.listening("lock:b"));
+        sentinel.subscribe("lock:b", false).await.unwrap();
+        let numsub = |channel: &str| {
+            new.cmd_sync(&["PUBSUB", "NUMSUB", channel])
+                .ok()
+                .and_then(|v| match v {
+                    redis::Value::Array(items) => items.get(1).cloned(),
+                    _ => None,
+                })
+        };
+        let moved =
+            redlock_testkit::wait_until(Duration::from_secs(5), Duration::from_millis(20), || {
+                numsub("lock:a") == Some(redis::Value::Int(1)) && sentinel.listening("lock:a")
+            });
+        assert!(moved, "lock:a was not subscribed on the new master");
+        assert!(sentinel.listening("lock:b"));
+        assert_eq!(numsub("lock:b"), Some(redis::Value::Int(1)));
+        assert_eq!(sentinel.interests(), 2);
     }
 }
