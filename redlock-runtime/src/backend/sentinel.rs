@@ -675,6 +675,7 @@ mod tests {
                     backend,
                     generation: 0,
                 })),
+                moved: watch::Sender::new(0),
                 rediscovering: Mutex::new(()),
                 suspecting: AtomicBool::new(false),
                 _stop: stop,
@@ -722,6 +723,14 @@ mod tests {
             .query_async(&mut con)
             .await
             .unwrap();
+        // Cached, so that the old master runs the extend on its first request (the call
+        // on it is given up when the master moves: a NOSCRIPT reply held by the proxy
+        // would leave its EVAL unsent).
+        let _: String = crate::scripts::EXTEND
+            .load()
+            .query_async(&mut con)
+            .await
+            .unwrap();
         let lease = LeaseRef {
             key: &key,
             token,
@@ -754,6 +763,12 @@ mod tests {
             .arg("PX")
             .arg(30_000)
             .query_async(&mut con)
+            .await
+            .unwrap();
+        // Cached on the old master, as in the extend test above.
+        let _: String = crate::scripts::ACQUIRE
+            .load()
+            .query_async(&mut old.connection().await)
             .await
             .unwrap();
         let claim = Claim {
