@@ -31,7 +31,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, ConnectionAddr, ConnectionInfo, ErrorKind};
-use tokio::sync::{oneshot, Mutex};
+use tokio::sync::{oneshot, watch, Mutex};
 
 use super::{
     Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, SingleBackend, Store, Timeouts, Together,
@@ -73,6 +73,9 @@ struct Inner {
     /// The interests in wake-up channels, kept across masters.
     channels: Arc<Channels>,
     current: RwLock<Arc<Master>>,
+    /// The generation of `current`, announced when the master moves (requests in flight
+    /// on the old one are given up).
+    moved: watch::Sender<u64>,
     /// Serialises re-discoveries.
     rediscovering: Mutex<()>,
     /// A re-discovery set off by a failed request is under way (or just ended).
@@ -150,6 +153,7 @@ impl SentinelBackend {
                 backend: *backend,
                 generation: 0,
             })),
+            moved: watch::Sender::new(0),
             rediscovering: Mutex::new(()),
             suspecting: AtomicBool::new(false),
             _stop: stop,
@@ -213,6 +217,7 @@ impl Inner {
             generation,
         });
         *self.current.write().unwrap_or_else(PoisonError::into_inner) = master.clone();
+        self.moved.send_replace(generation);
         let channels = self.channels.move_to(generation);
         self.wake.wake_all();
         for key in channels {
@@ -516,24 +521,35 @@ async fn announcements(
 }
 
 /// Runs `$call` with `$b` bound to the current master's backend; when the master moved
-/// while it ran, runs it again on the new one, whose answer is the answer. A failed
-/// request sets off a re-discovery.
+/// while it ran, runs it again on the new one, whose answer is the answer. The call on
+/// the old master is given up as soon as the master moves (its answer would not count,
+/// and on a frozen or dead master it lasts until its timeout or its reconnects fail). A
+/// failed request sets off a re-discovery.
 macro_rules! on_master {
     ($self:ident, $b:ident => $call:expr) => {{
         let master = $self.current();
-        let answer = {
+        let mut moved = $self.inner.moved.subscribe();
+        let first = async {
             let $b = &master.backend;
             $call
         };
+        let answer = tokio::select! {
+            biased;
+            answer = first => Some(answer),
+            _ = moved.wait_for(|g| *g != master.generation) => None,
+        };
         let now = $self.current();
-        if now.generation == master.generation {
-            $self.inner.suspect(&answer, master.generation);
-            answer
-        } else {
-            let $b = &now.backend;
-            let answer = $call;
-            $self.inner.suspect(&answer, now.generation);
-            answer
+        match answer {
+            Some(answer) if now.generation == master.generation => {
+                $self.inner.suspect(&answer, master.generation);
+                answer
+            }
+            _ => {
+                let $b = &now.backend;
+                let answer = $call;
+                $self.inner.suspect(&answer, now.generation);
+                answer
+            }
         }
     }};
 }
@@ -659,6 +675,7 @@ mod tests {
                     backend,
                     generation: 0,
                 })),
+                moved: watch::Sender::new(0),
                 rediscovering: Mutex::new(()),
                 suspecting: AtomicBool::new(false),
                 _stop: stop,
@@ -706,6 +723,14 @@ mod tests {
             .query_async(&mut con)
             .await
             .unwrap();
+        // Cached, so that the old master runs the extend on its first request (the call
+        // on it is given up when the master moves: a NOSCRIPT reply held by the proxy
+        // would leave its EVAL unsent).
+        let _: String = crate::scripts::EXTEND
+            .load()
+            .query_async(&mut con)
+            .await
+            .unwrap();
         let lease = LeaseRef {
             key: &key,
             token,
@@ -738,6 +763,12 @@ mod tests {
             .arg("PX")
             .arg(30_000)
             .query_async(&mut con)
+            .await
+            .unwrap();
+        // Cached on the old master, as in the extend test above.
+        let _: String = crate::scripts::ACQUIRE
+            .load()
+            .query_async(&mut old.connection().await)
             .await
             .unwrap();
         let claim = Claim {
