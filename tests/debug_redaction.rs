@@ -63,6 +63,10 @@ fn builder_debug_redacts_the_password_of_every_url_form() {
             &url,
             &format!("{:?}", LockManager::builder().cluster(&list)),
         );
+        assert_clean(
+            &url,
+            &format!("{:?}", LockManager::builder().sentinel("mymaster", &list)),
+        );
         assert_clean(&url, &format!("{:?}", LockManager::builder().redlock(list)));
     }
     // The whole list together, as a Redlock deployment would mix them.

@@ -1,8 +1,8 @@
 //! `redlock`: who holds what, for operators of `redlock-guard` locks on Redis.
 //!
 //! `list [PATTERN]`, `inspect KEY`, `release KEY` (forced, logged, confirmed unless
-//! `--yes`) and `watch KEY`, on one server, a Redis Cluster (`--cluster`) or Redlock
-//! nodes (`--redlock`); a table for people, `--json` for scripts. Exit codes are in
+//! `--yes`) and `watch KEY`, on one server, a Redis Cluster (`--cluster`), Redlock
+//! nodes (`--redlock`) or the master Sentinels name (`--sentinel NAME`); a table for people, `--json` for scripts. Exit codes are in
 //! [`Exit`].
 #![warn(missing_docs, unreachable_pub)]
 #![forbid(unsafe_code)]
@@ -51,7 +51,7 @@ struct Cli {
 #[derive(Debug, Args)]
 struct Global {
     /// Redis URL (`redis://`, `rediss://`, with `user:password@`); repeat it for the
-    /// nodes of `--cluster` or `--redlock`.
+    /// nodes of `--cluster` or `--redlock`, or the Sentinels of `--sentinel`.
     #[arg(
         long,
         global = true,
@@ -60,11 +60,14 @@ struct Global {
     )]
     url: Vec<String>,
     /// The URLs are Redis Cluster nodes (every master is scanned).
-    #[arg(long, global = true, conflicts_with = "redlock")]
+    #[arg(long, global = true, conflicts_with_all = ["redlock", "sentinel"])]
     cluster: bool,
     /// The URLs are independent Redlock masters (a quorum decides).
-    #[arg(long, global = true)]
+    #[arg(long, global = true, conflicts_with = "sentinel")]
     redlock: bool,
+    /// The URLs are Sentinels watching the master of this name (its locks are shown).
+    #[arg(long, global = true, value_name = "MASTER")]
+    sentinel: Option<String>,
     /// The prefix the applications lock under.
     #[arg(long, global = true, default_value = DEFAULT_PREFIX)]
     prefix: String,
@@ -132,17 +135,20 @@ async fn run(cli: Cli) -> Exit {
         url,
         cluster,
         redlock,
+        sentinel,
         prefix,
         json,
     } = cli.global;
-    if url.len() > 1 && !cluster && !redlock {
-        eprintln!("redlock: several --url need --cluster or --redlock");
+    let single = !cluster && !redlock && sentinel.is_none();
+    if url.len() > 1 && single {
+        eprintln!("redlock: several --url need --cluster, --redlock or --sentinel");
         return Exit::Usage;
     }
     let builder = LockManager::builder().prefix(prefix.as_str());
-    let builder = match (cluster, redlock) {
-        (true, _) => builder.cluster(&url),
-        (_, true) => builder.redlock(&url),
+    let builder = match (cluster, redlock, sentinel) {
+        (true, _, _) => builder.cluster(&url),
+        (_, true, _) => builder.redlock(&url),
+        (_, _, Some(master)) => builder.sentinel(master, &url),
         _ => builder.single(url.first().map_or("", String::as_str)),
     };
     let locks = match builder.build().await {
@@ -176,7 +182,7 @@ async fn run(cli: Cli) -> Exit {
             interval,
         } => {
             // One server: its wake-up channel and keyspace events speed the looks up.
-            let notify = (!cluster && !redlock).then(|| url[0].as_str());
+            let notify = single.then(|| url[0].as_str());
             watch::run(&locks, &user_key(&key), duration, interval, json, notify).await
         }
     }

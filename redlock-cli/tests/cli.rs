@@ -324,3 +324,31 @@ async fn cluster_list_covers_every_master_and_release_reaches_the_key() {
         .await
         .expect("the holder saw lost() at its next renewal");
 }
+
+/// Issue 16: with `--sentinel NAME` the URLs are Sentinels, and the locks shown are the
+/// master's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_lists_the_masters_locks() {
+    let set = redlock_testkit::Sentinels::start();
+    let locks = LockManager::builder()
+        .sentinel(set.master_name(), set.sentinel_urls())
+        .build()
+        .await
+        .unwrap();
+    let g = locks.lock("nightly_{1}").await.unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_redlock"));
+    cmd.arg("--sentinel").arg(set.master_name());
+    for url in set.sentinel_urls() {
+        cmd.arg("--url").arg(url);
+    }
+    let out = environment(cmd)
+        .args(["--json", "list"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let all: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(all[0]["key"], "lock:nightly_{1}");
+    assert_eq!(all[0]["fencing_token"], g.fencing_token());
+    g.release().await.unwrap();
+}

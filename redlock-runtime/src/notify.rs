@@ -6,7 +6,8 @@
 //! dispatcher task of our own, so a hand-off waits for one task hop fewer).
 //!
 //! Redlock's nodes' subscribers hear together ([`Hearing`]): a channel is heard while
-//! enough of them listen on it, and a head is woken only when a push changes that.
+//! enough of them listen on it; a lost connection wakes a head only when that makes its
+//! channel unheard, and every resubscription wakes it.
 //!
 //! A `Disconnection` push means messages may have been lost and the subscriptions are
 //! gone until the connection manager has restored them: every channel is marked *lost*
@@ -36,6 +37,9 @@ use crate::LockError;
 pub(crate) struct Subscriber {
     con: ConnectionManager,
     channels: Arc<Channels>,
+    /// Which connection of `channels` this is: a Sentinel deployment replaces the
+    /// connection when the master moves, and a retired one confirms nothing.
+    generation: u64,
     /// Serialises each channel's (un)subscribe commands so the server sees them in
     /// decision order (shared with the tasks that send the `UNSUBSCRIBE`s).
     ops: Arc<ChannelLocks>,
@@ -124,8 +128,9 @@ pub(crate) struct Channels {
 
 /// The subscriber connections of several nodes, of which `needed` must listen on a
 /// channel for its releases to be heard (Redlock: a release publishes on every node it
-/// reaches, and a successful one reaches a quorum, so it reaches one of any N − quorum
-/// + 1 nodes). The push handlers wake a head only when its channel crosses that line.
+/// reaches, and a successful one reaches a quorum, so it reaches one of any
+/// N − quorum + 1 nodes). A lost connection wakes a head only when its channel falls
+/// below that line.
 #[derive(Debug)]
 pub(crate) struct Hearing {
     members: Vec<Weak<Channels>>,
@@ -137,17 +142,19 @@ pub(crate) struct Hearing {
 impl Hearing {
     /// Makes `subscribers` hear together, `needed` of them listening being enough.
     pub(crate) fn join<'a>(subscribers: impl IntoIterator<Item = &'a Subscriber>, needed: usize) {
-        let subscribers: Vec<&Subscriber> = subscribers.into_iter().collect();
+        let channels: Vec<&Arc<Channels>> = subscribers.into_iter().map(|s| &s.channels).collect();
+        Self::join_channels(&channels, needed);
+    }
+
+    /// [`join`](Self::join), given the subscribers' channels.
+    fn join_channels(members: &[&Arc<Channels>], needed: usize) {
         let hearing = Arc::new(Hearing {
-            members: subscribers
-                .iter()
-                .map(|s| Arc::downgrade(&s.channels))
-                .collect(),
+            members: members.iter().map(|c| Arc::downgrade(c)).collect(),
             needed,
             decide: StdMutex::default(),
         });
-        for s in subscribers {
-            let _ = s.channels.hearing.set(hearing.clone());
+        for c in members {
+            let _ = c.hearing.set(hearing.clone());
         }
     }
 
@@ -170,6 +177,9 @@ struct ChannelState {
     /// Counts the connection's disconnections: a `SUBSCRIBE` reply that raced one says
     /// nothing about the new connection.
     epoch: u64,
+    /// The connection that carries the subscriptions now (0 unless replaced, see
+    /// [`Channels::move_to`]).
+    generation: u64,
     interest: HashMap<String, Interest>,
 }
 
@@ -184,6 +194,23 @@ impl Channels {
             .interest
             .get(channel)
             .is_some_and(Interest::is_confirmed)
+    }
+
+    /// Hands the subscriptions over to connection `generation` (a new master): nothing
+    /// confirmed so far counts any more, and a reply or push of an older connection
+    /// confirms nothing. Returns every channel with an interest, each to be subscribed
+    /// on the new connection.
+    pub(crate) fn move_to(&self, generation: u64) -> Vec<String> {
+        let mut state = self.state();
+        state.generation = generation;
+        state.epoch += 1;
+        state.interest.values_mut().for_each(Interest::lose);
+        state.interest.keys().cloned().collect()
+    }
+
+    /// Whether connection `generation` still carries the subscriptions.
+    fn is_current(&self, generation: u64) -> bool {
+        self.state().generation == generation
     }
 }
 
@@ -253,15 +280,18 @@ impl Interest {
 }
 
 impl Subscriber {
-    /// Wraps a RESP3 connection whose pushes go to a [`push_handler`] over `channels`.
+    /// Wraps a RESP3 connection whose pushes go to a [`push_handler`] over `channels`;
+    /// `generation` is the one the handler was made for.
     pub(crate) fn new(
         con: ConnectionManager,
         channels: Arc<Channels>,
+        generation: u64,
         backend: &'static str,
     ) -> Self {
         Self {
             con,
             channels,
+            generation,
             ops: Arc::new(ChannelLocks::default()),
             backend,
         }
@@ -301,14 +331,17 @@ impl Subscriber {
     }
 
     /// Sends `SUBSCRIBE` for an interest [`register`](Self::register)ed in `key`, unless
-    /// the channel was confirmed meanwhile or nobody wants it any more (its last interest
-    /// was dropped while this waited for its turn), and waits for the reply.
+    /// the channel was confirmed meanwhile, nobody wants it any more (its last interest
+    /// was dropped while this waited for its turn) or this connection was retired (the
+    /// caller subscribes on the new one), and waits for the reply.
     pub(crate) async fn send_subscribe(&self, key: &str) -> Result<(), LockError> {
         let _turn = self.ops.lock(key).await;
         let epoch = {
             let state = self.channels.state();
             match state.interest.get(key) {
-                Some(entry) if !entry.is_confirmed() => state.epoch,
+                Some(entry) if !entry.is_confirmed() && state.generation == self.generation => {
+                    state.epoch
+                }
                 _ => return Ok(()),
             }
         };
@@ -363,10 +396,13 @@ impl Subscriber {
 /// The push sender of a subscriber connection: turns each push into wake-ups (through
 /// `wake`) where the connection manager hands it over (it only takes std mutexes and
 /// notifies, so it never blocks the connection), and keeps `channels` up to date.
-/// Reports [`ManagerGone`] once the manager is dropped.
+/// Reports [`ManagerGone`] once the manager is dropped. Once `channels` moved to a newer
+/// connection than `generation` (see [`Channels::move_to`]), only messages still count
+/// (a release heard late wakes a head to retry, which is harmless).
 pub(crate) fn push_handler(
     wake: Wake,
     channels: Arc<Channels>,
+    generation: u64,
     backend: &'static str,
 ) -> impl Fn(PushInfo) -> Result<(), ManagerGone> + Send + Sync + 'static {
     move |push| {
@@ -374,7 +410,9 @@ pub(crate) fn push_handler(
             return Err(ManagerGone);
         }
         let hearing = channels.hearing.get();
+        let retired = || !channels.is_current(generation);
         match push.kind {
+            PushKind::Disconnection | PushKind::Subscribe if retired() => {}
             PushKind::Disconnection => {
                 tracing::debug!(
                     backend,
@@ -417,12 +455,14 @@ pub(crate) fn push_handler(
                     .interest
                     .get_mut(&channel)
                     .is_some_and(Interest::confirm);
-                // With several members, only the confirmation that makes the channel
-                // heard counts: one more listener of a heard channel changes nothing.
-                if unheard && hearing.is_none_or(|h| h.listeners(&channel) == h.needed) {
-                    // Resubscribed: a release since the disconnection went unheard. (A
-                    // first subscription's head is not waiting yet: it attempts once
-                    // its `subscribe` returns, which is after this push.)
+                // Resubscribed: a release published on this node since its connection
+                // went down went unheard here, so the head tries again. Every member's
+                // resubscription wakes it, not only the one that makes the channel heard
+                // again: a connection is known lost only once its push arrives, so the
+                // count of listeners can stay at `needed` while every connection is
+                // down. (A first subscription's head is not waiting yet: it attempts
+                // once its `subscribe` returns, which is after this push.)
+                if unheard {
                     wake.wake(&channel);
                 }
             }
@@ -447,9 +487,67 @@ pub(crate) struct ManagerGone;
 
 #[cfg(test)]
 mod tests {
+    use std::pin::pin;
     use std::time::Duration;
 
     use super::*;
+    use crate::waiters::Waiters;
+
+    fn subscribed(channel: &str) -> PushInfo {
+        PushInfo {
+            kind: PushKind::Subscribe,
+            data: vec![
+                Value::BulkString(channel.as_bytes().to_vec()),
+                Value::Int(1),
+            ],
+        }
+    }
+
+    fn disconnected() -> PushInfo {
+        PushInfo {
+            kind: PushKind::Disconnection,
+            data: Vec::new(),
+        }
+    }
+
+    /// CI run I (a Redlock `subscriber_reconnect_loses_no_wake_up`: 7 of 150 waiters
+    /// slept through their release). Three nodes, two listening needed. Every node's
+    /// subscriber connection is killed at once, but each loss is noticed (and each
+    /// resubscription confirmed) one node after the other: at every moment the state
+    /// counts two or three listeners, so no push crossed the line and nothing woke the
+    /// head, yet a release published while all three connections were down went unheard.
+    #[tokio::test]
+    async fn resubscriptions_noticed_one_node_at_a_time_still_wake_the_head() {
+        let waiters = Arc::new(Waiters::new(8, Box::new(|_| {})));
+        let wake = Wake::new(&waiters);
+        let nodes: Vec<Arc<Channels>> = (0..3).map(|_| Arc::new(Channels::default())).collect();
+        Hearing::join_channels(&nodes.iter().collect::<Vec<_>>(), 2);
+        let handlers: Vec<_> = nodes
+            .iter()
+            .map(|c| push_handler(wake.clone(), c.clone(), 0, "redlock"))
+            .collect();
+        for (node, handler) in nodes.iter().zip(&handlers) {
+            node.state()
+                .interest
+                .entry("k".to_owned())
+                .or_default()
+                .add(true);
+            handler(subscribed("k")).unwrap();
+        }
+        let place = waiters.join("k").unwrap();
+        let mut woken = pin!(place.queue.wake.notified());
+        woken.as_mut().enable();
+        for handler in &handlers {
+            handler(disconnected()).unwrap();
+            handler(subscribed("k")).unwrap();
+        }
+        assert!(
+            tokio::time::timeout(Duration::from_millis(100), woken)
+                .await
+                .is_ok(),
+            "the head slept through the resubscriptions"
+        );
+    }
 
     #[tokio::test]
     async fn channel_locks_order_one_channel_and_let_others_through() {

@@ -146,6 +146,58 @@ impl Sentinels {
         format!("redis://{host}:{port}")
     }
 
+    /// The data server the Sentinels name as master now (to pause it, say).
+    pub fn current_master_mut(&mut self) -> &mut RedisServer {
+        let i = self.current_master_index();
+        &mut self.data[i]
+    }
+
+    /// Kills (SIGKILL + reap) sentinel `i` (0, 1 or 2); the others go on.
+    ///
+    /// # Panics
+    ///
+    /// When `i` is out of range.
+    pub fn kill_sentinel(&mut self, i: usize) {
+        self.sentinels[i].kill9();
+    }
+
+    /// Restarts sentinel `i` (after [`kill_sentinel`](Self::kill_sentinel)) on its port,
+    /// with the configuration it last wrote.
+    ///
+    /// # Panics
+    ///
+    /// When `i` is out of range or the process cannot be started.
+    pub fn restart_sentinel(&mut self, i: usize) {
+        self.sentinels[i].restart();
+    }
+
+    /// Restarts the data server [`kill_master`](Self::kill_master) killed as a replica of
+    /// the current master and waits (up to `timeout`) until the whole set is settled
+    /// again ([`wait_healthy`](Self::wait_healthy)); returns how long that took.
+    ///
+    /// # Panics
+    ///
+    /// When no master was killed, `REPLICAOF` fails, or the set does not settle in time.
+    pub fn restore_killed(&mut self, timeout: Duration) -> Duration {
+        let started = Instant::now();
+        let killed = self
+            .failed_master
+            .take()
+            .expect("redlock-testkit: restore_killed without kill_master");
+        let (_, master) = self.current_master_addr();
+        let i = self
+            .data
+            .iter()
+            .position(|s| s.port() == killed)
+            .expect("the killed server is one of the data servers");
+        self.data[i].restart();
+        if let Err(e) = self.data[i].cmd_sync(&["REPLICAOF", "127.0.0.1", &master.to_string()]) {
+            panic!("redlock-testkit: REPLICAOF failed: {e}");
+        }
+        self.wait_healthy(timeout);
+        started.elapsed()
+    }
+
     /// Kills (SIGKILL + reap) the current master. Follow with
     /// [`wait_failover`](Self::wait_failover).
     pub fn kill_master(&mut self) {

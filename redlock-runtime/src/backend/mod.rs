@@ -9,6 +9,7 @@
 mod cluster;
 mod memory;
 mod redlock;
+mod sentinel;
 mod server;
 mod single;
 
@@ -19,6 +20,7 @@ use std::time::Duration;
 pub(crate) use cluster::{ClusterBackend, ClusterNodes};
 pub(crate) use memory::MemoryBackend;
 pub(crate) use redlock::{RedlockBackend, DEFAULT_NODE_TIMEOUT};
+pub(crate) use sentinel::SentinelBackend;
 pub(crate) use server::Timeouts;
 pub(crate) use single::SingleBackend;
 
@@ -308,6 +310,8 @@ pub(crate) enum Backend {
     Cluster(ClusterBackend),
     /// N independent masters with a quorum.
     Redlock(RedlockBackend),
+    /// The master that Redis Sentinels name, followed through failovers.
+    Sentinel(SentinelBackend),
 }
 
 /// Runs `$e` with `$b` bound to the backend inside `$self`, whichever it is.
@@ -318,6 +322,7 @@ macro_rules! dispatch {
             Backend::Single($b) => $e,
             Backend::Cluster($b) => $e,
             Backend::Redlock($b) => $e,
+            Backend::Sentinel($b) => $e,
         }
     };
 }

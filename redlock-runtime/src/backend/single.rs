@@ -51,6 +51,20 @@ impl SingleBackend {
         wake: Wake,
         backend: &'static str,
     ) -> Result<Self, LockError> {
+        let channels = Arc::new(Channels::default());
+        Self::connect_listening(info, timeouts, wake, backend, (channels, 0)).await
+    }
+
+    /// [`connect`](Self::connect), the subscriber connection keeping its interests in
+    /// `channels` as connection `generation` (a Sentinel deployment's successive masters
+    /// share them).
+    pub(crate) async fn connect_listening(
+        info: ConnectionInfo,
+        timeouts: Timeouts,
+        wake: Wake,
+        backend: &'static str,
+        (channels, generation): (Arc<Channels>, u64),
+    ) -> Result<Self, LockError> {
         let nodelay = info.tcp_settings().clone().set_nodelay(true);
         let info = info.set_tcp_settings(nodelay);
         let resp3 = info
@@ -61,8 +75,7 @@ impl SingleBackend {
         let sub_client =
             Client::open(info.set_redis_settings(resp3)).map_err(LockError::backend("connect"))?;
 
-        let channels = Arc::new(Channels::default());
-        let handler = push_handler(wake, channels.clone(), backend);
+        let handler = push_handler(wake, channels.clone(), generation, backend);
         let connect = async {
             let con = client
                 .get_connection_manager_with_config(timeouts.manager_config())
@@ -82,7 +95,7 @@ impl SingleBackend {
         Ok(Self {
             client,
             con,
-            subscriber: Subscriber::new(sub_con, channels, backend),
+            subscriber: Subscriber::new(sub_con, channels, generation, backend),
             wait_pool: WaitPool::new(),
             timeouts,
             backend,
@@ -121,6 +134,22 @@ impl SingleBackend {
         pattern: &str,
     ) -> Result<Vec<LockKey>, LockError> {
         scan_keys_on(&self.con, prefix, pattern).await
+    }
+
+    /// The server's role (`master`, `slave`), the first element of `ROLE`.
+    pub(crate) async fn role(&self) -> Result<String, LockError> {
+        let reply: Vec<Value> = redis::cmd("ROLE")
+            .query_async(&mut self.con.clone())
+            .await
+            .map_err(LockError::backend("role"))?;
+        match reply.first() {
+            Some(Value::BulkString(role)) => Ok(String::from_utf8_lossy(role).into_owned()),
+            Some(Value::SimpleString(role)) => Ok(role.clone()),
+            _ => Err(LockError::Backend {
+                operation: "role",
+                source: (redis::ErrorKind::Parse, "ROLE reply without a role").into(),
+            }),
+        }
     }
 
     /// The server's `maxmemory-policy`, from `INFO memory`.

@@ -14,8 +14,8 @@ use redis::cluster::ClusterClient;
 use redis::ConnectionInfo;
 
 use crate::backend::{
-    Backend, ClusterBackend, ClusterNodes, MemoryBackend, RedlockBackend, SingleBackend, Timeouts,
-    Wake, DEFAULT_NODE_TIMEOUT,
+    Backend, ClusterBackend, ClusterNodes, MemoryBackend, RedlockBackend, SentinelBackend,
+    SingleBackend, Timeouts, Wake, DEFAULT_NODE_TIMEOUT,
 };
 use crate::error::chain;
 use crate::key::check_prefix;
@@ -34,6 +34,8 @@ enum Target {
     Cluster(Result<Vec<ConnectionInfo>, String>),
     ClusterClient(Box<ClusterClient>),
     Redlock(Result<Vec<ConnectionInfo>, String>),
+    /// A master name and its Sentinels.
+    Sentinel(String, Result<Vec<ConnectionInfo>, String>),
 }
 
 impl fmt::Debug for Target {
@@ -52,12 +54,18 @@ impl fmt::Debug for Target {
             Self::Single(Ok(node)) => f.debug_tuple("Single").field(&Redacted(node)).finish(),
             Self::Cluster(Ok(list)) => nodes(f, "Cluster", list),
             Self::Redlock(Ok(list)) => nodes(f, "Redlock", list),
+            Self::Sentinel(master, Ok(list)) => f
+                .debug_tuple("Sentinel")
+                .field(master)
+                .field(&DebugList(list))
+                .finish(),
             // The client's own `Debug` redacts its password, but not necessarily every
             // TLS secret it holds: show none of it.
             Self::ClusterClient(_) => f.write_str("ClusterClient(..)"),
-            Self::Single(Err(e)) | Self::Cluster(Err(e)) | Self::Redlock(Err(e)) => {
-                f.debug_tuple("Invalid").field(e).finish()
-            }
+            Self::Single(Err(e))
+            | Self::Cluster(Err(e))
+            | Self::Redlock(Err(e))
+            | Self::Sentinel(_, Err(e)) => f.debug_tuple("Invalid").field(e).finish(),
         }
     }
 }
@@ -84,7 +92,9 @@ impl Target {
         match self {
             Self::Memory | Self::ClusterClient(_) => Ok(&[][..]),
             Self::Single(node) => node.as_deref().map(std::slice::from_ref),
-            Self::Cluster(nodes) | Self::Redlock(nodes) => nodes.as_deref(),
+            Self::Cluster(nodes) | Self::Redlock(nodes) | Self::Sentinel(_, nodes) => {
+                nodes.as_deref()
+            }
         }
         .map_err(LockError::invalid_option)
     }
@@ -221,6 +231,36 @@ impl LockManagerBuilder {
         self
     }
 
+    /// A primary with replicas under Redis Sentinel: `master_name` as the Sentinels
+    /// know it, and one or more Sentinels (URLs such as `redis://127.0.0.1:26379`, or
+    /// [`redis::ConnectionInfo`]s; see [`IntoNode`]). `build` asks them for the master;
+    /// the manager then follows it through failovers (re-asking after a failed request,
+    /// on `+switch-master` and every second), re-subscribes its waiters on the new
+    /// master and renews held locks there (a lock whose write was lost in the failover
+    /// is reported lost). The first URL's credentials, database and TLS apply to the
+    /// Sentinels and to the data nodes. See "Sentinel" in the repository's
+    /// `docs/backends.md` for what a failover costs and what `min_replicas` keeps.
+    ///
+    /// ```
+    /// use redlock::LockManager;
+    ///
+    /// let builder = LockManager::builder().sentinel(
+    ///     "mymaster",
+    ///     ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379", "redis://10.0.0.3:26379"],
+    /// );
+    /// ```
+    pub fn sentinel<I>(mut self, master_name: impl Into<String>, sentinels: I) -> Self
+    where
+        I: IntoIterator,
+        I::Item: IntoNode,
+    {
+        self.target = Some(Target::Sentinel(
+            master_name.into(),
+            Target::nodes(sentinels).map_err(|e| e.replace("Redis node", "Sentinel")),
+        ));
+        self
+    }
+
     /// Redlock only: the bound on each node's reply (default 200 ms; for each lock at
     /// most its ttl/10), so a frozen node slows a request by at most this much.
     pub fn redlock_node_timeout(mut self, timeout: Duration) -> Self {
@@ -345,7 +385,7 @@ impl LockManagerBuilder {
             return Err(LockError::invalid_option("timeouts must be positive"));
         }
         let target = self.target.ok_or_else(|| {
-            LockError::invalid_option("no backend chosen: call .single(url), .cluster(urls), .redlock(urls) or .in_memory()")
+            LockError::invalid_option("no backend chosen: call .single(url), .cluster(urls), .redlock(urls), .sentinel(name, urls) or .in_memory()")
         })?;
         let nodes = target.checked()?;
         if nodes.iter().any(is_tls) {
@@ -384,6 +424,15 @@ impl LockManagerBuilder {
                     nodes.map_err(LockError::invalid_option)?,
                     self.timeouts,
                     self.redlock_node_timeout,
+                    Wake::new(&waiters),
+                )
+                .await?,
+            ),
+            Target::Sentinel(master, sentinels) => Backend::Sentinel(
+                SentinelBackend::connect(
+                    master,
+                    sentinels.map_err(LockError::invalid_option)?,
+                    self.timeouts,
                     Wake::new(&waiters),
                 )
                 .await?,
