@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # What crates.io would get, checked before anyone publishes: each published package's file
-# list (licences in, tests/fault suite/scripts/CI out), then `cargo publish --dry-run` for
+# list (licences in; tests, fault suite, scripts, CI and the unpublished redlock-cli out),
+# then `cargo publish --dry-run` for
 # all of them in dependency order (redlock-macros, redlock-runtime, then the facade
 # redlock-guard, which cargo verifies against the first two through a local registry).
 set -euo pipefail
@@ -14,7 +15,7 @@ for pkg in redlock-macros redlock-runtime redlock-guard; do
   for must in LICENSE-MIT LICENSE-APACHE Cargo.toml src/lib.rs; do
     grep -qx "$must" <<<"$list" || fail "$pkg does not ship $must"
   done
-  if grep -E '^(tests|scripts|\.ci|bench|redlock-testkit|redlock-faults|target)/' <<<"$list"; then
+  if grep -E '^(tests|scripts|\.ci|bench|redlock-testkit|redlock-faults|redlock-cli|target)/' <<<"$list"; then
     fail "$pkg ships files that belong to the repository only (above)"
   fi
 done

@@ -6,7 +6,8 @@
 //! (`notify-keyspace-events`). A change between two looks is reported as:
 //! - `granted`: the key is held by a grant not seen before (a new fencing token, or a
 //!   new holder);
-//! - `released`: the grant seen last is gone, while its ttl had time left;
+//! - `released`: the grant seen last is gone, while its ttl had time left (or, for
+//!   readers and permits, fewer hold it);
 //! - `expired`: the grant seen last is gone, and its ttl had run out by now.
 
 use std::time::{Duration, Instant};
@@ -36,8 +37,13 @@ impl Event {
     }
 }
 
-/// The events from what was seen last (`before`, `since` ago) to what is seen now.
-fn events(before: Option<&LockInfo>, since: Duration, now: Option<&LockInfo>) -> Vec<Event> {
+/// The events from what was seen last (`before`, `since` ago) to what is seen now, each
+/// with the lock as it is shown: the grant that ended, or the lock as it is now.
+fn events<'a>(
+    before: Option<&'a LockInfo>,
+    since: Duration,
+    now: Option<&'a LockInfo>,
+) -> Vec<(Event, &'a LockInfo)> {
     let same =
         |a: &LockInfo, b: &LockInfo| a.holder == b.holder && a.fencing_token == b.fencing_token;
     let gone = |a: &LockInfo| match a.ttl {
@@ -46,11 +52,16 @@ fn events(before: Option<&LockInfo>, since: Duration, now: Option<&LockInfo>) ->
     };
     match (before, now) {
         (None, None) => vec![],
-        (None, Some(_)) => vec![Event::Granted],
-        (Some(a), None) => vec![gone(a)],
+        (None, Some(b)) => vec![(Event::Granted, b)],
+        (Some(a), None) => vec![(gone(a), a)],
+        // Readers or permit holders leaving, the latest grant still there.
+        (Some(a), Some(b)) if same(a, b) && b.holders < a.holders => vec![(Event::Released, b)],
         (Some(a), Some(b)) if same(a, b) => vec![],
-        (Some(a), Some(b)) if a.kind == b.kind && a.holders < b.holders => vec![Event::Granted],
-        (Some(a), Some(_)) => vec![gone(a), Event::Granted],
+        // Another reader or permit holder joined.
+        (Some(a), Some(b)) if a.kind == b.kind && a.holders < b.holders => {
+            vec![(Event::Granted, b)]
+        }
+        (Some(a), Some(b)) => vec![(gone(a), a), (Event::Granted, b)],
     }
 }
 
@@ -130,14 +141,8 @@ pub(crate) async fn run(
             Ok(info) => info,
             Err(e) => return failed(&e),
         };
-        for event in events(seen.as_ref(), at.elapsed(), now.as_ref()) {
-            let about = match event {
-                Event::Granted => now.as_ref(),
-                _ => seen.as_ref(),
-            };
-            if let Some(info) = about {
-                print(event, info, json);
-            }
+        for (event, info) in events(seen.as_ref(), at.elapsed(), now.as_ref()) {
+            print(event, info, json);
         }
         (seen, at) = (now, Instant::now());
     }

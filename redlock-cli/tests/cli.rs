@@ -239,6 +239,42 @@ async fn watch_reports_grants_releases_and_expiries() {
     assert!(stdout(&out).contains("not held"));
 }
 
+/// `watch` on a read lock: another reader joining is a grant, a reader leaving a
+/// release (the lock still held by the others), the last one leaving a release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_follows_readers_coming_and_going() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let locks = manager(&server).await;
+    let r1 = locks.read("report_{9}").await.unwrap();
+    let mut child = redlock(&url)
+        .args(["--json", "watch", "lock:report_{9}", "--for", "20s"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut next_event = async || -> (String, u64) {
+        let line = tokio::time::timeout(Duration::from_secs(5), lines.next_line())
+            .await
+            .expect("an event within 5 s")
+            .unwrap()
+            .expect("a line");
+        let e: Value = serde_json::from_str(&line).unwrap();
+        (
+            e["event"].as_str().unwrap().to_owned(),
+            e["lock"]["holders"].as_u64().unwrap(),
+        )
+    };
+    assert_eq!(next_event().await, ("granted".to_owned(), 1));
+    let r2 = locks.read("report_{9}").await.unwrap();
+    assert_eq!(next_event().await, ("granted".to_owned(), 2));
+    r2.release().await.unwrap();
+    assert_eq!(next_event().await, ("released".to_owned(), 1));
+    r1.release().await.unwrap();
+    assert_eq!(next_event().await.0, "released");
+    child.kill().await.unwrap();
+}
+
 #[tokio::test]
 async fn bad_input_exits_2_and_unreachable_redis_exits_3() {
     let server = RedisServer::start();
