@@ -8,11 +8,11 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use redis::Value;
-use redlock::{LockError, LockManager, LockOptions};
+use redlock::{LockError, LockGuard, LockManager, LockOptions};
 use redlock_testkit::{ChaosProxy, Fault, RedisServer, Sentinels};
 
 static ONE_SET: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -243,10 +243,11 @@ async fn unreachable_sentinels_are_a_clear_error_within_the_connect_timeout() {
     assert!(took < connect + Duration::from_millis(500), "took {took:?}");
 }
 
-/// Grants seen by a workload: who holds each key now, and each key's last fencing token.
+/// Grants seen by a workload: who holds each key now (the guard, to ask whether its
+/// holder still believes it holds the lock), and each key's last fencing token.
 #[derive(Default)]
 struct Ledger {
-    holders: HashMap<String, usize>,
+    holders: HashMap<String, Weak<LockGuard>>,
     fences: HashMap<String, u64>,
     double_holdings: usize,
     fences_not_increasing: usize,
@@ -284,11 +285,15 @@ impl Workload {
         self.ledger.lock().unwrap().grants
     }
 
-    /// Waits (up to 20 s) for `n` more grants; false if they did not come.
+    /// Waits (up to 20 s) for `n` more grants; false if they did not come. (Off the
+    /// async workers: a worker blocked here would stall the holders queued on it past
+    /// their leases.)
     fn progresses(&self, n: usize) -> bool {
         let from = self.grants();
-        redlock_testkit::wait_until(Duration::from_secs(20), Duration::from_millis(50), || {
-            self.grants() >= from + n
+        tokio::task::block_in_place(|| {
+            redlock_testkit::wait_until(Duration::from_secs(20), Duration::from_millis(50), || {
+                self.grants() >= from + n
+            })
         })
     }
 
@@ -334,10 +339,18 @@ async fn run(
                 continue;
             }
         };
+        let guard = Arc::new(guard);
         {
             let mut l = ledger.lock().unwrap();
             l.grants += 1;
-            if l.holders.insert(key.clone(), me).is_some() {
+            // Two holders at once: the previous one still believes it holds the key.
+            // (One stalled past its lease is told so, `is_held()` false: only fencing can
+            // stop it, and the fencing check below covers that.)
+            let previous = l.holders.insert(key.clone(), Arc::downgrade(&guard));
+            if previous
+                .and_then(|p| p.upgrade())
+                .is_some_and(|p| p.is_held())
+            {
                 l.double_holdings += 1;
             }
             let last = l.fences.insert(key.clone(), guard.fencing_token());
@@ -346,7 +359,16 @@ async fn run(
             }
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
-        ledger.lock().unwrap().holders.remove(&key);
+        {
+            let mut l = ledger.lock().unwrap();
+            if l.holders
+                .get(&key)
+                .is_some_and(|h| h.ptr_eq(&Arc::downgrade(&guard)))
+            {
+                l.holders.remove(&key);
+            }
+        }
+        let guard = Arc::into_inner(guard).expect("the ledger keeps no strong reference");
         if let Err(e) = guard.release().await {
             *errors.entry(e.kind()).or_default() += 1;
         }
