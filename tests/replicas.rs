@@ -23,20 +23,26 @@ fn linked(primary: &RedisServer, replica: &RedisServer) -> bool {
     })
 }
 
-fn exists(server: &RedisServer, key: &str) -> bool {
-    server.cmd_sync(&["EXISTS", key]).ok() == Some(redis::Value::Int(1))
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn min_replicas_with_a_live_and_a_stopped_replica() {
+/// A primary and a replica streaming from it.
+fn attached() -> (RedisServer, RedisServer) {
     let primary = RedisServer::start();
-    let mut replica = RedisServer::builder().replica_of(primary.port()).start();
+    let replica = RedisServer::builder().replica_of(primary.port()).start();
     assert!(
         wait_until(Duration::from_secs(10), Duration::from_millis(20), || {
             linked(&primary, &replica)
         }),
         "replica attached"
     );
+    (primary, replica)
+}
+
+fn exists(server: &RedisServer, key: &str) -> bool {
+    server.cmd_sync(&["EXISTS", key]).ok() == Some(redis::Value::Int(1))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_replicas_with_a_live_and_a_stopped_replica() {
+    let (primary, mut replica) = attached();
     let locks = LockManager::connect(&primary.url()).await.unwrap();
     let opts = |n| {
         LockOptions::new()
@@ -132,14 +138,7 @@ async fn min_replicas_with_a_live_and_a_stopped_replica() {
 /// about 1 s, not at 1, 2, 3 and 4 s; meanwhile plain locks are not held up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn min_replicas_acquisitions_do_not_queue() {
-    let primary = RedisServer::start();
-    let mut replica = RedisServer::builder().replica_of(primary.port()).start();
-    assert!(
-        wait_until(Duration::from_secs(10), Duration::from_millis(20), || {
-            linked(&primary, &replica)
-        }),
-        "replica attached"
-    );
+    let (primary, mut replica) = attached();
     let locks = LockManager::connect(&primary.url()).await.unwrap();
     // ttl 10 s: the WAIT timeout is min(ttl/10, 1 s) = 1 s.
     let wait_timeout = Duration::from_secs(1);
@@ -298,14 +297,7 @@ async fn min_replicas_attempt_cut_short_by_a_frozen_server_leaves_no_key() {
 /// (Readers and permits refuse `min_replicas` outright: `InvalidOption`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn min_replicas_holds_for_a_writer_that_waited() {
-    let primary = RedisServer::start();
-    let mut replica = RedisServer::builder().replica_of(primary.port()).start();
-    assert!(
-        wait_until(Duration::from_secs(10), Duration::from_millis(20), || {
-            linked(&primary, &replica)
-        }),
-        "replica attached"
-    );
+    let (primary, mut replica) = attached();
     let locks = LockManager::connect(&primary.url()).await.unwrap();
     let opts = || {
         LockOptions::new()
