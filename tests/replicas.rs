@@ -23,20 +23,26 @@ fn linked(primary: &RedisServer, replica: &RedisServer) -> bool {
     })
 }
 
-fn exists(server: &RedisServer, key: &str) -> bool {
-    server.cmd_sync(&["EXISTS", key]).ok() == Some(redis::Value::Int(1))
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn min_replicas_with_a_live_and_a_stopped_replica() {
+/// A primary and a replica streaming from it.
+fn attached() -> (RedisServer, RedisServer) {
     let primary = RedisServer::start();
-    let mut replica = RedisServer::builder().replica_of(primary.port()).start();
+    let replica = RedisServer::builder().replica_of(primary.port()).start();
     assert!(
         wait_until(Duration::from_secs(10), Duration::from_millis(20), || {
             linked(&primary, &replica)
         }),
         "replica attached"
     );
+    (primary, replica)
+}
+
+fn exists(server: &RedisServer, key: &str) -> bool {
+    server.cmd_sync(&["EXISTS", key]).ok() == Some(redis::Value::Int(1))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_replicas_with_a_live_and_a_stopped_replica() {
+    let (primary, mut replica) = attached();
     let locks = LockManager::connect(&primary.url()).await.unwrap();
     let opts = |n| {
         LockOptions::new()
@@ -132,14 +138,7 @@ async fn min_replicas_with_a_live_and_a_stopped_replica() {
 /// about 1 s, not at 1, 2, 3 and 4 s; meanwhile plain locks are not held up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn min_replicas_acquisitions_do_not_queue() {
-    let primary = RedisServer::start();
-    let mut replica = RedisServer::builder().replica_of(primary.port()).start();
-    assert!(
-        wait_until(Duration::from_secs(10), Duration::from_millis(20), || {
-            linked(&primary, &replica)
-        }),
-        "replica attached"
-    );
+    let (primary, mut replica) = attached();
     let locks = LockManager::connect(&primary.url()).await.unwrap();
     // ttl 10 s: the WAIT timeout is min(ttl/10, 1 s) = 1 s.
     let wait_timeout = Duration::from_secs(1);
@@ -288,4 +287,48 @@ async fn min_replicas_attempt_cut_short_by_a_frozen_server_leaves_no_key() {
             "round {round}: the cut-short acquire left {full} held by nobody ({err})"
         );
     }
+}
+
+/// Sentinel nemesis (seed 1795402597398875039): fencing token 290 granted twice, 2.4 s
+/// apart, across a failover, with `min_replicas(1)`. A writer that had to wait sends its
+/// later attempts with its writer's intent, through the script path, which skipped the
+/// `WAIT`: granted on the primary alone, and lost with it in the failover. With the
+/// replica stopped it must fail with `ReplicasUnavailable` and leave nothing behind.
+/// (Readers and permits refuse `min_replicas` outright: `InvalidOption`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_replicas_holds_for_a_writer_that_waited() {
+    let (primary, mut replica) = attached();
+    let locks = LockManager::connect(&primary.url()).await.unwrap();
+    let opts = || {
+        LockOptions::new()
+            .ttl(Duration::from_secs(2))
+            .min_replicas(1)
+    };
+    replica.pause();
+    let holder = locks.lock("intent_{1}").await.unwrap();
+    let waiting = {
+        let locks = locks.clone();
+        tokio::spawn(async move {
+            locks
+                .lock_with("intent_{1}", opts().wait(Duration::from_secs(5)))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    holder.release().await.unwrap();
+    let err = waiting.await.unwrap().map(drop).unwrap_err();
+    assert!(
+        matches!(err, LockError::ReplicasUnavailable { acked: 0, .. }),
+        "a writer that waited was granted without a replica: {err}"
+    );
+    replica.resume();
+    assert!(
+        !exists(&primary, "lock:intent_{1}"),
+        "the lock was left behind"
+    );
+    let read = locks.read_with("report_{1}", opts()).await.map(drop);
+    assert!(
+        matches!(read, Err(LockError::InvalidOption { .. })),
+        "{read:?}"
+    );
 }

@@ -7,7 +7,8 @@
 //!
 //! Redlock's nodes' subscribers hear together ([`Hearing`]): a channel is heard while
 //! enough of them listen on it; a lost connection wakes a head only when that makes its
-//! channel unheard, and every resubscription wakes it.
+//! channel unheard, a first confirmation only when it makes it heard, and every
+//! resubscription wakes it.
 //!
 //! A `Disconnection` push means messages may have been lost and the subscriptions are
 //! gone until the connection manager has restored them: every channel is marked *lost*
@@ -450,19 +451,26 @@ pub(crate) fn push_handler(
                     return Ok(());
                 };
                 let _decide = hearing.map(|h| h.decide());
-                let unheard = channels
-                    .state()
-                    .interest
-                    .get_mut(&channel)
-                    .is_some_and(Interest::confirm);
-                // Resubscribed: a release published on this node since its connection
-                // went down went unheard here, so the head tries again. Every member's
-                // resubscription wakes it, not only the one that makes the channel heard
-                // again: a connection is known lost only once its push arrives, so the
-                // count of listeners can stay at `needed` while every connection is
-                // down. (A first subscription's head is not waiting yet: it attempts
-                // once its `subscribe` returns, which is after this push.)
-                if unheard {
+                let (unheard, resubscribed) =
+                    channels
+                        .state()
+                        .interest
+                        .get_mut(&channel)
+                        .map_or((false, false), |i| {
+                            let lost = i.is_lost();
+                            (i.confirm(), lost)
+                        });
+                // Resubscribed after a lost connection: a release published on this node
+                // meanwhile went unheard here, so the head tries again. With several
+                // members, every member's resubscription wakes it, not only the one that
+                // makes the channel heard again: a connection is known lost only once its
+                // push arrives, so the count of listeners can stay at `needed` while every
+                // connection is down. A first subscription's confirmation wakes only when
+                // it makes the channel heard (a late member's costs no attempt). (A first
+                // subscription's head is not waiting yet: it attempts once its
+                // `subscribe` returns, which is after this push.)
+                let heard_now = || hearing.is_none_or(|h| h.listeners(&channel) == h.needed);
+                if unheard && (resubscribed || heard_now()) {
                     wake.wake(&channel);
                 }
             }

@@ -54,11 +54,11 @@ use redis::{ConnectionInfo, FromRedisValue, ProtocolVersion, PushInfo, PushKind,
 use tokio::sync::mpsc;
 
 use super::server::{
-    acquire_all_call, acquire_args, acquire_by_call, by_script_call, chunk_outcomes,
-    decode_acquire, decode_acquire_all, decode_scan, extend_shared_call, inspect_all, inspect_on,
-    parse_eviction_policy, release_call, renew_call, scan_cmd, scan_glob, scan_unfinished,
-    script_loads, ttl_ms, ScriptCall, Timeouts, WaitAttempt, WaitPool, MAX_REPLICA_WAIT,
-    MAX_SCAN_STEPS,
+    acquire_all_call, acquire_args, acquire_by_call, acquire_call, by_script_call,
+    chunk_outcomes, decode_acquire, decode_acquire_all, decode_scan, extend_shared_call,
+    inspect_all, inspect_on, parse_eviction_policy, release_call, renew_call, scan_cmd,
+    scan_glob, scan_unfinished, script_loads, ttl_ms, ScriptCall, Timeouts, WaitAttempt,
+    WaitPool, MAX_REPLICA_WAIT, MAX_SCAN_STEPS,
 };
 use super::{Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Store, Together, Wake};
 use crate::error::chain;
@@ -394,18 +394,20 @@ impl Store for ClusterBackend {
             replicas,
             ..
         } = *claim;
-        if by_script_call(claim) {
-            return acquire_by_call(&self.con, claim).await;
-        }
-        let keys = [key.full(), key.fence()];
-        let args = acquire_args(&token, ttl);
         let Some(rw) = replicas else {
+            if by_script_call(claim) {
+                return acquire_by_call(&self.con, claim).await;
+            }
+            let keys = [key.full(), key.fence()];
+            let args = acquire_args(&token, ttl);
             let reply: Value = ACQUIRE
                 .invoke(&self.con, &keys, args)
                 .await
                 .map_err(LockError::backend("acquire"))?;
             return decode_acquire(reply, None);
         };
+        // Every kind `WAIT`s for its replicas.
+        let call = acquire_call(claim);
         // WAIT blocks the node connection it runs on: a cluster connection of its own
         // (it reconnects by itself), and the pipeline explicitly routed to the key's
         // master (never a bare WAIT).
@@ -419,15 +421,14 @@ impl Store for ClusterBackend {
             }
         };
         let mut pipe = redis::pipe();
-        pipe.add_command(ACQUIRE.load())
-            .add_command(ACQUIRE.evalsha(&keys, args))
+        pipe.add_command(call.load())
+            .add_command(call.evalsha())
             .cmd("WAIT")
             .arg(rw.replicas)
             .arg(ttl_ms(rw.timeout));
         // Until its reply is read, the attempt is undone on this same connection (the
         // same node connection: routed by the key) if it ends: see [`WaitAttempt`].
-        let mut attempt =
-            WaitAttempt::new(con, self.con.clone(), key, token, ("SPUBLISH", "cluster"));
+        let mut attempt = WaitAttempt::new(con, self.con.clone(), claim, ("SPUBLISH", "cluster"));
         let replies = attempt
             .con()
             .route_pipeline(pipe, 0, 3, master_of(key.full()))

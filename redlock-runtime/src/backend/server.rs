@@ -433,9 +433,11 @@ where
 {
     con: Option<C>,
     fallback: F,
-    key: LockKey,
-    token: Token,
-    publish: &'static str,
+    /// The claim's release, as a self-contained `EVAL` (never answered `NOSCRIPT`,
+    /// applied whenever it is delivered).
+    undo: Cmd,
+    /// The claim's key, for logs.
+    key: String,
     backend: &'static str,
 }
 
@@ -444,22 +446,25 @@ where
     C: ConnectionLike + Clone + Send + 'static,
     F: ConnectionLike + Clone + Send + 'static,
 {
-    /// Arms the undo of `token`'s acquire about to be sent on `con`; `publish` is the
-    /// release's wake-up command (`PUBLISH` or `SPUBLISH`); `backend` names the backend
-    /// in logs.
+    /// Arms the undo of `claim`'s acquire about to be sent on `con` (its release, of
+    /// whichever kind); `publish` is the release's wake-up command (`PUBLISH` or
+    /// `SPUBLISH`); `backend` names the backend in logs.
     pub(crate) fn new(
         con: C,
         fallback: F,
-        key: &LockKey,
-        token: Token,
+        claim: &Claim<'_>,
         (publish, backend): (&'static str, &'static str),
     ) -> Self {
+        let lease = LeaseRef {
+            key: claim.key,
+            token: claim.token,
+            mode: claim.mode,
+        };
         Self {
             con: Some(con),
             fallback,
-            key: key.clone(),
-            token,
-            publish,
+            undo: release_call(lease, Duration::ZERO, publish).eval(),
+            key: claim.key.full().to_owned(),
             backend,
         }
     }
@@ -494,15 +499,12 @@ where
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let (mut fallback, key, token, publish, backend) = (
+        let (mut fallback, key, release, backend) = (
             self.fallback.clone(),
-            self.key.clone(),
-            self.token,
-            self.publish,
+            std::mem::take(&mut self.key),
+            self.undo.clone(),
             self.backend,
         );
-        // Self-contained EVAL: no NOSCRIPT, applied whenever it is delivered.
-        let release = RELEASE.eval(&[key.full()], (token.as_bytes(), publish));
         runtime.spawn(async move {
             let mut outcome = release.query_async::<i64>(&mut con).await;
             drop(con);
@@ -511,7 +513,7 @@ where
                     return;
                 };
                 tracing::debug!(
-                    key = key.full(),
+                    key,
                     backend,
                     error = %chain(e),
                     "undo of a WAIT acquire failed"
@@ -521,7 +523,7 @@ where
             }
             if outcome.is_err() {
                 tracing::debug!(
-                    key = key.full(),
+                    key,
                     backend,
                     "undo of a WAIT acquire failed; the ttl will free the lock"
                 );
@@ -567,6 +569,11 @@ impl ScriptCall {
     /// The call as a self-contained `EVAL` (never answered `NOSCRIPT`).
     pub(crate) fn eval(&self) -> Cmd {
         self.script.eval(&self.keys, &self.args)
+    }
+
+    /// `SCRIPT LOAD` of the call's script, to lead a pipeline of its `EVALSHA`.
+    pub(crate) fn load(&self) -> Cmd {
+        self.script.load()
     }
 }
 

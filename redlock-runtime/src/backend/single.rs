@@ -12,10 +12,11 @@ use redis::aio::{ConnectionManager, MultiplexedConnection};
 use redis::{AsyncConnectionConfig, Client, ConnectionInfo, ProtocolVersion, Value};
 
 use super::server::{
-    acquire_all_call, acquire_args, acquire_by_call, by_script_call, chunk_outcomes,
-    decode_acquire, decode_acquire_all, extend_shared_call, in_batch_order, inspect_on, is_dropped,
-    list_on, parse_eviction_policy, reconnecting, release_call, renew_calls, renew_groups,
-    scan_keys_on, script_loads, ttl_ms, Timeouts, WaitAttempt, WaitPool, MAX_REPLICA_WAIT,
+    acquire_all_call, acquire_args, acquire_by_call, acquire_call, by_script_call,
+    chunk_outcomes, decode_acquire, decode_acquire_all, extend_shared_call, in_batch_order,
+    inspect_on, is_dropped, list_on, parse_eviction_policy, reconnecting, release_call,
+    renew_calls, renew_groups, scan_keys_on, script_loads, ttl_ms, Timeouts, WaitAttempt,
+    WaitPool, MAX_REPLICA_WAIT,
 };
 use super::{
     Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, ReplicaWait, Store, Together, Wake,
@@ -162,25 +163,22 @@ impl SingleBackend {
         parse_eviction_policy(&info)
     }
 
-    /// An acquisition followed by `WAIT` for `rw.replicas` acknowledgements.
+    /// An acquisition (of any kind) followed by `WAIT` for `rw.replicas`
+    /// acknowledgements.
     async fn acquire_and_wait(
         &self,
         claim: &Claim<'_>,
         rw: ReplicaWait,
     ) -> Result<Attempt, LockError> {
-        let Claim {
-            key, token, ttl, ..
-        } = *claim;
-        let keys = [key.full(), key.fence()];
-        let args = acquire_args(&token, ttl);
+        let call = acquire_call(claim);
         // WAIT counts the writes of its own connection and blocks it meanwhile: a
         // connection of its own. A pooled one found broken (the server restarted) is
         // dropped with the other idle ones, broken too, and the request retried once on
         // a fresh connection (the script is idempotent per token).
         let mut pipe = redis::pipe();
-        pipe.add_command(ACQUIRE.load())
+        pipe.add_command(call.load())
             .ignore()
-            .add_command(ACQUIRE.evalsha(&keys, args))
+            .add_command(call.evalsha())
             .cmd("WAIT")
             .arg(rw.replicas)
             .arg(ttl_ms(rw.timeout));
@@ -193,8 +191,7 @@ impl SingleBackend {
             Some(con) => con,
             None => self.wait_connection().await?,
         };
-        let mut attempt =
-            WaitAttempt::new(con, self.con.clone(), key, token, ("PUBLISH", self.backend));
+        let mut attempt = WaitAttempt::new(con, self.con.clone(), claim, ("PUBLISH", self.backend));
         let mut reply = pipe.query_async::<(Value, u32)>(attempt.con()).await;
         if was_pooled && reply.as_ref().is_err_and(is_dropped) {
             self.wait_pool.clear();
@@ -225,19 +222,20 @@ impl Store for SingleBackend {
             replicas,
             ..
         } = *claim;
+        // Every kind `WAIT`s for its replicas (boxed: the uncontended path below does
+        // not carry, and move, these futures' state).
+        if let Some(rw) = replicas {
+            return Box::pin(self.acquire_and_wait(claim, rw)).await;
+        }
         if by_script_call(claim) {
             return Box::pin(acquire_by_call(&self.con, claim)).await;
         }
         let keys = [key.full(), key.fence()];
         let args = acquire_args(&token, ttl);
-        let Some(rw) = replicas else {
-            let reply: Value = reconnecting(|| ACQUIRE.invoke(&self.con, &keys, args))
-                .await
-                .map_err(LockError::backend("acquire"))?;
-            return decode_acquire(reply, None);
-        };
-        // Boxed: the uncontended path above does not carry (and move) this future's state.
-        Box::pin(self.acquire_and_wait(claim, rw)).await
+        let reply: Value = reconnecting(|| ACQUIRE.invoke(&self.con, &keys, args))
+            .await
+            .map_err(LockError::backend("acquire"))?;
+        decode_acquire(reply, None)
     }
 
     async fn acquire_together(
