@@ -54,11 +54,11 @@ use redis::{ConnectionInfo, FromRedisValue, ProtocolVersion, PushInfo, PushKind,
 use tokio::sync::mpsc;
 
 use super::server::{
-    acquire_all_call, acquire_args, acquire_by_call, acquire_call, by_script_call,
-    chunk_outcomes, decode_acquire, decode_acquire_all, decode_scan, extend_shared_call,
-    inspect_all, inspect_on, parse_eviction_policy, release_call, renew_call, scan_cmd,
-    scan_glob, scan_unfinished, script_loads, ttl_ms, ScriptCall, Timeouts, WaitAttempt,
-    WaitPool, MAX_REPLICA_WAIT, MAX_SCAN_STEPS,
+    acquire_all_call, acquire_args, acquire_by_call, acquire_call, by_script_call, chunk_outcomes,
+    decode_acquire, decode_acquire_all, decode_scan, extend_shared_call, inspect_all, inspect_on,
+    parse_eviction_policy, release_call, renew_call, scan_cmd, scan_glob, scan_unfinished,
+    script_loads, ttl_ms, ScriptCall, Timeouts, WaitAttempt, WaitPool, MAX_REPLICA_WAIT,
+    MAX_SCAN_STEPS,
 };
 use super::{Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Store, Together, Wake};
 use crate::error::chain;

@@ -12,11 +12,10 @@ use redis::aio::{ConnectionManager, MultiplexedConnection};
 use redis::{AsyncConnectionConfig, Client, ConnectionInfo, ProtocolVersion, Value};
 
 use super::server::{
-    acquire_all_call, acquire_args, acquire_by_call, acquire_call, by_script_call,
-    chunk_outcomes, decode_acquire, decode_acquire_all, extend_shared_call, in_batch_order,
-    inspect_on, is_dropped, list_on, parse_eviction_policy, reconnecting, release_call,
-    renew_calls, renew_groups, scan_keys_on, script_loads, ttl_ms, Timeouts, WaitAttempt,
-    WaitPool, MAX_REPLICA_WAIT,
+    acquire_all_call, acquire_args, acquire_by_call, acquire_call, by_script_call, chunk_outcomes,
+    decode_acquire, decode_acquire_all, extend_shared_call, in_batch_order, inspect_on, is_dropped,
+    list_on, parse_eviction_policy, reconnecting, release_call, renew_calls, renew_groups,
+    scan_keys_on, script_loads, ttl_ms, Timeouts, WaitAttempt, WaitPool, MAX_REPLICA_WAIT,
 };
 use super::{
     Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, ReplicaWait, Store, Together, Wake,
