@@ -59,6 +59,10 @@ async fn min_replicas_with_a_live_and_a_stopped_replica() {
         exists(&replica, "lock:stock_{1}"),
         "replicated before the guard"
     );
+    // Acquired through the WAIT pipeline, it carries its owner all the same.
+    let info = locks.inspect("stock_{1}").await.unwrap().expect("held");
+    assert_eq!(info.pid, Some(std::process::id()), "{info:?}");
+    assert_eq!(info.fencing_token, Some(guard.fencing_token()), "{info:?}");
     guard.release().await.unwrap();
 
     // More replicas than exist: WAIT times out (ttl/10 = 200 ms), nothing is left.
