@@ -740,6 +740,40 @@ fn owner_metadata_follows_the_token_and_only_the_token_is_compared() {
     assert!(!r.exists(K));
 }
 
+/// Issue 16: a retried acquire (its reply lost) that finds its own token reports the
+/// fence its value holds, the one `inspect` shows, not the slot's counter read back
+/// (which another key of the slot has moved on meanwhile). A value of a token alone,
+/// written before the metadata, still gets the counter read back.
+#[test]
+fn a_retried_acquire_reports_the_fence_its_value_holds() {
+    let mut r = redis();
+    let first = fence(&r.write(&token(1), 30_000, "", 0, false));
+    let other: Value = r
+        .eval(ACQUIRE, &["lock:other_{7}", F], (&token(2)[..], 30_000))
+        .unwrap();
+    assert_eq!(fence(&other), first + 1, "one counter for the slot");
+    let retried = fence(&r.write(&token(1), 30_000, "", 0, false));
+    assert_eq!(retried, first, "the retry reports the grant it found");
+    let raw: Vec<u8> = r.con.get(K).unwrap();
+    let meta = String::from_utf8(raw[16..].to_vec()).unwrap();
+    assert_eq!(meta.split('|').nth(3), Some(&*first.to_string()), "{meta}");
+
+    // Above 2^53 the stored digits come back as digits.
+    let _: () = r.con.set(F, BIG).unwrap();
+    let big = "lock:big_{7}";
+    let granted: Value = r.eval(ACQUIRE, &[big, F], (&token(3)[..], 30_000)).unwrap();
+    let _: () = r.con.incr(F, 1).unwrap();
+    let again: Value = r.eval(ACQUIRE, &[big, F], (&token(3)[..], 30_000)).unwrap();
+    assert_eq!(digits(&again), digits(&granted));
+
+    // A bare token (an older version's value): the counter, as before.
+    let bare = "lock:bare_{7}";
+    let _: () = r.con.set_ex(bare, &token(4)[..], 30).unwrap();
+    let counter: String = r.con.get(F).unwrap();
+    let reply: Value = r.eval(ACQUIRE, &[bare, F], (&token(4)[..], 30_000)).unwrap();
+    assert_eq!(digits(&reply), counter);
+}
+
 /// Issue 16: a value written before owner metadata existed (the 16-byte token alone, or
 /// a bare reader marker) is still extended, renewed and released by its holder, and a
 /// reader joining bare-marker readers leaves the marker bare for them.

@@ -13,7 +13,9 @@
 -- Returns the fencing token when acquired: an integer while a Lua number holds the
 -- counter exactly (below 2^53), else the counter read back as its decimal digits (a
 -- Lua number's double is inexact above 2^53). A retried call that finds its own token
--- is granted too, its expiry reset to the ttl as a fresh grant would be.
+-- is granted too, its expiry reset to the ttl as a fresh grant would be, and reports the
+-- fence its value holds (what inspect shows; other keys of the slot may have moved the
+-- counter since), or the counter read back for a value of a token alone.
 -- Returns {pttl, holder} when someone else holds the lock (pttl -1: held without
 -- expiry); holder is 16 hex digits of the SHA1 of the holder's value, the same on every
 -- node one holder holds (Redlock tells a majority holder from a split vote by it), and
@@ -79,7 +81,15 @@ if head == ARGV[1] then
   if ARGV[6] == '1' then
     redis.call('ZREM', KEYS[3], ARGV[4])
   end
-  return read_back(true)
+  local stored = string.match(string.sub(held, 17), '^|1|%d+|([1-9]%d*)')
+  if not stored then
+    return read_back(true)
+  end
+  local n = tonumber(stored)
+  if n < 9007199254740992 then
+    return n
+  end
+  return stored
 end
 local holder = string.sub(redis.sha1hex(head), 1, 16)
 local pttl = redis.call('PTTL', KEYS[1])
