@@ -770,7 +770,9 @@ fn a_retried_acquire_reports_the_fence_its_value_holds() {
     let bare = "lock:bare_{7}";
     let _: () = r.con.set_ex(bare, &token(4)[..], 30).unwrap();
     let counter: String = r.con.get(F).unwrap();
-    let reply: Value = r.eval(ACQUIRE, &[bare, F], (&token(4)[..], 30_000)).unwrap();
+    let reply: Value = r
+        .eval(ACQUIRE, &[bare, F], (&token(4)[..], 30_000))
+        .unwrap();
     assert_eq!(digits(&reply), counter);
 }
 

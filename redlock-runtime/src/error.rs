@@ -146,6 +146,18 @@ impl LockError {
         move |source| Self::Backend { operation, source }
     }
 
+    /// A script's reply (to `operation`) of a shape it never sends: `detail` says what came.
+    pub(crate) fn unexpected_reply(operation: &'static str, detail: String) -> Self {
+        Self::Backend {
+            operation,
+            source: redis::RedisError::from((
+                redis::ErrorKind::UnexpectedReturnType,
+                "unexpected reply from the script",
+                detail,
+            )),
+        }
+    }
+
     /// A request (`operation`) that got no answer within `after`.
     pub(crate) fn timed_out(operation: &'static str, after: Duration) -> Self {
         Self::Backend {

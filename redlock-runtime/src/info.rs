@@ -187,20 +187,30 @@ pub(crate) fn decode_inspect(key: &str, reply: Value) -> Result<Option<LockInfo>
     let items = match reply {
         Value::Nil => return Ok(None),
         Value::Array(items) => items,
-        other => return Err(bad_reply(format!("{other:?}"))),
+        other => return Err(LockError::unexpected_reply("inspect", format!("{other:?}"))),
     };
     let Ok([kind, pttl, holder, holders, meta, now]) = <[Value; 6]>::try_from(items) else {
-        return Err(bad_reply("not 6 fields".to_owned()));
+        return Err(LockError::unexpected_reply(
+            "inspect",
+            "not 6 fields".to_owned(),
+        ));
     };
     let text = |v: Value| redis::from_redis_value::<String>(v).ok();
     let kind = match text(kind).as_deref() {
         Some("e") => LockKind::Exclusive,
         Some("r") => LockKind::Read,
         Some("p") => LockKind::Permit,
-        other => return Err(bad_reply(format!("kind {other:?}"))),
+        other => {
+            return Err(LockError::unexpected_reply(
+                "inspect",
+                format!("kind {other:?}"),
+            ))
+        }
     };
-    let pttl: i64 = redis::from_redis_value(pttl).map_err(|e| bad_reply(e.to_string()))?;
-    let holders: u32 = redis::from_redis_value(holders).map_err(|e| bad_reply(e.to_string()))?;
+    let pttl: i64 = redis::from_redis_value(pttl)
+        .map_err(|e| LockError::unexpected_reply("inspect", e.to_string()))?;
+    let holders: u32 = redis::from_redis_value(holders)
+        .map_err(|e| LockError::unexpected_reply("inspect", e.to_string()))?;
     let meta = parse_meta(&redis::from_redis_value::<Vec<u8>>(meta).unwrap_or_default());
     let now = text(now).and_then(|n| n.parse::<u64>().ok());
     Ok(Some(LockInfo {
@@ -245,18 +255,6 @@ pub(crate) fn local(
         acquired_at: Some(acquired_at),
         held_for: SystemTime::now().duration_since(acquired_at).ok(),
         holder: format!("{holder:016x}"),
-    }
-}
-
-/// An inspect reply of the wrong shape.
-fn bad_reply(detail: String) -> LockError {
-    LockError::Backend {
-        operation: "inspect",
-        source: redis::RedisError::from((
-            redis::ErrorKind::UnexpectedReturnType,
-            "unexpected reply to the inspect script",
-            detail,
-        )),
     }
 }
 

@@ -147,22 +147,7 @@ pub(crate) async fn scan_keys_on<C>(
 where
     C: ConnectionLike + Clone,
 {
-    let glob = scan_glob(prefix, pattern);
-    let mut out = Vec::new();
-    let mut cursor = 0;
-    for _ in 0..MAX_SCAN_STEPS {
-        let reply: Value = scan_cmd(cursor, &glob)
-            .query_async(&mut con.clone())
-            .await
-            .map_err(LockError::backend("scan"))?;
-        let (next, keys) = decode_scan(prefix, reply)?;
-        out.extend(keys);
-        if next == 0 {
-            return Ok(out);
-        }
-        cursor = next;
-    }
-    Err(scan_unfinished())
+    scan_steps(con, prefix, pattern, |keys| async { Ok(keys) }).await
 }
 
 /// Every lock under `prefix` matching `pattern` on one server: `SCAN` step by step,
@@ -175,6 +160,25 @@ pub(crate) async fn list_on<C>(
 where
     C: ConnectionLike + Clone,
 {
+    scan_steps(con, prefix, pattern, |keys| async move {
+        inspect_all(con, &keys).await
+    })
+    .await
+}
+
+/// `SCAN` of one server for the lock keys under `prefix` matching `pattern`, each step's
+/// keys turned into results by `step` before the next step is asked for.
+async fn scan_steps<C, T, F, Fut>(
+    con: &C,
+    prefix: &str,
+    pattern: &str,
+    mut step: F,
+) -> Result<Vec<T>, LockError>
+where
+    C: ConnectionLike + Clone,
+    F: FnMut(Vec<LockKey>) -> Fut,
+    Fut: std::future::Future<Output = Result<Vec<T>, LockError>>,
+{
     let glob = scan_glob(prefix, pattern);
     let mut out = Vec::new();
     let mut cursor = 0;
@@ -184,7 +188,7 @@ where
             .await
             .map_err(LockError::backend("scan"))?;
         let (next, keys) = decode_scan(prefix, reply)?;
-        out.extend(inspect_all(con, &keys).await?);
+        out.extend(step(keys).await?);
         if next == 0 {
             return Ok(out);
         }
@@ -233,7 +237,10 @@ pub(crate) fn decode_acquire(reply: Value, replicas: Option<u32>) -> Result<Atte
     };
     let mut items = items.into_iter();
     let Some(pttl) = items.next() else {
-        return Err(bad_reply("an empty array".to_owned()));
+        return Err(LockError::unexpected_reply(
+            "acquire",
+            "an empty array".to_owned(),
+        ));
     };
     let pttl: i64 =
         redis::from_redis_value(pttl).map_err(|e| LockError::backend("acquire")(e.into()))?;
@@ -294,7 +301,10 @@ where
 /// An `acquire_all.lua` reply for `n` keys: `{1, fence..}` or `{0, i, pttl, holder}`.
 pub(crate) fn decode_acquire_all(reply: Value, n: usize) -> Result<Together, LockError> {
     let Value::Array(items) = reply else {
-        return Err(bad_reply(format!("{reply:?} from acquire_all")));
+        return Err(LockError::unexpected_reply(
+            "acquire",
+            format!("{reply:?} from acquire_all"),
+        ));
     };
     let mut items = items.into_iter();
     match items.next() {
@@ -303,7 +313,10 @@ pub(crate) fn decode_acquire_all(reply: Value, n: usize) -> Result<Together, Loc
                 .map(|f| parse_fence(&f))
                 .collect::<Result<Vec<_>, _>>()?;
             if fences.len() != n {
-                return Err(bad_reply(format!("{} fences for {n} keys", fences.len())));
+                return Err(LockError::unexpected_reply(
+                    "acquire",
+                    format!("{} fences for {n} keys", fences.len()),
+                ));
             }
             Ok(Together::Acquired(fences))
         }
@@ -316,7 +329,10 @@ pub(crate) fn decode_acquire_all(reply: Value, n: usize) -> Result<Together, Loc
                     .map(Duration::from_millis),
             ))
         }
-        other => Err(bad_reply(format!("{other:?} leading an acquire_all reply"))),
+        other => Err(LockError::unexpected_reply(
+            "acquire",
+            format!("{other:?} leading an acquire_all reply"),
+        )),
     }
 }
 
@@ -327,11 +343,21 @@ fn parse_fence(value: &Value) -> Result<u64, LockError> {
             return u64::try_from(*n)
                 .ok()
                 .filter(|&fence| fence >= 1)
-                .ok_or_else(|| bad_reply(format!("fencing token {n} is not positive")))
+                .ok_or_else(|| {
+                    LockError::unexpected_reply(
+                        "acquire",
+                        format!("fencing token {n} is not positive"),
+                    )
+                })
         }
         Value::BulkString(bytes) => bytes.as_slice(),
         Value::SimpleString(s) => s.as_bytes(),
-        other => return Err(bad_reply(format!("fencing token {other:?}"))),
+        other => {
+            return Err(LockError::unexpected_reply(
+                "acquire",
+                format!("fencing token {other:?}"),
+            ))
+        }
     };
     std::str::from_utf8(digits)
         .ok()
@@ -339,23 +365,14 @@ fn parse_fence(value: &Value) -> Result<u64, LockError> {
         .and_then(|s| s.parse::<u64>().ok())
         .filter(|&fence| fence >= 1)
         .ok_or_else(|| {
-            bad_reply(format!(
-                "fencing token {:?} is not a positive 64-bit integer",
-                String::from_utf8_lossy(digits)
-            ))
+            LockError::unexpected_reply(
+                "acquire",
+                format!(
+                    "fencing token {:?} is not a positive 64-bit integer",
+                    String::from_utf8_lossy(digits)
+                ),
+            )
         })
-}
-
-/// An acquire reply of the wrong shape.
-fn bad_reply(detail: String) -> LockError {
-    LockError::Backend {
-        operation: "acquire",
-        source: redis::RedisError::from((
-            redis::ErrorKind::UnexpectedReturnType,
-            "unexpected reply to the acquire script",
-            detail,
-        )),
-    }
 }
 
 /// The longest `WAIT` a lock asks for (min(ttl/10, 1 s)).
