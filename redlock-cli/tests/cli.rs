@@ -188,6 +188,43 @@ async fn force_release_wakes_a_waiter_and_the_holder_sees_lost() {
     assert_eq!(again.status.code(), Some(1));
 }
 
+/// `redlock --json watch KEY --for 20s`, read one event (a JSON line) at a time.
+struct Watch {
+    child: tokio::process::Child,
+    lines: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+}
+
+impl Watch {
+    fn start(url: &str, key: &str) -> Self {
+        let mut child = redlock(url)
+            .args(["--json", "watch", key, "--for", "20s"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        Watch { child, lines }
+    }
+
+    /// The next event, within 5 s.
+    async fn next_event(&mut self) -> Value {
+        let line = tokio::time::timeout(Duration::from_secs(5), self.lines.next_line())
+            .await
+            .expect("an event within 5 s")
+            .unwrap()
+            .expect("a line");
+        serde_json::from_str(&line).unwrap()
+    }
+
+    /// The next event's name and the lock's holder count.
+    async fn next_holders(&mut self) -> (String, u64) {
+        let e = self.next_event().await;
+        (
+            e["event"].as_str().unwrap().to_owned(),
+            e["lock"]["holders"].as_u64().unwrap(),
+        )
+    }
+}
+
 /// `watch` prints a line per grant, release and expiry, and stops after `--for`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_reports_grants_releases_and_expiries() {
@@ -195,25 +232,12 @@ async fn watch_reports_grants_releases_and_expiries() {
     let url = server.url();
     let locks = manager(&server).await;
     let g = locks.lock("job_{1}").await.unwrap();
-    let mut child = redlock(&url)
-        .args(["--json", "watch", "lock:job_{1}", "--for", "20s"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let mut next_event = async || -> Value {
-        let line = tokio::time::timeout(Duration::from_secs(5), lines.next_line())
-            .await
-            .expect("an event within 5 s")
-            .unwrap()
-            .expect("a line");
-        serde_json::from_str(&line).unwrap()
-    };
-    let e = next_event().await;
+    let mut watch = Watch::start(&url, "lock:job_{1}");
+    let e = watch.next_event().await;
     assert_eq!(e["event"], "granted");
     assert_eq!(e["lock"]["fencing_token"], g.fencing_token());
     g.release().await.unwrap();
-    assert_eq!(next_event().await["event"], "released");
+    assert_eq!(watch.next_event().await["event"], "released");
 
     let short = locks
         .lock_with(
@@ -224,12 +248,12 @@ async fn watch_reports_grants_releases_and_expiries() {
         )
         .await
         .unwrap();
-    let e = next_event().await;
+    let e = watch.next_event().await;
     assert_eq!(e["event"], "granted");
     assert_eq!(e["lock"]["fencing_token"], short.fencing_token());
-    assert_eq!(next_event().await["event"], "expired");
+    assert_eq!(watch.next_event().await["event"], "expired");
     drop(short);
-    child.kill().await.unwrap();
+    watch.child.kill().await.unwrap();
 
     // --for bounds it.
     let started = Instant::now();
@@ -247,32 +271,15 @@ async fn watch_follows_readers_coming_and_going() {
     let url = server.url();
     let locks = manager(&server).await;
     let r1 = locks.read("report_{9}").await.unwrap();
-    let mut child = redlock(&url)
-        .args(["--json", "watch", "lock:report_{9}", "--for", "20s"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let mut next_event = async || -> (String, u64) {
-        let line = tokio::time::timeout(Duration::from_secs(5), lines.next_line())
-            .await
-            .expect("an event within 5 s")
-            .unwrap()
-            .expect("a line");
-        let e: Value = serde_json::from_str(&line).unwrap();
-        (
-            e["event"].as_str().unwrap().to_owned(),
-            e["lock"]["holders"].as_u64().unwrap(),
-        )
-    };
-    assert_eq!(next_event().await, ("granted".to_owned(), 1));
+    let mut watch = Watch::start(&url, "lock:report_{9}");
+    assert_eq!(watch.next_holders().await, ("granted".to_owned(), 1));
     let r2 = locks.read("report_{9}").await.unwrap();
-    assert_eq!(next_event().await, ("granted".to_owned(), 2));
+    assert_eq!(watch.next_holders().await, ("granted".to_owned(), 2));
     r2.release().await.unwrap();
-    assert_eq!(next_event().await, ("released".to_owned(), 1));
+    assert_eq!(watch.next_holders().await, ("released".to_owned(), 1));
     r1.release().await.unwrap();
-    assert_eq!(next_event().await.0, "released");
-    child.kill().await.unwrap();
+    assert_eq!(watch.next_holders().await.0, "released");
+    watch.child.kill().await.unwrap();
 }
 
 #[tokio::test]
