@@ -30,7 +30,7 @@ const HOLDERS_SUFFIX: &str = ":~holders";
 const INTENTS_SUFFIX: &str = ":~writers";
 /// What precedes the number of one of a key's permit places (Redlock, see
 /// [`LockKey::place`]).
-const PLACE_INFIX: &str = ":~permit:";
+pub(crate) const PLACE_INFIX: &str = ":~permit:";
 
 /// Whether `full` names a key the lock kinds keep beside a lock key.
 fn is_reserved(full: &str) -> bool {
@@ -140,6 +140,35 @@ impl LockKey {
         }
     }
 
+    /// The prefix the key was made under.
+    pub(crate) fn prefix(&self) -> &str {
+        &self.full[..self.prefix_len]
+    }
+
+    /// What every permit place's name of the key starts with (see [`place`](Self::place)).
+    pub(crate) fn places_prefix(&self) -> String {
+        self.companion(PLACE_INFIX)
+    }
+
+    /// The lock key under `prefix` and the number of the permit place named `name`
+    /// (see [`place`](Self::place)), if `name` is one.
+    pub(crate) fn place_owner(prefix: &str, name: &str) -> Option<(LockKey, u32)> {
+        if !name.starts_with(prefix) {
+            return None;
+        }
+        let base_len = name.trim_end_matches(|c: char| c.is_ascii_digit()).len();
+        let i: u32 = name[base_len..].parse().ok()?;
+        let base = name[..base_len].strip_suffix(PLACE_INFIX)?;
+        // A key without a hash tag has its places under `prefix{key}`.
+        let untagged = base
+            .strip_prefix(prefix)
+            .and_then(|rest| rest.strip_prefix('{'))
+            .and_then(|rest| rest.strip_suffix('}'))
+            .filter(|key| key.starts_with(prefix) && hash_tag(key).is_none());
+        let owner = LockKey::new(prefix, untagged.unwrap_or(base).to_owned()).ok()?;
+        (owner.places_prefix() == name[..base_len]).then_some((owner, i))
+    }
+
     /// A key of the lock's own, under the prefix and in the lock key's hash slot: the
     /// key with `suffix` when it has a hash tag, else the key as the hash tag (a key
     /// without a tag has no `}`, see [`new`](Self::new)).
@@ -147,7 +176,7 @@ impl LockKey {
         if hash_tag(&self.full).is_some() {
             [self.full.as_str(), suffix].concat()
         } else {
-            let prefix = &self.full[..self.prefix_len];
+            let prefix = self.prefix();
             [prefix, "{", self.full.as_str(), "}", suffix].concat()
         }
     }
@@ -295,6 +324,35 @@ mod tests {
         assert_eq!(key_slot(""), 0);
         assert_eq!(hash_tag("foo{}{bar}"), None);
         assert_eq!(key_slot("foo{{bar}}zap"), key_slot("{bar"));
+    }
+
+    #[test]
+    fn a_place_names_its_owner() {
+        for (prefix, key) in [
+            ("lock:", "buy_{42}"),
+            ("lock:", "export"),
+            ("lock:", "a{b"),
+            ("{app}:", "job"),
+            ("lock:", "{lock:job}"),
+        ] {
+            let owner = LockKey::prefixed(prefix, key).unwrap();
+            for i in [0, 7, 12] {
+                let place = owner.place(i);
+                let (found, n) = LockKey::place_owner(prefix, place.full()).unwrap();
+                assert_eq!(n, i);
+                assert_eq!(found.places_prefix(), owner.places_prefix(), "{key}");
+            }
+            assert_eq!(LockKey::place_owner(prefix, owner.full()), None);
+            assert_eq!(LockKey::place_owner(prefix, &owner.holders()), None);
+        }
+        for name in [
+            "lock:x:~permit:",
+            "lock:x:~permit:-1",
+            "other:{a}:~permit:1",
+            "lock:x:~permit:99999999999",
+        ] {
+            assert_eq!(LockKey::place_owner("lock:", name), None, "{name}");
+        }
     }
 
     #[test]

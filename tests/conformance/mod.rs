@@ -299,24 +299,40 @@ pub async fn inspect_tells_who_holds_what<H: Harness>(h: &H) {
     r2.release().await.unwrap();
     assert_eq!(other.inspect(&key).await.unwrap(), None, "readers gone");
 
-    // Redlock keeps permits on places, keys of their own (see force_unlock).
-    if locks.backend_name() != "redlock" {
-        let p = locks
-            .permit_with(&key, 3, LockOptions::new().ttl(ttl))
-            .await
-            .unwrap();
-        let info = other.inspect(&key).await.unwrap().expect("permit");
-        check(&info, LockKind::Permit, p.fencing_token(), 1);
-        p.release().await.unwrap();
-    }
+    // Permits (on Redlock, each holder on a place, a key of its own).
+    let p1 = locks
+        .permit_with(&key, 3, LockOptions::new().ttl(ttl))
+        .await
+        .unwrap();
+    let info = other.inspect(&key).await.unwrap().expect("permit");
+    check(&info, LockKind::Permit, p1.fencing_token(), 1);
+    let p2 = locks
+        .permit_with(&key, 3, LockOptions::new().ttl(ttl))
+        .await
+        .unwrap();
+    let info = other.inspect(&key).await.unwrap().expect("permits");
+    check(&info, LockKind::Permit, p2.fencing_token(), 2);
+    p1.release().await.unwrap();
+    let info = other.inspect(&key).await.unwrap().expect("one permit left");
+    assert_eq!(info.holders, 1, "{info:?}");
+    // An operator's force_unlock removes the permits too.
+    assert!(other.force_unlock(&key).await.unwrap());
+    assert_eq!(other.inspect(&key).await.unwrap(), None, "forced");
+    let p3 = other
+        .permit_with(&key, 1, LockOptions::new().wait(Duration::ZERO))
+        .await
+        .expect("the place is free again");
+    p3.release().await.unwrap();
+    drop(p2);
     assert!(matches!(
         other.inspect("").await,
         Err(LockError::InvalidKey { .. })
     ));
 }
 
-/// `list` shows the held locks under the manager's prefix, matching the pattern, and
-/// nothing kept beside them (fencing counters, holder sets, writer intents).
+/// `list` shows the held locks under the manager's prefix, matching the pattern, of
+/// every kind, and nothing kept beside them (fencing counters, holder sets, writer
+/// intents, Redlock's permit places).
 pub async fn list_shows_held_locks_only<H: Harness>(h: &H) {
     use redlock::LockKind;
     let prefix = unique("ls").replace(['{', '}'], "") + ":";
@@ -332,17 +348,37 @@ pub async fn list_shows_held_locks_only<H: Harness>(h: &H) {
         LockOptions::new().wait(Duration::from_millis(50)),
     );
     assert!(matches!(w.await, Err(LockError::Timeout { .. })));
+    let p1 = locks.permit("pool_{3}", 4).await.unwrap();
+    let p2 = locks.permit("pool_{3}", 4).await.unwrap();
+    let bare = locks.permit("pool", 4).await.unwrap();
     let all = other.list("").await.unwrap();
     let keys: Vec<&str> = all.iter().map(|i| i.key.as_str()).collect();
     let full = |k: &str| format!("{prefix}{k}");
-    assert_eq!(keys, [full("buy_{1}"), full("buy_{2}"), full("report_{7}")]);
+    assert_eq!(
+        keys,
+        [
+            full("buy_{1}"),
+            full("buy_{2}"),
+            full("pool"),
+            full("pool_{3}"),
+            full("report_{7}")
+        ]
+    );
     assert_eq!(all[0].fencing_token, Some(a.fencing_token()));
-    assert_eq!(all[2].kind, LockKind::Read);
+    assert_eq!((all[2].kind, all[2].holders), (LockKind::Permit, 1));
+    assert_eq!((all[3].kind, all[3].holders), (LockKind::Permit, 2));
+    assert_eq!(all[4].kind, LockKind::Read);
     let some = other.list("buy_*").await.unwrap();
     assert_eq!(some.len(), 2);
     assert_eq!(other.list("buy_{2}").await.unwrap().len(), 1);
     assert_eq!(other.list("buy_{[13]}").await.unwrap().len(), 1);
-    for g in [a, b, r] {
+    assert_eq!(other.list("pool_{3}").await.unwrap().len(), 1);
+    assert_eq!(
+        other.list("pool").await.unwrap().len(),
+        1,
+        "the key without a tag"
+    );
+    for g in [a, b, r, p1, p2, bare] {
         g.release().await.unwrap();
     }
     assert_eq!(other.list("*").await.unwrap(), vec![]);

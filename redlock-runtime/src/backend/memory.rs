@@ -15,6 +15,7 @@ use std::hash::{BuildHasher, RandomState};
 use std::sync::{LazyLock, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
+use super::glob::glob_match;
 use super::server::{lock_keys, scan_glob};
 use super::{Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Store, Together, Wake};
 use crate::info::{self, LockInfo};
@@ -387,67 +388,6 @@ impl Table {
     }
 }
 
-/// Whether `s` matches the Redis glob `pattern` (`*`, `?`, `[abc]`, `[^a-z]`, `\\x`), as
-/// `SCAN MATCH` decides.
-fn glob_match(pattern: &[u8], s: &[u8]) -> bool {
-    // Backtracking to the last `*` only: O(len(pattern) * len(s)).
-    let (mut p, mut i) = (0, 0);
-    let mut star: Option<(usize, usize)> = None;
-    while i < s.len() {
-        let step = match pattern.get(p) {
-            Some(b'*') => {
-                star = Some((p, i));
-                p += 1;
-                continue;
-            }
-            Some(b'?') => Some(p + 1),
-            Some(b'[') => class(pattern, p, s[i]),
-            Some(b'\\') if p + 1 < pattern.len() => (pattern[p + 1] == s[i]).then_some(p + 2),
-            Some(&c) => (c == s[i]).then_some(p + 1),
-            None => None,
-        };
-        match (step, star) {
-            (Some(next), _) => (p, i) = (next, i + 1),
-            (None, Some((sp, si))) => {
-                (p, i) = (sp + 1, si + 1);
-                star = Some((sp, si + 1));
-            }
-            (None, None) => return false,
-        }
-    }
-    pattern[p.min(pattern.len())..].iter().all(|&c| c == b'*')
-}
-
-/// The `[...]` class at `pattern[open]` against `c`: the index after the class when it
-/// matches (an unclosed class runs to the end, as in Redis).
-fn class(pattern: &[u8], open: usize, c: u8) -> Option<usize> {
-    let mut p = open + 1;
-    let negate = pattern.get(p) == Some(&b'^');
-    if negate {
-        p += 1;
-    }
-    let mut hit = false;
-    while let Some(&b) = pattern.get(p) {
-        match b {
-            b']' => break,
-            b'\\' if p + 1 < pattern.len() => {
-                hit |= pattern[p + 1] == c;
-                p += 2;
-            }
-            _ if pattern.get(p + 1) == Some(&b'-') && p + 2 < pattern.len() => {
-                let (lo, hi) = (b.min(pattern[p + 2]), b.max(pattern[p + 2]));
-                hit |= (lo..=hi).contains(&c);
-                p += 3;
-            }
-            _ => {
-                hit |= b == c;
-                p += 1;
-            }
-        }
-    }
-    (hit != negate).then_some(p + 1)
-}
-
 static STORE: LazyLock<Mutex<Table>> = LazyLock::new(Mutex::default);
 
 fn store() -> MutexGuard<'static, Table> {
@@ -730,16 +670,6 @@ mod tests {
 
     /// Regression (issue 11, finding 7): the in-memory counters grew by one per distinct
     /// key ever locked.
-    #[test]
-    fn globs_match_as_scan_match_does() {
-        let m = |p: &str, s: &str| glob_match(p.as_bytes(), s.as_bytes());
-        assert!(m("lock:*", "lock:buy_{42}") && m("*", "") && m("a*b*c", "aXXbYc"));
-        assert!(!m("lock:*", "other:x") && !m("a*b", "a") && !m("?", ""));
-        assert!(m("buy_{4?}", "buy_{42}") && m("[ab]x", "bx") && !m("[^ab]x", "bx"));
-        assert!(m("[a-c]", "b") && !m("[a-c]", "d") && m("lock\\*x", "lock*x"));
-        assert!(!m("lock\\*x", "lockyx") && m("x[", "x[") == m("x[", "x["));
-    }
-
     #[test]
     fn fencing_counters_do_not_grow_with_distinct_keys() {
         let prefix = "mem-bound:";

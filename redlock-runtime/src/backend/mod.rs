@@ -7,6 +7,7 @@
 //! The manager owns everything else: queuing, waiting, the watchdog and guards.
 
 mod cluster;
+mod glob;
 mod memory;
 mod redlock;
 mod sentinel;

@@ -102,6 +102,12 @@ pub(crate) fn scan_cmd(cursor: u64, glob: &str) -> Cmd {
 /// counters, holder sets, writer intents or permit places, nor names that are not
 /// UTF-8 or not under `prefix`).
 pub(crate) fn decode_scan(prefix: &str, reply: Value) -> Result<(u64, Vec<LockKey>), LockError> {
+    let (cursor, names) = decode_scan_names(reply)?;
+    Ok((cursor, lock_keys(prefix, names)))
+}
+
+/// A `SCAN` reply: the next cursor and the names.
+fn decode_scan_names(reply: Value) -> Result<(u64, Vec<Vec<u8>>), LockError> {
     let (cursor, names): (String, Vec<Vec<u8>>) =
         redis::from_redis_value(reply).map_err(|e| LockError::backend("scan")(e.into()))?;
     let cursor = cursor.parse().map_err(|_| {
@@ -111,7 +117,7 @@ pub(crate) fn decode_scan(prefix: &str, reply: Value) -> Result<(u64, Vec<LockKe
             cursor,
         )))
     })?;
-    Ok((cursor, lock_keys(prefix, names)))
+    Ok((cursor, names))
 }
 
 /// The lock keys among `names`.
@@ -121,6 +127,19 @@ pub(crate) fn lock_keys(prefix: &str, names: Vec<Vec<u8>>) -> Vec<LockKey> {
         .filter_map(|name| String::from_utf8(name).ok())
         .filter(|name| name.starts_with(prefix))
         .filter_map(|name| LockKey::new(prefix, name).ok())
+        .collect()
+}
+
+/// The permit places (Redlock) among `names`, each with the lock key it is a place of.
+fn places(prefix: &str, names: Vec<Vec<u8>>) -> Vec<(LockKey, LockKey)> {
+    names
+        .into_iter()
+        .filter_map(|name| String::from_utf8(name).ok())
+        .filter_map(|name| LockKey::place_owner(prefix, &name))
+        .map(|(owner, i)| {
+            let place = owner.place(i);
+            (owner, place)
+        })
         .collect()
 }
 
@@ -147,7 +166,21 @@ pub(crate) async fn scan_keys_on<C>(
 where
     C: ConnectionLike + Clone,
 {
-    scan_steps(con, prefix, pattern, |keys| async { Ok(keys) }).await
+    let glob = scan_glob(prefix, pattern);
+    scan_steps(con, &glob, |names| async { Ok(lock_keys(prefix, names)) }).await
+}
+
+/// Every permit place (Redlock) under `prefix` whose name matches `glob` on one server,
+/// with the lock key it is a place of.
+pub(crate) async fn scan_places_on<C>(
+    con: &C,
+    prefix: &str,
+    glob: &str,
+) -> Result<Vec<(LockKey, LockKey)>, LockError>
+where
+    C: ConnectionLike + Clone,
+{
+    scan_steps(con, glob, |names| async { Ok(places(prefix, names)) }).await
 }
 
 /// Every lock under `prefix` matching `pattern` on one server: `SCAN` step by step,
@@ -160,35 +193,30 @@ pub(crate) async fn list_on<C>(
 where
     C: ConnectionLike + Clone,
 {
-    scan_steps(con, prefix, pattern, |keys| async move {
-        inspect_all(con, &keys).await
+    let glob = scan_glob(prefix, pattern);
+    scan_steps(con, &glob, |names| async move {
+        inspect_all(con, &lock_keys(prefix, names)).await
     })
     .await
 }
 
-/// `SCAN` of one server for the lock keys under `prefix` matching `pattern`, each step's
-/// keys turned into results by `step` before the next step is asked for.
-async fn scan_steps<C, T, F, Fut>(
-    con: &C,
-    prefix: &str,
-    pattern: &str,
-    mut step: F,
-) -> Result<Vec<T>, LockError>
+/// `SCAN MATCH glob` of one server, each step's names turned into results by `step`
+/// before the next step is asked for.
+async fn scan_steps<C, T, F, Fut>(con: &C, glob: &str, mut step: F) -> Result<Vec<T>, LockError>
 where
     C: ConnectionLike + Clone,
-    F: FnMut(Vec<LockKey>) -> Fut,
+    F: FnMut(Vec<Vec<u8>>) -> Fut,
     Fut: std::future::Future<Output = Result<Vec<T>, LockError>>,
 {
-    let glob = scan_glob(prefix, pattern);
     let mut out = Vec::new();
     let mut cursor = 0;
     for _ in 0..MAX_SCAN_STEPS {
-        let reply: Value = scan_cmd(cursor, &glob)
+        let reply: Value = scan_cmd(cursor, glob)
             .query_async(&mut con.clone())
             .await
             .map_err(LockError::backend("scan"))?;
-        let (next, keys) = decode_scan(prefix, reply)?;
-        out.extend(step(keys).await?);
+        let (next, names) = decode_scan_names(reply)?;
+        out.extend(step(names).await?);
         if next == 0 {
             return Ok(out);
         }

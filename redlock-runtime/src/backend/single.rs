@@ -15,7 +15,8 @@ use super::server::{
     acquire_all_call, acquire_args, acquire_by_call, acquire_call, by_script_call, chunk_outcomes,
     decode_acquire, decode_acquire_all, extend_shared_call, in_batch_order, inspect_on, is_dropped,
     list_on, parse_eviction_policy, reconnecting, release_call, renew_calls, renew_groups,
-    scan_keys_on, script_loads, ttl_ms, Timeouts, WaitAttempt, WaitPool, MAX_REPLICA_WAIT,
+    scan_keys_on, scan_places_on, script_loads, ttl_ms, Timeouts, WaitAttempt, WaitPool,
+    MAX_REPLICA_WAIT,
 };
 use super::{
     Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, ReplicaWait, Store, Together, Wake,
@@ -134,6 +135,16 @@ impl SingleBackend {
         pattern: &str,
     ) -> Result<Vec<LockKey>, LockError> {
         scan_keys_on(&self.con, prefix, pattern).await
+    }
+
+    /// Every permit place (Redlock) under `prefix` whose name matches `glob`, with the
+    /// lock key it is a place of.
+    pub(crate) async fn scan_places(
+        &self,
+        prefix: &str,
+        glob: &str,
+    ) -> Result<Vec<(LockKey, LockKey)>, LockError> {
+        scan_places_on(&self.con, prefix, glob).await
     }
 
     /// The server's role (`master`, `slave`), the first element of `ROLE`.

@@ -310,7 +310,9 @@ impl LockManager {
     /// Who holds `key` (prefixed, as for [`lock`](Self::lock)) and since when: its kind,
     /// the holder's host and process id, when it was granted, the time left and the
     /// fencing token; `None` when nobody holds it. Never the token: nothing returned can
-    /// release or extend the lock. On Redlock, the holder of a quorum of the nodes.
+    /// release or extend the lock. On Redlock, the holder of a quorum of the nodes; a
+    /// Redlock permit is held on places, keys of their own, so a key not held otherwise
+    /// costs a `SCAN` of every node for its places (about 1 000 keys a round trip).
     ///
     /// # Errors
     /// [`LockError::InvalidKey`], [`LockError::Backend`] (or
@@ -341,8 +343,9 @@ impl LockManager {
 
     /// Every lock held under this manager's prefix whose key (after the prefix) matches
     /// `pattern`, a Redis glob (`*`, `?`, `[..]`; `""` is `*`), sorted by key, each as
-    /// [`inspect`](Self::inspect) describes it; the fencing counters, holder sets and
-    /// writer intents kept beside the locks are left out.
+    /// [`inspect`](Self::inspect) describes it, every kind; the fencing counters, holder
+    /// sets, writer intents and Redlock's permit places kept beside the locks are left
+    /// out (on Redlock a second `SCAN` finds the places, each permit listed once).
     ///
     /// The keyspace is walked with `SCAN ... COUNT 1000` (every master of a cluster, every
     /// node of Redlock), never `KEYS`: each step keeps the server busy well under a
@@ -380,9 +383,9 @@ impl LockManager {
     /// Deletes `key`'s lock whoever holds it, and wakes its waiters: an operator's tool
     /// for a stuck lock. The holder finds out at its next renewal (its guard's
     /// [`lost`](LockGuard::lost) resolves). Returns whether a lock was there. Logged as a
-    /// `tracing` warning naming the key and this process. Readers and permit holders are removed too, except Redlock's permits
-    /// (held on places, keys of their own, which this does not touch: their ttl frees
-    /// them).
+    /// `tracing` warning naming the key and this process. Readers and permit holders are
+    /// removed too (on Redlock, permits are held on places, keys of their own, found by
+    /// a `SCAN` of every node), and permit waiters woken.
     ///
     /// # Errors
     /// [`LockError::InvalidKey`], [`LockError::Backend`].
