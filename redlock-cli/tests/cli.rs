@@ -26,6 +26,17 @@ fn environment(mut cmd: Command) -> Command {
     cmd
 }
 
+/// The binary with `flag` (`--cluster`, `--redlock`, `--sentinel NAME`) and a `--url`
+/// for each of `urls`.
+fn redlock_on(flag: &[&str], urls: &[String]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_redlock"));
+    cmd.args(flag);
+    for url in urls {
+        cmd.arg("--url").arg(url);
+    }
+    environment(cmd)
+}
+
 async fn run(url: &str, args: &[&str]) -> Output {
     let out = tokio::time::timeout(Duration::from_secs(30), redlock(url).args(args).output())
         .await
@@ -321,13 +332,9 @@ async fn cluster_list_covers_every_master_and_release_reaches_the_key() {
         .collect();
     assert_eq!(masters.len(), 3, "the keys are spread over every master");
     let cli = |args: &[&str]| {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_redlock"));
-        cmd.arg("--cluster");
-        for url in &urls {
-            cmd.arg("--url").arg(url);
-        }
+        let mut cmd = redlock_on(&["--cluster"], &urls);
         cmd.args(args);
-        environment(cmd)
+        cmd
     };
     let out = cli(&["--json", "list"]).output().await.unwrap();
     assert_eq!(out.status.code(), Some(0), "{out:?}");
@@ -379,12 +386,7 @@ async fn sentinel_lists_the_masters_locks() {
         .await
         .unwrap();
     let g = locks.lock("nightly_{1}").await.unwrap();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_redlock"));
-    cmd.arg("--sentinel").arg(set.master_name());
-    for url in set.sentinel_urls() {
-        cmd.arg("--url").arg(url);
-    }
-    let out = environment(cmd)
+    let out = redlock_on(&["--sentinel", set.master_name()], &set.sentinel_urls())
         .args(["--json", "list"])
         .output()
         .await
@@ -393,5 +395,71 @@ async fn sentinel_lists_the_masters_locks() {
     let all: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(all[0]["key"], "lock:nightly_{1}");
     assert_eq!(all[0]["fencing_token"], g.fencing_token());
+    g.release().await.unwrap();
+}
+
+/// With `--redlock` the URLs are independent masters. A permit, whose holders each hold
+/// a place (a key of its own) on a quorum, is listed once with its holders, and
+/// `release` frees every place: a permit waiter is woken, the holders see `lost()`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_lists_a_permit_once_and_release_frees_its_places() {
+    let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let urls: Vec<String> = nodes.iter().map(RedisServer::url).collect();
+    let locks = LockManager::builder().redlock(&urls).build().await.unwrap();
+    let p1 = locks.permit("pool_{1}", 2).await.unwrap();
+    let p2 = locks.permit("pool_{1}", 2).await.unwrap();
+    let g = locks.lock("nightly_{1}").await.unwrap();
+    let out = redlock_on(&["--redlock"], &urls)
+        .args(["--json", "list"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let all: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let shown: Vec<(&str, &str, u64)> = all
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| {
+            let (key, kind) = (i["key"].as_str().unwrap(), i["kind"].as_str().unwrap());
+            (key, kind, i["holders"].as_u64().unwrap())
+        })
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            ("lock:nightly_{1}", "exclusive", 1),
+            ("lock:pool_{1}", "permit", 2)
+        ]
+    );
+
+    let waiter = locks.clone();
+    let waiting = tokio::spawn(async move {
+        waiter
+            .permit_with(
+                "pool_{1}",
+                2,
+                LockOptions::new().wait(Duration::from_secs(30)),
+            )
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let out = redlock_on(&["--redlock"], &urls)
+        .args(["release", "lock:pool_{1}", "--yes"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let next = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the permit waiter was woken well before the 30 s ttl")
+        .unwrap()
+        .unwrap();
+    assert!(next.fencing_token() > p2.fencing_token());
+    for p in [&p1, &p2] {
+        tokio::time::timeout(Duration::from_secs(30), p.lost())
+            .await
+            .expect("a holder saw lost() at its next renewal");
+    }
     g.release().await.unwrap();
 }
