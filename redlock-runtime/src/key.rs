@@ -73,6 +73,14 @@ impl LockKey {
                 ),
             });
         }
+        if Self::untagged_inside(prefix, &full).is_some() {
+            // `prefix{key}` is where the untagged `key` keeps its holders and places.
+            return Err(LockError::InvalidKey {
+                reason: format!(
+                    "{full:?} is reserved: a key without a hash tag keeps its companions under {full:?}"
+                ),
+            });
+        }
         let slot = key_slot(&full);
         let fence = format!("{prefix}{FENCE_INFIX}{{{}}}", slot_tag(slot));
         if fence == full {
@@ -159,14 +167,18 @@ impl LockKey {
         let base_len = name.trim_end_matches(|c: char| c.is_ascii_digit()).len();
         let i: u32 = name[base_len..].parse().ok()?;
         let base = name[..base_len].strip_suffix(PLACE_INFIX)?;
-        // A key without a hash tag has its places under `prefix{key}`.
-        let untagged = base
-            .strip_prefix(prefix)
-            .and_then(|rest| rest.strip_prefix('{'))
-            .and_then(|rest| rest.strip_suffix('}'))
-            .filter(|key| key.starts_with(prefix) && hash_tag(key).is_none());
-        let owner = LockKey::new(prefix, untagged.unwrap_or(base).to_owned()).ok()?;
+        let owner = Self::untagged_inside(prefix, base).unwrap_or(base);
+        let owner = LockKey::new(prefix, owner.to_owned()).ok()?;
         (owner.places_prefix() == name[..base_len]).then_some((owner, i))
+    }
+
+    /// The key without a hash tag whose companions `full` is the base of
+    /// (`prefix{key}`, see [`companion`](Self::companion)), if it is one.
+    fn untagged_inside<'a>(prefix: &str, full: &'a str) -> Option<&'a str> {
+        full.strip_prefix(prefix)?
+            .strip_prefix('{')?
+            .strip_suffix('}')
+            .filter(|key| key.starts_with(prefix) && hash_tag(key).is_none())
     }
 
     /// A key of the lock's own, under the prefix and in the lock key's hash slot: the
@@ -333,7 +345,6 @@ mod tests {
             ("lock:", "export"),
             ("lock:", "a{b"),
             ("{app}:", "job"),
-            ("lock:", "{lock:job}"),
         ] {
             let owner = LockKey::prefixed(prefix, key).unwrap();
             for i in [0, 7, 12] {
@@ -353,6 +364,25 @@ mod tests {
         ] {
             assert_eq!(LockKey::place_owner("lock:", name), None, "{name}");
         }
+    }
+
+    /// `lock:{lock:job}` would share `lock:job`'s holder set, writer intents and permit
+    /// places (its companions are `lock:{lock:job}:~holders` and so on).
+    #[test]
+    fn a_key_named_as_an_untagged_keys_companions_is_refused() {
+        for reserved in ["{lock:job}", "{lock:a{b}"] {
+            let err = LockKey::prefixed("lock:", reserved).unwrap_err();
+            assert!(err.to_string().contains("reserved"), "{err}");
+        }
+        let untagged = LockKey::prefixed("lock:", "job").unwrap();
+        assert_eq!(untagged.holders(), "lock:{lock:job}:~holders");
+        for fine in ["{job}", "{lock:job}x", "{lock:a}b", "{other:job}"] {
+            assert!(LockKey::prefixed("lock:", fine).is_ok(), "{fine}");
+        }
+        assert!(
+            LockKey::prefixed("{app}:", "{{app}:job}").is_ok(),
+            "a tagged prefix"
+        );
     }
 
     #[test]
