@@ -105,7 +105,9 @@ enum Command {
         /// Stop after this long (`500ms`, `30s`, `5m`, `1h`); default: until Ctrl-C.
         #[arg(long = "for", value_parser = parse_duration)]
         duration: Option<Duration>,
-        /// How often to look when no notification comes (10ms ..= 10s).
+        /// How often to look when no notification comes (10ms ..= 10s; at least 1s on
+        /// Redlock, where looking at a key held by nobody scans every node for permit
+        /// places).
         #[arg(long, default_value = "100ms", value_parser = parse_interval)]
         interval: Duration,
     },

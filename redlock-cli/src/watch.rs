@@ -93,6 +93,9 @@ fn print(event: Event, info: &LockInfo, json: bool) {
     );
 }
 
+/// The shortest polling interval on Redlock.
+const REDLOCK_INTERVAL: Duration = Duration::from_secs(1);
+
 /// Watches `key` (without the prefix) for `duration` (or until Ctrl-C), looking every
 /// `interval` and whenever a notification arrives.
 pub(crate) async fn run(
@@ -103,6 +106,13 @@ pub(crate) async fn run(
     json: bool,
     notify_url: Option<&str>,
 ) -> Exit {
+    // On Redlock, inspecting a key held by nobody scans every node for its permit
+    // places: no more often than once a second.
+    let interval = if locks.backend_name() == "redlock" {
+        interval.max(REDLOCK_INTERVAL)
+    } else {
+        interval
+    };
     let end = duration.map(|d| Instant::now() + d);
     let full = format!("{}{key}", locks.prefix());
     let mut notes = match notify_url {
