@@ -5,7 +5,7 @@
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
-use redlock::{LockManager, LockOptions};
+use redlock::{LockError, LockGuard, LockManager, LockOptions};
 use redlock_testkit::{RedisCluster, RedisServer};
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -35,6 +35,31 @@ fn redlock_on(flag: &[&str], urls: &[String]) -> Command {
         cmd.arg("--url").arg(url);
     }
     environment(cmd)
+}
+
+/// Runs `release` (a forced release through the binary) while `waiting` waits with a
+/// 30 s wait: the waiter is granted well before the holders' 30 s ttl, with a later
+/// fencing token than theirs, and every one of `holders` sees `lost()` at its next
+/// renewal.
+async fn release_wakes_the_waiter(
+    release: &mut Command,
+    waiting: tokio::task::JoinHandle<Result<LockGuard, LockError>>,
+    holders: &[&LockGuard],
+) {
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let out = release.output().await.unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let next = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the waiter was woken well before the 30 s ttl")
+        .unwrap()
+        .unwrap();
+    for holder in holders {
+        assert!(next.fencing_token() > holder.fencing_token());
+        tokio::time::timeout(Duration::from_secs(30), holder.lost())
+            .await
+            .expect("a holder saw lost() at its next renewal");
+    }
 }
 
 async fn run(url: &str, args: &[&str]) -> Output {
@@ -358,21 +383,8 @@ async fn cluster_list_covers_every_master_and_release_reaches_the_key() {
             .lock_with(&key, LockOptions::new().wait(Duration::from_secs(30)))
             .await
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let out = cli(&["release", victim.key(), "--yes"])
-        .output()
-        .await
-        .unwrap();
-    assert_eq!(out.status.code(), Some(0), "{out:?}");
-    let next = tokio::time::timeout(Duration::from_secs(10), waiting)
-        .await
-        .expect("the waiter was woken well before the 30 s ttl")
-        .unwrap()
-        .unwrap();
-    assert!(next.fencing_token() > victim.fencing_token());
-    tokio::time::timeout(Duration::from_secs(30), victim.lost())
-        .await
-        .expect("the holder saw lost() at its next renewal");
+    let mut release = cli(&["release", victim.key(), "--yes"]);
+    release_wakes_the_waiter(&mut release, waiting, &[&victim]).await;
 }
 
 /// Issue 16: with `--sentinel NAME` the URLs are Sentinels, and the locks shown are the
@@ -443,23 +455,8 @@ async fn redlock_lists_a_permit_once_and_release_frees_its_places() {
             )
             .await
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let out = redlock_on(&["--redlock"], &urls)
-        .args(["release", "lock:pool_{1}", "--yes"])
-        .output()
-        .await
-        .unwrap();
-    assert_eq!(out.status.code(), Some(0), "{out:?}");
-    let next = tokio::time::timeout(Duration::from_secs(10), waiting)
-        .await
-        .expect("the permit waiter was woken well before the 30 s ttl")
-        .unwrap()
-        .unwrap();
-    assert!(next.fencing_token() > p2.fencing_token());
-    for p in [&p1, &p2] {
-        tokio::time::timeout(Duration::from_secs(30), p.lost())
-            .await
-            .expect("a holder saw lost() at its next renewal");
-    }
+    let mut release = redlock_on(&["--redlock"], &urls);
+    release.args(["release", "lock:pool_{1}", "--yes"]);
+    release_wakes_the_waiter(&mut release, waiting, &[&p1, &p2]).await;
     g.release().await.unwrap();
 }
