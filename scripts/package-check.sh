@@ -22,5 +22,14 @@ done
 cargo package --list --allow-dirty -p redlock-guard 2>/dev/null | grep -qx README.md \
   || fail "redlock-guard does not ship README.md (its doctests and crates.io page)"
 
+# Cargo unpacks the local registry's crates under $CARGO_HOME/registry/src/-<hash of the
+# registry's path>/ and never unpacks a name-version there again. A machine that ran this
+# check before at the same path (CI does) would verify the facade against that older
+# source of the same version, so drop those copies first. crates.io's own sources are left.
+cargo_home=${CARGO_HOME:-$HOME/.cargo}
+for stale in "$cargo_home"/registry/src/-*/redlock-{macros,runtime}-*; do
+  if [[ -e $stale ]]; then rm -rf -- "$stale"; fi
+done
+
 echo "== cargo publish --dry-run --workspace"
 cargo publish --dry-run --workspace --allow-dirty 2>&1 | grep -v '^warning: ignoring \(example\|test\) '
