@@ -221,6 +221,7 @@ async fn cluster_behaviour() {
         permit_release_wakes_a_waiter,
         watchdog_keeps_readers_and_permits,
         extending_one_reader_keeps_the_others,
+        is_locked_sees_every_kind,
         lock_all_in_opposite_orders_finishes,
         lock_all_leaves_no_key_behind,
         hold_at_least_keeps_the_key,

@@ -344,6 +344,30 @@ pub async fn permit_release_wakes_a_waiter<H: Harness>(h: &H) {
     second.release().await.unwrap();
 }
 
+/// `is_locked`, asked by another manager, sees every kind of holder: readers, permit
+/// holders (on Redlock, keys of their own: the key's places) and an exclusive holder,
+/// and none once each has released.
+pub async fn is_locked_sees_every_kind<H: Harness>(h: &H) {
+    let (a, b) = (manager(h).await, manager(h).await);
+    let key = unique("is-locked");
+    assert!(!b.is_locked(&key).await.unwrap(), "locked before anyone");
+    let reader = a.read(&key).await.unwrap();
+    assert!(b.is_locked(&key).await.unwrap(), "a reader not seen");
+    reader.release().await.unwrap();
+    assert!(!b.is_locked(&key).await.unwrap(), "locked after the reader");
+    let permit = a.permit(&key, 3).await.unwrap();
+    assert!(b.is_locked(&key).await.unwrap(), "a permit holder not seen");
+    permit.release().await.unwrap();
+    assert!(!b.is_locked(&key).await.unwrap(), "locked after the permit");
+    let writer = a.lock(&key).await.unwrap();
+    assert!(
+        b.is_locked(&key).await.unwrap(),
+        "the exclusive holder not seen"
+    );
+    writer.release().await.unwrap();
+    assert!(!b.is_locked(&key).await.unwrap(), "locked after the writer");
+}
+
 /// The watchdog renews readers and permits like exclusive locks.
 pub async fn watchdog_keeps_readers_and_permits<H: Harness>(h: &H) {
     let (a, b) = (manager(h).await, manager(h).await);
@@ -758,6 +782,7 @@ macro_rules! kinds_tests {
             write_release_wakes_every_reader, at_most_n_permit_holders,
             killed_permit_holder_frees_after_ttl, permit_release_wakes_a_waiter,
             watchdog_keeps_readers_and_permits, extending_one_reader_keeps_the_others,
+            is_locked_sees_every_kind,
             lock_all_in_opposite_orders_finishes, lock_all_leaves_no_key_behind,
             hold_at_least_keeps_the_key, kinds_reject_bad_input,
             lock_all_miss_keeps_no_key_for_hold_at_least, cancelled_writer_keeps_no_reader_out,

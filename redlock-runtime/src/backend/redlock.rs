@@ -1079,6 +1079,19 @@ impl RedlockBackend {
             .collect())
     }
 
+    /// The permit of `key`, found by its places (a `SCAN` of every node), as
+    /// [`permit_info`](Self::permit_info) describes it; `None` when no place is held.
+    async fn permit_of(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        let glob = scan_glob(&key.places_prefix(), "*");
+        let permits = self
+            .permits(key.prefix(), &glob, |owner| owner == key)
+            .await?;
+        match permits.into_values().next() {
+            Some((owner, places)) => self.permit_info(&owner, &places).await,
+            None => Ok(None),
+        }
+    }
+
     /// A permit of `key` as its `places` show it: a holder per place held on a quorum,
     /// the latest grant's fencing token and owner, the longest ttl; `None` when no
     /// place is held.
@@ -1559,14 +1572,16 @@ impl Store for RedlockBackend {
             .collect())
     }
 
-    /// Held when a quorum of nodes has the key.
+    /// Held when a quorum of nodes has the key, or else when a permit of it holds a
+    /// place on a quorum (found as [`inspect`](Store::inspect) finds it: a `SCAN` of
+    /// every node for the key's places).
     async fn is_locked(&self, key: &LockKey) -> Result<bool, LockError> {
         let answers = self
             .on_all("exists", self.node_timeout, |n| n.is_locked(key))
             .await;
         match self.vote(answers.iter().map(|a| a.as_ref().ok().copied())) {
             Vote::Yes => Ok(true),
-            Vote::No => Ok(false),
+            Vote::No => Ok(self.permit_of(key).await?.is_some()),
             Vote::Unknown => {
                 let reached = answers.iter().filter(|a| a.is_ok()).count();
                 let error = answers.iter().find_map(|a| a.as_ref().err());
@@ -1579,16 +1594,9 @@ impl Store for RedlockBackend {
     /// else its permit places' holders: a `SCAN` of every node for the key's places
     /// (about 1 000 names a round trip), each place inspected the same way.
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        if let Some(info) = self.inspect_key(key).await? {
-            return Ok(Some(info));
-        }
-        let glob = scan_glob(&key.places_prefix(), "*");
-        let permits = self
-            .permits(key.prefix(), &glob, |owner| owner == key)
-            .await?;
-        match permits.into_values().next() {
-            Some((owner, places)) => self.permit_info(&owner, &places).await,
-            None => Ok(None),
+        match self.inspect_key(key).await? {
+            Some(info) => Ok(Some(info)),
+            None => self.permit_of(key).await,
         }
     }
 

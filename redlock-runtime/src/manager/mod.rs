@@ -279,9 +279,10 @@ impl LockManager {
         self.acquire(key, Mode::Exclusive, resolved).await
     }
 
-    /// Whether anyone holds `key` now: an exclusive holder, readers or permit holders
-    /// (on Redlock a permit is held on places, keys of their own, which this does not
-    /// see).
+    /// Whether anyone holds `key` now: an exclusive holder, readers or permit holders.
+    /// On Redlock a permit is held on places, keys of their own, so a key not held
+    /// otherwise costs a `SCAN` of every node for its places, as for
+    /// [`inspect`](Self::inspect).
     ///
     /// # Errors
     /// [`LockError::InvalidKey`], [`LockError::Backend`].
