@@ -4,7 +4,8 @@
 //!   commands it sends ([`ACL_COMMANDS`], the line documented in docs/acl.md): a
 //!   workload that exercises every code path (acquire, notified waiting, watchdog
 //!   renewals, extend, release, `is_locked`, `force_unlock`, `min_replicas`, recovery
-//!   after `SCRIPT FLUSH`) runs without a single `ACL LOG` entry.
+//!   after `SCRIPT FLUSH`) runs without a single `ACL LOG` entry: on one server, a
+//!   cluster, and a Sentinel set (data nodes and Sentinels).
 //! * Each command of the line is needed: with it removed, the workload fails or the
 //!   server logs a denial. (On Redis 7.2+ redis-rs also sends `CLIENT SETINFO` when it
 //!   connects and ignores its failure: `+client|setinfo` keeps `ACL LOG` clean there; Redis
@@ -18,7 +19,7 @@ use std::time::Duration;
 
 use redis::{AsyncCommands, Value};
 use redlock::{LockError, LockManager, LockOptions};
-use redlock_testkit::{RedisCluster, RedisServer};
+use redlock_testkit::{RedisCluster, RedisServer, Sentinels};
 
 use crate::support::{require_redis, HEAVY};
 
@@ -82,17 +83,27 @@ const ACL_CLUSTER_COMMANDS: &[&str] = &[
     "+zscore",
 ];
 
+/// Under Sentinel: the data nodes' line gains `ROLE` (the manager checks the master it is
+/// named); each Sentinel is asked `SENTINEL MASTER` and heard on `+switch-master`.
+const ACL_SENTINEL_DATA_EXTRA: &str = "+role";
+const ACL_SENTINEL_COMMANDS: &[&str] = &["+sentinel|master", "+subscribe"];
+const ACL_SENTINEL_PATTERNS: &[&str] = &["&+switch-master"];
+
 /// Keys and channels of the default prefix `lock:`: lock keys and the fencing counters
 /// (`lock:fence:{<slot tag>}`) `lock:*`, and wake-up channels named after lock keys.
 const ACL_PATTERNS: &[&str] = &["~lock:*", "&lock:*"];
 
 /// The documented line (without the password).
 fn acl_line(user: &str, commands: &[&str]) -> Vec<String> {
+    acl_line_of(user, ACL_PATTERNS, commands)
+}
+
+fn acl_line_of(user: &str, patterns: &[&str], commands: &[&str]) -> Vec<String> {
     let mut line: Vec<String> = ["ACL", "SETUSER", user, "reset", "on", ">pw"]
         .iter()
         .map(|s| (*s).to_owned())
         .collect();
-    line.extend(ACL_PATTERNS.iter().map(|s| (*s).to_owned()));
+    line.extend(patterns.iter().map(|s| (*s).to_owned()));
     line.push("-@all".to_owned());
     line.extend(commands.iter().map(|s| (*s).to_owned()));
     line
@@ -103,19 +114,34 @@ fn admin(server: &RedisServer, args: &[String]) -> Value {
     server.cmd_sync(&args).expect("admin command")
 }
 
-/// Runs every code path of the library as `user`, on one server or (with more than one)
-/// a cluster; `Err` names the first thing that failed.
-async fn workload(servers: &[&RedisServer], user: &str, tag: &str) -> Result<(), String> {
-    let urls: Vec<String> = servers
-        .iter()
-        .map(|s| format!("redis://{user}:pw@127.0.0.1:{}", s.port()))
-        .collect();
-    let cluster = servers.len() > 1;
+/// How the workload's managers reach the data servers.
+#[derive(Clone, Copy)]
+enum Via<'a> {
+    Single,
+    Cluster,
+    /// Through the set's Sentinels, found as the set's master.
+    Sentinels(&'a Sentinels),
+}
+
+/// Runs every code path of the library as `user` on `servers` (the data nodes), reached
+/// `via` one of them, a cluster of them, or Sentinels; `Err` names the first thing that
+/// failed.
+async fn workload(
+    servers: &[&RedisServer],
+    via: Via<'_>,
+    user: &str,
+    tag: &str,
+) -> Result<(), String> {
+    let url = |s: &RedisServer| format!("redis://{user}:pw@127.0.0.1:{}", s.port());
+    // A cluster's masters and the Sentinel set's master have a replica each.
+    let replicated = !matches!(via, Via::Single);
     let build = || {
-        let b = if cluster {
-            LockManager::builder().cluster(&urls)
-        } else {
-            LockManager::builder().single(&urls[0])
+        let b = match via {
+            Via::Single => LockManager::builder().single(url(servers[0])),
+            Via::Cluster => LockManager::builder().cluster(servers.iter().map(|s| url(s))),
+            Via::Sentinels(set) => {
+                LockManager::builder().sentinel(set.master_name(), set.sentinels().iter().map(url))
+            }
         };
         b.default_ttl(Duration::from_millis(150))
             .connect_timeout(Duration::from_secs(1))
@@ -176,8 +202,8 @@ async fn workload(servers: &[&RedisServer], user: &str, tag: &str) -> Result<(),
         .lock_with(&untagged, LockOptions::new().min_replicas(1))
         .await
     {
-        Err(LockError::ReplicasUnavailable { .. }) if !cluster => {}
-        Ok(g) if cluster => g.release().await.map_err(e("release min_replicas"))?,
+        Err(LockError::ReplicasUnavailable { .. }) if !replicated => {}
+        Ok(g) if replicated => g.release().await.map_err(e("release min_replicas"))?,
         other => return Err(format!("min_replicas: {other:?}")),
     }
     if b.try_lock(&untagged)
@@ -295,14 +321,14 @@ fn set_user(servers: &[&RedisServer], user: &str, commands: &[&str]) {
 
 /// The workload passes under `commands` with no denial; without any one of them it fails
 /// or a denial is logged. Returns the report lines.
-async fn least_privilege(servers: &[&RedisServer], name: &str, commands: &[&str]) {
+async fn least_privilege(servers: &[&RedisServer], via: Via<'_>, name: &str, commands: &[&str]) {
     for s in servers {
         s.cmd_sync(&["CONFIG", "SET", "acllog-max-len", "10000"])
             .unwrap();
         s.cmd_sync(&["ACL", "LOG", "RESET"]).unwrap();
     }
     set_user(servers, "locker", commands);
-    let result = workload(servers, "locker", "full").await;
+    let result = workload(servers, via, "locker", "full").await;
     let log = acl_log(servers);
     println!(
         "s9 ACL {name}: `ACL SETUSER locker on >… {} -@all {}`: workload {:?}, ACL LOG {:?}",
@@ -322,8 +348,11 @@ async fn least_privilege(servers: &[&RedisServer], name: &str, commands: &[&str]
         set_user(servers, &user, &rest);
         runs.push((user, *omitted));
     }
-    let results =
-        futures::future::join_all(runs.iter().map(|(user, _)| workload(servers, user, user))).await;
+    let results = futures::future::join_all(
+        runs.iter()
+            .map(|(user, _)| workload(servers, via, user, user)),
+    )
+    .await;
     let log = acl_log(servers);
     let mut unneeded = Vec::new();
     for ((user, omitted), result) in runs.iter().zip(results) {
@@ -350,7 +379,7 @@ async fn s9_least_privilege_acl() {
     require_redis!();
     let _heavy = HEAVY.lock().await;
     let server = RedisServer::start();
-    least_privilege(&[&server], "single", ACL_COMMANDS).await;
+    least_privilege(&[&server], Via::Single, "single", ACL_COMMANDS).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -359,7 +388,69 @@ async fn s9_least_privilege_acl_cluster() {
     let _heavy = HEAVY.lock().await;
     let cluster = tokio::task::block_in_place(RedisCluster::start_default);
     let nodes: Vec<&RedisServer> = cluster.nodes().iter().collect();
-    least_privilege(&nodes, "cluster", ACL_CLUSTER_COMMANDS).await;
+    least_privilege(&nodes, Via::Cluster, "cluster", ACL_CLUSTER_COMMANDS).await;
+}
+
+/// Under Sentinel: the data nodes' line (every rule needed, `+role` too) with the
+/// Sentinels' line for every user; then the Sentinels' rules, each needed as well (without
+/// `+subscribe` the manager still follows failovers by asking, but the refusal is logged).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s9_least_privilege_acl_sentinel() {
+    require_redis!();
+    let _heavy = HEAVY.lock().await;
+    let set = tokio::task::block_in_place(Sentinels::start);
+    let data = [set.master(), set.replica()];
+    let sentinels: Vec<&RedisServer> = set.sentinels().iter().collect();
+    let sentinel_user = |user: &str, commands: &[&str]| {
+        for s in &sentinels {
+            admin(s, &acl_line_of(user, ACL_SENTINEL_PATTERNS, commands));
+        }
+    };
+    for s in &sentinels {
+        s.cmd_sync(&["ACL", "LOG", "RESET"]).unwrap();
+    }
+    let data_commands: Vec<&str> = ACL_COMMANDS
+        .iter()
+        .copied()
+        .chain([ACL_SENTINEL_DATA_EXTRA])
+        .collect();
+    // Every user least_privilege makes on the data nodes gets the whole Sentinel line.
+    sentinel_user("locker", ACL_SENTINEL_COMMANDS);
+    for i in 0..data_commands.len() {
+        sentinel_user(&format!("minus{i}"), ACL_SENTINEL_COMMANDS);
+    }
+    let via = Via::Sentinels(&set);
+    least_privilege(&data, via, "sentinel data nodes", &data_commands).await;
+    let log = acl_log(&sentinels);
+    assert!(!log.contains_key("locker"), "Sentinel denials: {log:?}");
+
+    let mut unneeded = Vec::new();
+    for (i, omitted) in ACL_SENTINEL_COMMANDS.iter().enumerate() {
+        let user = format!("sentinelminus{i}");
+        let rest: Vec<&str> = ACL_SENTINEL_COMMANDS
+            .iter()
+            .copied()
+            .filter(|c| c != omitted)
+            .collect();
+        sentinel_user(&user, &rest);
+        set_user(&data, &user, &data_commands);
+        let result = workload(&data, via, &user, &user).await;
+        let denials = acl_log(&sentinels).get(&user).map_or(0, Vec::len);
+        println!(
+            "s9 ACL sentinel without {omitted} on the Sentinels: workload {}, {denials} denials logged",
+            match &result {
+                Ok(()) => "ok".to_owned(),
+                Err(e) => format!("FAILED ({})", e.chars().take(120).collect::<String>()),
+            }
+        );
+        if result.is_ok() && denials == 0 {
+            unneeded.push(*omitted);
+        }
+    }
+    assert!(
+        unneeded.is_empty(),
+        "Sentinel rules the library never needed: {unneeded:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

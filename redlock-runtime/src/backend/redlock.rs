@@ -1651,17 +1651,22 @@ impl Store for RedlockBackend {
             .into_values()
             .flat_map(|(_, places)| places)
             .collect();
+        let keys: Vec<&LockKey> = std::iter::once(key).chain(&places).collect();
         let mut held = false;
-        for k in std::iter::once(key).chain(&places) {
-            let answers = self
-                .on_all("force_unlock", self.node_timeout, |n| n.force_unlock(k))
-                .await;
-            let reached = answers.iter().filter(|a| a.is_ok()).count();
-            if reached < self.quorum {
-                let error = answers.iter().find_map(|a| a.as_ref().err());
-                return Err(self.unavailable(k, reached, error));
-            }
-            held |= answers.iter().any(|a| matches!(a, Ok(true)));
+        for batch in keys.chunks(INSPECT_BATCH) {
+            let deleted = batch.iter().map(|&k| async move {
+                let answers = self
+                    .on_all("force_unlock", self.node_timeout, |n| n.force_unlock(k))
+                    .await;
+                let reached = answers.iter().filter(|a| a.is_ok()).count();
+                if reached < self.quorum {
+                    let error = answers.iter().find_map(|a| a.as_ref().err());
+                    return Err(self.unavailable(k, reached, error));
+                }
+                Ok(answers.iter().any(|a| matches!(a, Ok(true))))
+            });
+            let found = futures_util::future::try_join_all(deleted).await?;
+            held |= found.into_iter().any(|h| h);
         }
         if !places.is_empty() {
             self.announce_place_freed(key);

@@ -134,13 +134,8 @@ impl SentinelBackend {
             })
             .collect();
         let channels = Arc::new(Channels::default());
-        let first = find_master(
-            &master, &sentinels, &node, timeouts, &wake, &channels, None, 0,
-        )
-        .await?;
-        let Found::New(backend) = first else {
-            unreachable!("a first discovery has nothing to compare with");
-        };
+        let candidates = ask_sentinels(&master, &sentinels, &node, timeouts).await?;
+        let backend = connect_master(candidates, timeouts, &wake, &channels, 0).await?;
         tracing::info!(master, addr = backend.addr(), "sentinel: master found");
         let (stop, stopped) = oneshot::channel();
         let inner = Arc::new(Inner {
@@ -180,20 +175,36 @@ impl Inner {
     async fn rediscover(&self, why: &'static str) {
         let _one = self.rediscovering.lock().await;
         let current = self.current();
-        let found = find_master(
-            &self.master,
-            &self.sentinels,
-            &self.node,
-            self.timeouts,
-            &self.wake,
-            &self.channels,
-            Some(&current.backend.addr()),
-            current.generation + 1,
-        )
-        .await;
-        match found {
-            Ok(Found::Same) => {}
-            Ok(Found::New(backend)) => self.move_to(*backend, &current, why),
+        let in_use = current.backend.addr();
+        let found = async {
+            let mut candidates =
+                ask_sentinels(&self.master, &self.sentinels, &self.node, self.timeouts).await?;
+            // Only a candidate of a higher epoch than the master in use can replace it:
+            // when none of those is a master, the one in use still is.
+            let in_use_at = candidates
+                .iter()
+                .position(|c| c.addr().to_string() == in_use);
+            if let Some(at) = in_use_at {
+                candidates.truncate(at);
+            }
+            let generation = current.generation + 1;
+            match connect_master(
+                candidates,
+                self.timeouts,
+                &self.wake,
+                &self.channels,
+                generation,
+            )
+            .await
+            {
+                Ok(backend) => Ok(Some(backend)),
+                Err(_) if in_use_at.is_some() => Ok(None),
+                Err(e) => Err(e),
+            }
+        };
+        match found.await {
+            Ok(Some(backend)) => self.move_to(*backend, &current, why),
+            Ok(None) => {}
             Err(e) => tracing::debug!(
                 master = self.master,
                 why,
@@ -251,33 +262,20 @@ impl Inner {
     }
 }
 
-/// What a discovery found.
-enum Found {
-    /// The master in use is still the one.
-    Same,
-    /// Another master, connected (as connection `generation` of the channels).
-    New(Box<SingleBackend>),
-}
-
 /// Asks every Sentinel where `name`'s master is (those that did not answer within the
-/// connect timeout, or [`STRAGGLERS`] after a majority, count as failed); takes the
-/// answer of the highest epoch whose node says `ROLE master`. `Same` when that is
-/// `current`.
+/// connect timeout, or [`STRAGGLERS`] after a majority, count as failed): the masters
+/// they name, as nodes to connect to (the Sentinels' credentials and TLS), the highest
+/// epoch first; never empty.
 ///
 /// Not the first majority's answer: right after a failover only the Sentinel that led
 /// it may know (the others learn within a couple of seconds), while the old master,
 /// not yet demoted, still says `ROLE master` and takes writes.
-#[allow(clippy::too_many_arguments)]
-async fn find_master(
+async fn ask_sentinels(
     name: &str,
     sentinels: &[Sentinel],
     node: &ConnectionInfo,
     timeouts: Timeouts,
-    wake: &Wake,
-    channels: &Arc<Channels>,
-    current: Option<&str>,
-    generation: u64,
-) -> Result<Found, LockError> {
+) -> Result<Vec<ConnectionInfo>, LockError> {
     let majority = sentinels.len() / 2 + 1;
     let mut deadline = tokio::time::Instant::now() + timeouts.connect;
     let mut silent: Vec<String> = sentinels
@@ -331,14 +329,26 @@ async fn find_master(
     }
     answers.sort_by_key(|a| std::cmp::Reverse(a.epoch));
     answers.dedup_by(|a, b| a.host == b.host && a.port == b.port);
+    Ok(answers
+        .into_iter()
+        .map(|a| {
+            node.clone()
+                .set_addr(node_addr(node.addr(), &a.host, a.port))
+        })
+        .collect())
+}
+
+/// Connects to the first of `candidates` that says `ROLE master` (as connection
+/// `generation` of the channels); the last failure when none does.
+async fn connect_master(
+    candidates: Vec<ConnectionInfo>,
+    timeouts: Timeouts,
+    wake: &Wake,
+    channels: &Arc<Channels>,
+    generation: u64,
+) -> Result<Box<SingleBackend>, LockError> {
     let mut last_error = None;
-    for answer in answers {
-        let info = node
-            .clone()
-            .set_addr(node_addr(node.addr(), &answer.host, answer.port));
-        if current == Some(info.addr().to_string().as_str()) {
-            return Ok(Found::Same);
-        }
+    for info in candidates {
         let connected = SingleBackend::connect_listening(
             info,
             timeouts,
@@ -355,7 +365,7 @@ async fn find_master(
             }
         };
         match backend.role().await {
-            Ok(role) if role == "master" => return Ok(Found::New(Box::new(backend))),
+            Ok(role) if role == "master" => return Ok(Box::new(backend)),
             Ok(role) => {
                 last_error = Some(LockError::Backend {
                     operation: "sentinel discovery",
@@ -370,7 +380,10 @@ async fn find_master(
             Err(e) => last_error = Some(e),
         }
     }
-    Err(last_error.expect("at least one answer was tried"))
+    Err(last_error.unwrap_or_else(|| LockError::Backend {
+        operation: "sentinel discovery",
+        source: (ErrorKind::Client, "no master to connect to").into(),
+    }))
 }
 
 /// The address of a data node at `host:port`, over TLS when the Sentinels are.

@@ -70,7 +70,8 @@ pub(crate) const SCAN_COUNT: usize = 1000;
 /// of a billion keys takes a million).
 pub(crate) const MAX_SCAN_STEPS: usize = 1 << 24;
 
-/// Lock keys inspected at once, in one pipelined burst on the multiplexed connection.
+/// Lock keys inspected (or, on Redlock, force-released) at once, in one pipelined burst on
+/// the multiplexed connection.
 pub(crate) const INSPECT_BATCH: usize = 64;
 
 /// The `SCAN MATCH` glob for `pattern` under `prefix`: the prefix with its glob
