@@ -312,6 +312,19 @@ fn acl_log(servers: &[&RedisServer]) -> HashMap<String, Vec<String>> {
     out
 }
 
+/// Reports the workload's run without the rule `omitted`: the rule was needed when the
+/// workload failed or a denial was logged.
+fn needed(name: &str, omitted: &str, result: &Result<(), String>, denials: usize) -> bool {
+    println!(
+        "s9 ACL {name} without {omitted}: workload {}, {denials} denials logged",
+        match result {
+            Ok(()) => "ok".to_owned(),
+            Err(e) => format!("FAILED ({})", e.chars().take(120).collect::<String>()),
+        }
+    );
+    result.is_err() || denials > 0
+}
+
 /// Sets up `user` on every server with `commands`.
 fn set_user(servers: &[&RedisServer], user: &str, commands: &[&str]) {
     for s in servers {
@@ -357,14 +370,7 @@ async fn least_privilege(servers: &[&RedisServer], via: Via<'_>, name: &str, com
     let mut unneeded = Vec::new();
     for ((user, omitted), result) in runs.iter().zip(results) {
         let denials = log.get(user).map_or(0, Vec::len);
-        println!(
-            "s9 ACL {name} without {omitted}: workload {}, {denials} denials logged",
-            match &result {
-                Ok(()) => "ok".to_owned(),
-                Err(e) => format!("FAILED ({})", e.chars().take(120).collect::<String>()),
-            }
-        );
-        if result.is_ok() && denials == 0 {
+        if !needed(name, omitted, &result, denials) {
             unneeded.push(*omitted);
         }
     }
@@ -436,14 +442,7 @@ async fn s9_least_privilege_acl_sentinel() {
         set_user(&data, &user, &data_commands);
         let result = workload(&data, via, &user, &user).await;
         let denials = acl_log(&sentinels).get(&user).map_or(0, Vec::len);
-        println!(
-            "s9 ACL sentinel without {omitted} on the Sentinels: workload {}, {denials} denials logged",
-            match &result {
-                Ok(()) => "ok".to_owned(),
-                Err(e) => format!("FAILED ({})", e.chars().take(120).collect::<String>()),
-            }
-        );
-        if result.is_ok() && denials == 0 {
+        if !needed("sentinel (the Sentinels' line)", omitted, &result, denials) {
             unneeded.push(*omitted);
         }
     }
