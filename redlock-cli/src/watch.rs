@@ -160,16 +160,20 @@ pub(crate) async fn run(
 
 type Notes = std::pin::Pin<Box<dyn futures_util::Stream<Item = redis::Msg> + Send>>;
 
-/// The key's wake-up channel and its keyspace events, on a connection of their own;
-/// `None` (polling only) when they cannot be had.
+/// The key's wake-up channel and its keyspace events on a connection of their own;
+/// `None` (polling only) when the wake-up channel cannot be had.
+///
+/// The keyspace events are the plain channel `__keyspace@<db>__:<key>`, not a pattern:
+/// an ACL grants a pattern subscription only for that very pattern, while the channel is
+/// covered by `&__keyspace@*__:lock:*`. They are optional (without them an expiry shows
+/// at the next look).
 async fn notifications(url: &str, full: &str) -> Option<Notes> {
     let client = redis::Client::open(url).ok()?;
+    let db = client.get_connection_info().redis_settings().db();
     let subscribe = async {
         let mut pubsub = client.get_async_pubsub().await?;
         pubsub.subscribe(full).await?;
-        pubsub
-            .psubscribe(format!("__keyspace@*__:{}", escape(full)))
-            .await?;
+        let _ = pubsub.subscribe(format!("__keyspace@{db}__:{full}")).await;
         Ok::<_, redis::RedisError>(pubsub)
     };
     let pubsub = tokio::time::timeout(Duration::from_secs(3), subscribe)
@@ -179,32 +183,10 @@ async fn notifications(url: &str, full: &str) -> Option<Notes> {
     Some(Box::pin(pubsub.into_on_message()))
 }
 
-/// `s` with the glob characters of `PSUBSCRIBE` escaped.
-fn escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out
-}
-
 /// The next notification; never resolves without a subscription.
 async fn next(notes: &mut Option<Notes>) -> Option<redis::Msg> {
     match notes {
         Some(stream) => stream.next().await,
         None => std::future::pending().await,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn escapes_globs() {
-        assert_eq!(escape("lock:a*[b]?\\"), "lock:a\\*\\[b\\]\\?\\\\");
     }
 }

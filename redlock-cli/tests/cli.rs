@@ -232,8 +232,14 @@ struct Watch {
 
 impl Watch {
     fn start(url: &str, key: &str) -> Self {
+        Self::start_with(url, key, &[])
+    }
+
+    /// With `args` added (`--interval 10s`).
+    fn start_with(url: &str, key: &str, args: &[&str]) -> Self {
         let mut child = redlock(url)
             .args(["--json", "watch", key, "--for", "20s"])
+            .args(args)
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
@@ -459,4 +465,109 @@ async fn redlock_lists_a_permit_once_and_release_frees_its_places() {
     release.args(["release", "lock:pool_{1}", "--yes"]);
     release_wakes_the_waiter(&mut release, waiting, &[&p1, &p2]).await;
     g.release().await.unwrap();
+}
+
+/// The denials `ACL LOG` holds for `user`, as `reason object`.
+fn denials(server: &RedisServer, user: &str) -> Vec<String> {
+    let log: Vec<std::collections::HashMap<String, redis::Value>> =
+        redis::from_redis_value(server.cmd_sync(&["ACL", "LOG", "1000"]).unwrap()).unwrap();
+    let text = |entry: &std::collections::HashMap<String, redis::Value>, k: &str| {
+        entry
+            .get(k)
+            .and_then(|v| redis::from_redis_value::<String>(v.clone()).ok())
+            .unwrap_or_default()
+    };
+    log.iter()
+        .filter(|entry| text(entry, "username") == user)
+        .map(|entry| format!("{} {}", text(entry, "reason"), text(entry, "object")))
+        .collect()
+}
+
+/// docs/acl.md's read-only operator user, taken from the doc itself: `list`, `inspect`
+/// and `watch` (its wake-up channel and keyspace events: looking only every 10 s, it
+/// still reports a grant and an expiry at once) run with no `ACL LOG` denial, `release`
+/// is refused (exit 3, the lock kept); with the `+del +publish` the doc adds, `release`
+/// works, also without a denial. (A pattern subscription to the keyspace events was
+/// denied: an ACL grants `PSUBSCRIBE` only for the very pattern it names.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_operator_acl_is_enough() {
+    let server = RedisServer::start();
+    server
+        .cmd_sync(&["CONFIG", "SET", "notify-keyspace-events", "KA"])
+        .unwrap();
+    let doc = include_str!("../../docs/acl.md");
+    let line = doc
+        .lines()
+        .find(|l| l.starts_with("ACL SETUSER operator "))
+        .expect("the operator's line in docs/acl.md");
+    let operator: Vec<&str> = line
+        .split_whitespace()
+        .map(|w| if w == ">PASSWORD" { ">pw" } else { w })
+        .collect();
+    let releaser: Vec<&str> = operator
+        .iter()
+        .map(|&w| if w == "operator" { "releaser" } else { w })
+        .chain(["+del", "+publish"])
+        .collect();
+    server.cmd_sync(&operator).unwrap();
+    server.cmd_sync(&releaser).unwrap();
+    server.cmd_sync(&["ACL", "LOG", "RESET"]).unwrap();
+    let url = |user: &str| format!("redis://{user}:pw@127.0.0.1:{}", server.port());
+
+    let locks = manager(&server).await;
+    let held = locks
+        .lock_with("buy_{42}", LockOptions::new().ttl(Duration::from_secs(3)))
+        .await
+        .unwrap();
+    let _readers = [
+        locks.read("report_{1}").await.unwrap(),
+        locks.read("report_{1}").await.unwrap(),
+    ];
+    let _permit = locks.permit("slots_{3}", 2).await.unwrap();
+
+    let out = run(&url("operator"), &["--json", "list"]).await;
+    assert_eq!(out.status.code(), Some(0));
+    let all: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(all.as_array().unwrap().len(), 3, "{all}");
+    for (key, kind) in [("lock:buy_{42}", "exclusive"), ("lock:slots_{3}", "permit")] {
+        let out = run(&url("operator"), &["--json", "inspect", key]).await;
+        assert_eq!(out.status.code(), Some(0));
+        let info: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(info["kind"], kind);
+    }
+    let mut watch = Watch::start_with(&url("operator"), "lock:buy_{42}", &["--interval", "10s"]);
+    assert_eq!(watch.next_holders().await, ("granted".to_owned(), 1));
+
+    held.release().await.unwrap();
+    assert_eq!(watch.next_holders().await.0, "released");
+    let short = LockOptions::new()
+        .ttl(Duration::from_millis(300))
+        .watchdog(false);
+    let brief = locks.lock_with("buy_{42}", short).await.unwrap();
+    assert_eq!(watch.next_holders().await, ("granted".to_owned(), 1));
+    assert_eq!(watch.next_holders().await.0, "expired");
+    drop(brief);
+    assert_eq!(denials(&server, "operator"), Vec::<String>::new());
+
+    let held = locks
+        .lock_with("buy_{42}", LockOptions::new().ttl(Duration::from_secs(3)))
+        .await
+        .unwrap();
+    assert_eq!(watch.next_holders().await, ("granted".to_owned(), 1));
+    let refused = run(&url("operator"), &["release", "lock:buy_{42}", "--yes"]).await;
+    assert_eq!(refused.status.code(), Some(3));
+    assert!(held.is_held());
+    assert!(
+        !denials(&server, "operator").is_empty(),
+        "the refusal is logged"
+    );
+
+    let out = run(&url("releaser"), &["release", "lock:buy_{42}", "--yes"]).await;
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(watch.next_holders().await.0, "released");
+    tokio::time::timeout(Duration::from_secs(6), held.lost())
+        .await
+        .expect("the holder saw lost() at its next renewal");
+    assert_eq!(denials(&server, "releaser"), Vec::<String>::new());
+    watch.child.kill().await.unwrap();
 }
