@@ -565,6 +565,38 @@ async fn one_frozen_node_does_not_slow_every_call() {
     }
 }
 
+/// `is_locked` and `inspect` of a key no quorum holds look for its permit places by a
+/// `SCAN` of the nodes: they take the first quorum of scans, so a frozen node (its
+/// requests bounded only by a 10 s response timeout here) does not hold them up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permit_lookups_do_not_wait_for_a_frozen_node() {
+    let mut h = Redlock::new();
+    let locks = h
+        .managers()
+        .response_timeout(Duration::from_secs(10))
+        .build()
+        .await
+        .unwrap();
+    let (free, permits) = (unique("free"), unique("permits"));
+    let permit = locks.permit(&permits, 2).await.unwrap();
+    h.set.node_mut(0).pause();
+    let start = Instant::now();
+    let free_locked = locks.is_locked(&free).await;
+    let permit_locked = locks.is_locked(&permits).await;
+    let info = locks.inspect(&permits).await;
+    let took = start.elapsed();
+    h.set.node_mut(0).resume();
+    assert!(!free_locked.unwrap(), "a free key locked");
+    assert!(permit_locked.unwrap(), "the permit holder not seen");
+    assert_eq!(
+        info.unwrap().map(|i| i.kind),
+        Some(redlock::LockKind::Permit)
+    );
+    // Three lookups: each would wait out the frozen node's 10 s if it waited for every scan.
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    permit.release().await.unwrap();
+}
+
 /// Regression (issue 12, item 2): a waiter losing to a holder of a quorum won the free
 /// node, and its undo there PUBLISHed a wake-up that woke the waiter itself: it retried
 /// at once, won the free node again, undid it again — thousands of script calls per

@@ -999,6 +999,16 @@ fn exclusive(key: &LockKey, token: Token) -> LeaseRef<'_> {
     }
 }
 
+/// The nodes whose `SCAN` a search for permit places waits for.
+#[derive(Debug, Clone, Copy)]
+enum Reach {
+    /// The first quorum to finish: enough to find every place held on a quorum.
+    Quorum,
+    /// Every node that answers: also the places left on a minority (`list` shows what
+    /// every node has; `force_unlock` deletes them all).
+    Every,
+}
+
 /// What `inspect`, `list` and `force_unlock` find on the nodes.
 impl RedlockBackend {
     /// The holder that holds the key on a quorum of nodes (by its digest), if any, as
@@ -1047,24 +1057,41 @@ impl RedlockBackend {
         Ok(Some(info))
     }
 
-    /// The permit places whose name matches `glob` on the nodes (a node that fails is
-    /// left out while a quorum answered), by the key they belong to, for the keys
-    /// `wanted` (under `prefix`).
+    /// The permit places whose name matches `glob` on the nodes `reach` says (a node
+    /// that fails is left out while a quorum answered), by the key they belong to, for
+    /// the keys `wanted` (under `prefix`).
     async fn permits(
         &self,
         prefix: &str,
         glob: &str,
         wanted: impl Fn(&LockKey) -> bool,
+        reach: Reach,
     ) -> Result<BTreeMap<String, (LockKey, Vec<LockKey>)>, LockError> {
-        let scans = join_all(self.nodes.iter().map(|n| n.scan_places(prefix, glob))).await;
-        let reached = scans.iter().filter(|s| s.is_ok()).count();
-        if reached < self.quorum {
-            let error = scans.iter().find_map(|s| s.as_ref().err());
+        let enough = match reach {
+            Reach::Quorum => self.quorum,
+            Reach::Every => self.nodes.len(),
+        };
+        let mut scans: FuturesUnordered<_> = self
+            .nodes
+            .iter()
+            .map(|n| n.scan_places(prefix, glob))
+            .collect();
+        let (mut answered, mut error) = (Vec::new(), None);
+        while answered.len() < enough {
+            match scans.next().await {
+                Some(Ok(places)) => answered.push(places),
+                Some(Err(e)) => error = error.or(Some(e)),
+                None => break,
+            }
+        }
+        // The scans still running are read-only: dropping them leaves nothing behind.
+        drop(scans);
+        if answered.len() < self.quorum {
             let any = LockKey::prefixed(prefix, "*")?;
-            return Err(self.unavailable(&any, reached, error));
+            return Err(self.unavailable(&any, answered.len(), error.as_ref()));
         }
         let mut found: BTreeMap<String, (LockKey, BTreeMap<String, LockKey>)> = BTreeMap::new();
-        for (owner, place) in scans.into_iter().flatten().flatten() {
+        for (owner, place) in answered.into_iter().flatten() {
             if wanted(&owner) {
                 found
                     .entry(owner.full().to_owned())
@@ -1079,12 +1106,14 @@ impl RedlockBackend {
             .collect())
     }
 
-    /// The permit of `key`, found by its places (a `SCAN` of every node), as
-    /// [`permit_info`](Self::permit_info) describes it; `None` when no place is held.
+    /// The permit of `key`, found by its places, as [`permit_info`](Self::permit_info)
+    /// describes it; `None` when no place is held. The places are scanned for on the
+    /// first quorum of nodes to finish (a place held on a quorum is on one of them: two
+    /// quorums share a node), so a slow or frozen minority costs nothing.
     async fn permit_of(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
         let glob = scan_glob(&key.places_prefix(), "*");
         let permits = self
-            .permits(key.prefix(), &glob, |owner| owner == key)
+            .permits(key.prefix(), &glob, |owner| owner == key, Reach::Quorum)
             .await?;
         match permits.into_values().next() {
             Some((owner, places)) => self.permit_info(&owner, &places).await,
@@ -1628,9 +1657,12 @@ impl Store for RedlockBackend {
         let wanted = scan_glob(prefix, pattern);
         let all_places = scan_glob(prefix, &format!("*{}*", PLACE_INFIX));
         let permits = self
-            .permits(prefix, &all_places, |owner| {
-                glob_match(wanted.as_bytes(), owner.full().as_bytes())
-            })
+            .permits(
+                prefix,
+                &all_places,
+                |owner| glob_match(wanted.as_bytes(), owner.full().as_bytes()),
+                Reach::Every,
+            )
             .await?;
         for (owner, places) in permits.values() {
             out.extend(self.permit_info(owner, places).await?);
@@ -1645,7 +1677,7 @@ impl Store for RedlockBackend {
     async fn force_unlock(&self, key: &LockKey) -> Result<bool, LockError> {
         let glob = scan_glob(&key.places_prefix(), "*");
         let permits = self
-            .permits(key.prefix(), &glob, |owner| owner == key)
+            .permits(key.prefix(), &glob, |owner| owner == key, Reach::Every)
             .await?;
         let places: Vec<LockKey> = permits
             .into_values()

@@ -285,7 +285,8 @@ impl LockManager {
     /// [`inspect`](Self::inspect).
     ///
     /// # Errors
-    /// [`LockError::InvalidKey`], [`LockError::Backend`].
+    /// [`LockError::InvalidKey`], [`LockError::Backend`] (or
+    /// [`LockError::QuorumUnavailable`] when too few Redlock nodes answered).
     ///
     /// # Examples
     ///
