@@ -62,6 +62,13 @@ async fn release_wakes_the_waiter(
     }
 }
 
+/// `cmd --json list`: exit 0, and what it printed.
+async fn json_list(cmd: &mut Command) -> Value {
+    let out = cmd.args(["--json", "list"]).output().await.unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 async fn run(url: &str, args: &[&str]) -> Output {
     let out = tokio::time::timeout(Duration::from_secs(30), redlock(url).args(args).output())
         .await
@@ -367,9 +374,7 @@ async fn cluster_list_covers_every_master_and_release_reaches_the_key() {
         cmd.args(args);
         cmd
     };
-    let out = cli(&["--json", "list"]).output().await.unwrap();
-    assert_eq!(out.status.code(), Some(0), "{out:?}");
-    let all: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let all = json_list(&mut cli(&[])).await;
     let mut listed: Vec<String> = all
         .as_array()
         .unwrap()
@@ -404,13 +409,11 @@ async fn sentinel_lists_the_masters_locks() {
         .await
         .unwrap();
     let g = locks.lock("nightly_{1}").await.unwrap();
-    let out = redlock_on(&["--sentinel", set.master_name()], &set.sentinel_urls())
-        .args(["--json", "list"])
-        .output()
-        .await
-        .unwrap();
-    assert_eq!(out.status.code(), Some(0), "{out:?}");
-    let all: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let all = json_list(&mut redlock_on(
+        &["--sentinel", set.master_name()],
+        &set.sentinel_urls(),
+    ))
+    .await;
     assert_eq!(all[0]["key"], "lock:nightly_{1}");
     assert_eq!(all[0]["fencing_token"], g.fencing_token());
     g.release().await.unwrap();
@@ -427,13 +430,7 @@ async fn redlock_lists_a_permit_once_and_release_frees_its_places() {
     let p1 = locks.permit("pool_{1}", 2).await.unwrap();
     let p2 = locks.permit("pool_{1}", 2).await.unwrap();
     let g = locks.lock("nightly_{1}").await.unwrap();
-    let out = redlock_on(&["--redlock"], &urls)
-        .args(["--json", "list"])
-        .output()
-        .await
-        .unwrap();
-    assert_eq!(out.status.code(), Some(0), "{out:?}");
-    let all: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let all = json_list(&mut redlock_on(&["--redlock"], &urls)).await;
     let shown: Vec<(&str, &str, u64)> = all
         .as_array()
         .unwrap()

@@ -596,6 +596,20 @@ impl RedlockBackend {
         }
     }
 
+    /// [`unavailable`](Self::unavailable) unless a quorum of the `answers` succeeded.
+    fn require_quorum<T>(
+        &self,
+        key: &LockKey,
+        answers: &[Result<T, LockError>],
+    ) -> Result<(), LockError> {
+        let reached = answers.iter().filter(|a| a.is_ok()).count();
+        if reached < self.quorum {
+            let error = answers.iter().find_map(|a| a.as_ref().err());
+            return Err(self.unavailable(key, reached, error));
+        }
+        Ok(())
+    }
+
     /// A compare-token request to every node, decided by a quorum vote: returns as soon
     /// as a quorum confirmed or denied (or the per-node timeout passed); the requests
     /// still in flight finish in the background, as `stragglers` says.
@@ -1004,8 +1018,8 @@ fn exclusive(key: &LockKey, token: Token) -> LeaseRef<'_> {
 enum Reach {
     /// The first quorum to finish: enough to find every place held on a quorum.
     Quorum,
-    /// Every node that answers: also the places left on a minority (`list` shows what
-    /// every node has; `force_unlock` deletes them all).
+    /// Every node that answers (`list`, as for its lock keys; `force_unlock`, which also
+    /// deletes the places a minority still has).
     Every,
 }
 
@@ -1021,11 +1035,7 @@ impl RedlockBackend {
         let answers = self
             .on_all("inspect", self.node_timeout, |n| n.inspect(key))
             .await;
-        let reached = answers.iter().filter(|a| a.is_ok()).count();
-        if reached < self.quorum {
-            let error = answers.iter().find_map(|a| a.as_ref().err());
-            return Err(self.unavailable(key, reached, error));
-        }
+        self.require_quorum(key, &answers)?;
         let found: Vec<LockInfo> = answers
             .into_iter()
             .filter_map(|a| a.ok().flatten())
@@ -1634,12 +1644,7 @@ impl Store for RedlockBackend {
     /// does, and the permits whose key matches, found by their places (a second `SCAN`).
     async fn list(&self, prefix: &str, pattern: &str) -> Result<Vec<LockInfo>, LockError> {
         let scans = join_all(self.nodes.iter().map(|n| n.scan_keys(prefix, pattern))).await;
-        let any = LockKey::prefixed(prefix, "*")?;
-        let reached = scans.iter().filter(|s| s.is_ok()).count();
-        if reached < self.quorum {
-            let error = scans.iter().find_map(|s| s.as_ref().err());
-            return Err(self.unavailable(&any, reached, error));
-        }
+        self.require_quorum(&LockKey::prefixed(prefix, "*")?, &scans)?;
         let keys: BTreeMap<String, LockKey> = scans
             .into_iter()
             .flatten()
@@ -1690,11 +1695,7 @@ impl Store for RedlockBackend {
                 let answers = self
                     .on_all("force_unlock", self.node_timeout, |n| n.force_unlock(k))
                     .await;
-                let reached = answers.iter().filter(|a| a.is_ok()).count();
-                if reached < self.quorum {
-                    let error = answers.iter().find_map(|a| a.as_ref().err());
-                    return Err(self.unavailable(k, reached, error));
-                }
+                self.require_quorum(k, &answers)?;
                 Ok(answers.iter().any(|a| matches!(a, Ok(true))))
             });
             let found = futures_util::future::try_join_all(deleted).await?;
