@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::LeaseRef;
+use crate::backend::{LeaseRef, Renewal, ReplicaWait};
 use crate::key::LockKey;
 use crate::kind::Mode;
 use crate::stats::{self, Hold, Loss};
@@ -83,6 +83,9 @@ pub(crate) struct Lease {
     pub(crate) fence: u64,
     /// What was acquired: the key alone, or a reader's or permit holder's place.
     pub(crate) mode: Mode,
+    /// The replicas every expiry-setting request of the lease waits for
+    /// (`min_replicas`): carried by [`lease_ref`](Self::lease_ref), so by every request.
+    pub(crate) replicas: Option<ReplicaWait>,
     /// Until when the key is kept after a release (`hold_at_least`), in [`now`]'s
     /// nanoseconds; 0 for none.
     hold_until: AtomicU64,
@@ -115,6 +118,7 @@ impl Lease {
             token,
             fence,
             mode: Mode::Exclusive,
+            replicas: None,
             hold_until: AtomicU64::new(0),
             ttl: AtomicU64::new(nanos(ttl)),
             deadline: AtomicU64::new(0),
@@ -135,7 +139,31 @@ impl Lease {
             key: &self.key,
             token: self.token,
             mode: self.mode,
+            replicas: self.replicas,
         }
+    }
+
+    /// The renewal of the lease carrying `ttl` (the watchdog's).
+    pub(crate) fn renewal(&self, ttl: Duration) -> Renewal<'_> {
+        let LeaseRef {
+            key,
+            token,
+            mode,
+            replicas,
+        } = self.lease_ref();
+        Renewal {
+            key,
+            token,
+            ttl,
+            mode,
+            replicas,
+        }
+    }
+
+    /// The lease of a grant whose expiry-setting requests wait for `replicas`.
+    pub(crate) fn with_replicas(mut self, replicas: Option<ReplicaWait>) -> Self {
+        self.replicas = replicas;
+        self
     }
 
     /// A lease granted by `backend`, with the grant's metrics.

@@ -377,11 +377,7 @@ async fn handle(shared: Arc<Shared>, job: Job) -> bool {
             stats::release(outcome);
         }
         Job::Abandon(key, token, mode) => {
-            let lease = LeaseRef {
-                key: &key,
-                token,
-                mode,
-            };
+            let lease = LeaseRef::new(&key, token, mode);
             release(&shared, lease, || Duration::ZERO).await;
         }
         Job::Withdraw(key, waiter) => {
@@ -467,15 +463,7 @@ impl std::fmt::Display for Keys<'_> {
 
 async fn renew(shared: Arc<Shared>, due: Vec<Due>) -> bool {
     let sent = lease::now();
-    let batch: Vec<Renewal<'_>> = due
-        .iter()
-        .map(|d| Renewal {
-            key: &d.lease.key,
-            token: d.lease.token,
-            ttl: d.ttl,
-            mode: d.lease.mode,
-        })
-        .collect();
+    let batch: Vec<Renewal<'_>> = due.iter().map(|d| d.lease.renewal(d.ttl)).collect();
     let span = tracing::debug_span!(
         "redlock.renew",
         backend = shared.backend.name(),

@@ -50,22 +50,24 @@ use redis::cluster_routing::{
     MultipleNodeRoutingInfo, ResponsePolicy, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
 };
 use redis::io::tcp::TcpSettings;
-use redis::{ConnectionInfo, FromRedisValue, ProtocolVersion, PushInfo, PushKind, Value};
+use redis::{ConnectionInfo, ProtocolVersion, PushInfo, PushKind, Value};
 use tokio::sync::mpsc;
 
 use super::server::{
     acquire_all_call, acquire_args, acquire_by_call, acquire_call, by_script_call, chunk_outcomes,
-    decode_acquire, decode_acquire_all, decode_scan, extend_shared_call, inspect_all, inspect_on,
-    parse_eviction_policy, release_call, renew_call, scan_cmd, scan_glob, scan_unfinished,
-    script_loads, ttl_ms, ScriptCall, Timeouts, WaitAttempt, WaitPool, MAX_REPLICA_WAIT,
-    MAX_SCAN_STEPS,
+    decode, decode_acquire, decode_acquire_all, decode_extended, decode_scan, extend_call,
+    inspect_all, inspect_on, parse_eviction_policy, release_call, renew_call, renew_in_parts,
+    replicas_met, replicated_outcome, scan_cmd, scan_glob, scan_unfinished, script_loads, ttl_ms,
+    unexpected, ScriptCall, Timeouts, WaitAttempt, WaitPool, MAX_REPLICA_WAIT, MAX_SCAN_STEPS,
 };
-use super::{Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Store, Together, Wake};
+use super::{
+    Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, ReplicaWait, Store, Together, Wake,
+};
 use crate::error::chain;
 use crate::info::LockInfo;
 use crate::key::{key_slot, LockKey, SLOTS};
 use crate::notify::{channel_of, ChannelLocks, Interest};
-use crate::scripts::{ACQUIRE, EXTEND, RELEASE};
+use crate::scripts::{ACQUIRE, RELEASE};
 use crate::token::Token;
 use crate::LockError;
 
@@ -84,7 +86,8 @@ const RESUBSCRIBE_BACKOFF: (Duration, Duration) =
 const SLOT_MAP_AGE: Duration = Duration::from_secs(10);
 
 /// The locks (batch indices) of one `renew.lua` call, and its reply.
-type SlotRenewal = (Vec<usize>, Result<Vec<i64>, redis::RedisError>);
+/// With the replicas that acknowledged them, when the call ended in a `WAIT`.
+type SlotRenewal = (Vec<usize>, Result<Vec<i64>, LockError>, Option<u32>);
 /// One `renew.lua` call to make: its slot and its locks (batch indices).
 type SlotCall = (u16, Vec<usize>);
 
@@ -274,6 +277,96 @@ impl ClusterBackend {
         })
     }
 
+    /// `calls` as one pipeline (led by their `SCRIPT LOAD`s, so a flushed script cache
+    /// cannot fail it) routed by `route`: each call's reply. With `rw`, the pipeline ends
+    /// in a `WAIT` for it and runs on a connection of its own (`WAIT` blocks the
+    /// connection; never a bare `WAIT`, which would go to every primary): the replies,
+    /// and how many replicas acknowledged them all. A pipeline cut short takes its
+    /// connection with it (never pooled with a `WAIT` in flight).
+    async fn pipeline(
+        &self,
+        calls: &[ScriptCall],
+        rw: Option<ReplicaWait>,
+        route: SingleNodeRoutingInfo,
+        operation: &'static str,
+    ) -> Result<(Vec<Value>, Option<u32>), LockError> {
+        let loads = script_loads(calls);
+        let mut pipe = redis::pipe();
+        for load in &loads {
+            pipe.add_command(load.clone());
+        }
+        for call in calls {
+            pipe.add_command(call.evalsha());
+        }
+        let Some(rw) = rw else {
+            let replies = self
+                .con
+                .clone()
+                .route_pipeline(pipe, loads.len(), calls.len(), route)
+                .await
+                .map_err(LockError::backend(operation))?;
+            if replies.len() != calls.len() {
+                return Err(unexpected(operation, replies.len()));
+            }
+            return Ok((replies, None));
+        };
+        pipe.cmd("WAIT").arg(rw.replicas).arg(ttl_ms(rw.timeout));
+        let mut con = self.wait_connection().await?;
+        let mut replies = con
+            .route_pipeline(pipe, loads.len(), calls.len() + 1, route)
+            .await
+            .map_err(LockError::backend(operation))?;
+        self.wait_pool.put(con);
+        let acked = replies.pop().ok_or_else(|| unexpected(operation, 0))?;
+        if replies.len() != calls.len() {
+            return Err(unexpected(operation, replies.len()));
+        }
+        Ok((replies, Some(decode(acked, operation)?)))
+    }
+
+    /// A cluster connection of its own for a pipeline ending in `WAIT`: an idle one
+    /// from the pool, or a new one whose response timeout leaves room for the longest.
+    async fn wait_connection(&self) -> Result<ClusterConnection, LockError> {
+        if let Some(con) = self.wait_pool.take() {
+            return Ok(con);
+        }
+        let response = self.timeouts.response + MAX_REPLICA_WAIT;
+        self.timeouts
+            .connecting(self.nodes.connection(self.timeouts, response, None))
+            .await
+    }
+
+    /// One call on the master of `key` (with `WAIT` for the lease's replicas, if any):
+    /// its reply, checked against them ([`LockError::ReplicasUnavailable`] when a
+    /// confirmed request was not acknowledged by enough replicas).
+    async fn on_lease(
+        &self,
+        call: ScriptCall,
+        lease: LeaseRef<'_>,
+        operation: &'static str,
+    ) -> Result<Value, LockError> {
+        let Some(rw) = lease.replicas else {
+            return call
+                .invoke(&self.con)
+                .await
+                .map_err(LockError::backend(operation));
+        };
+        let route = master_of(lease.key.full());
+        let (replies, acked) = self
+            .pipeline(std::slice::from_ref(&call), Some(rw), route, operation)
+            .await?;
+        let reply = replies
+            .into_iter()
+            .next()
+            .ok_or_else(|| unexpected(operation, 0))?;
+        if matches!(reply, Value::Int(1))
+            || matches!(&reply, Value::Array(a) if matches!(a.as_slice(), [Value::Int(1)]))
+        {
+            replicas_met(lease.key, rw, acked.unwrap_or(0))?;
+        }
+        Ok(reply)
+    }
+
     #[cfg(test)]
     fn subscriber(&self) -> &ShardSubscriber {
         &self.subscriber
@@ -286,38 +379,21 @@ impl ClusterBackend {
         &self,
         batch: &[Renewal<'_>],
         calls: Vec<SlotCall>,
+        rw: Option<ReplicaWait>,
     ) -> Result<Vec<SlotRenewal>, Vec<SlotCall>> {
-        let Some(route) = calls.first().map(|&(slot, _)| {
-            SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master))
-        }) else {
+        let Some(route) = calls.first().map(|&(slot, _)| slot_master(slot)) else {
             return Ok(Vec::new());
         };
         let scripts: Vec<ScriptCall> = calls
             .iter()
             .map(|(_, indices)| slot_renew_call(batch, indices))
             .collect();
-        let loads = script_loads(&scripts);
-        let mut pipe = redis::pipe();
-        for load in &loads {
-            pipe.add_command(load.clone());
-        }
-        for script in &scripts {
-            pipe.add_command(script.evalsha());
-        }
-        match self
-            .con
-            .clone()
-            .route_pipeline(pipe, loads.len(), calls.len(), route)
-            .await
-        {
-            Ok(replies) if replies.len() == calls.len() => Ok(calls
+        match self.pipeline(&scripts, rw, route, "renew").await {
+            Ok((replies, acked)) => Ok(calls
                 .into_iter()
                 .zip(replies)
-                .map(|((_, indices), reply)| {
-                    (indices, redis::from_redis_value(reply).map_err(Into::into))
-                })
+                .map(|((_, indices), reply)| (indices, decode(reply, "renew"), acked))
                 .collect()),
-            Ok(_) => Err(calls),
             Err(e) => {
                 tracing::debug!(
                     backend = "cluster",
@@ -327,6 +403,133 @@ impl ClusterBackend {
                 );
                 Err(calls)
             }
+        }
+    }
+
+    /// Renews a batch (or, with `rw`, a batch of leases waiting for replicas, each
+    /// pipeline ending in a `WAIT` for `rw`) with one pipeline per master: the batch's locks grouped by slot
+    /// (scripts cannot span slots) into `renew.lua` calls of up to [`RENEW_CHUNK`] locks,
+    /// the calls grouped by the master serving their slot (from `CLUSTER SLOTS`, fetched
+    /// at most every [`SLOT_MAP_AGE`]) and each master's calls sent as one pipeline,
+    /// routed by its first slot, all masters at once: one round trip per master.
+    ///
+    /// The slot map only groups: a call whose master is unknown, or whose pipeline
+    /// failed (a slot moved since the map was fetched: the whole pipeline is redirected
+    /// and fails), is sent on its own, routed by its key ([`RENEW_CONCURRENCY`] at a
+    /// time), and the map is fetched again next time. Renewals are idempotent per token,
+    /// so a call applied twice is harmless. A call that failed leaves its locks
+    /// [`Renewed::Unknown`]; the batch fails as a whole only when every call failed.
+    async fn renew_part(
+        &self,
+        batch: &[Renewal<'_>],
+        rw: Option<ReplicaWait>,
+    ) -> Result<Vec<Renewed>, LockError> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        // One script per kind: exclusive and shared locks of a slot go in separate calls.
+        let mut groups: HashMap<(u16, bool), Vec<usize>> = HashMap::new();
+        for (i, r) in batch.iter().enumerate() {
+            let group = (key_slot(r.key.full()), r.mode.is_shared());
+            groups.entry(group).or_default().push(i);
+        }
+        let map = self.slot_map().await;
+        let mut by_master: HashMap<u16, Vec<SlotCall>> = HashMap::new();
+        let mut alone: Vec<SlotCall> = Vec::new();
+        for ((slot, _), indices) in groups {
+            let master = map.as_ref().and_then(|m| m.master(slot));
+            for chunk in indices.chunks(RENEW_CHUNK) {
+                let call = (slot, chunk.to_vec());
+                match master {
+                    Some(m) => by_master.entry(m).or_default().push(call),
+                    None => alone.push(call),
+                }
+            }
+        }
+        let total = by_master.values().map(Vec::len).sum::<usize>() + alone.len();
+        let pipelines = by_master
+            .into_values()
+            .map(|calls| self.renew_on_master(batch, calls, rw));
+        let mut results: Vec<SlotRenewal> = Vec::with_capacity(total);
+        for outcome in join_all(pipelines).await {
+            match outcome {
+                Ok(done) => results.extend(done),
+                Err(calls) => {
+                    self.forget_slot_map();
+                    alone.extend(calls);
+                }
+            }
+        }
+        let renew_slot = |(slot, indices): SlotCall| async move {
+            let call = slot_renew_call(batch, &indices);
+            let (reply, acked) = match rw {
+                None => (
+                    call.invoke(&self.con)
+                        .await
+                        .map_err(LockError::backend("renew")),
+                    None,
+                ),
+                Some(rw) => {
+                    let route = slot_master(slot);
+                    match self
+                        .pipeline(std::slice::from_ref(&call), Some(rw), route, "renew")
+                        .await
+                    {
+                        Ok((replies, acked)) => {
+                            let reply = replies
+                                .into_iter()
+                                .next()
+                                .ok_or_else(|| unexpected("renew", 0));
+                            (reply.and_then(|r| decode(r, "renew")), acked)
+                        }
+                        Err(e) => (Err(e), None),
+                    }
+                }
+            };
+            (indices, reply, acked)
+        };
+        results.extend(
+            stream::iter(alone)
+                .map(renew_slot)
+                .buffer_unordered(RENEW_CONCURRENCY)
+                .collect::<Vec<SlotRenewal>>()
+                .await,
+        );
+        let mut out = vec![Renewed::Unknown; batch.len()];
+        let mut failed = 0;
+        let mut last_error = None;
+        for (indices, reply, acked) in results {
+            match reply {
+                Ok(flags) => {
+                    for (&i, outcome) in
+                        indices
+                            .iter()
+                            .zip(chunk_outcomes(indices.len(), Some(flags), "cluster"))
+                    {
+                        if let (Some(slot), Some(r)) = (out.get_mut(i), batch.get(i)) {
+                            *slot = replicated_outcome(r, outcome, acked);
+                        }
+                    }
+                }
+                Err(e) => {
+                    failed += 1;
+                    last_error = Some(e);
+                }
+            }
+        }
+        match last_error {
+            Some(e) if failed == total => Err(e),
+            Some(e) => {
+                tracing::warn!(
+                    backend = "cluster",
+                    failed,
+                    of = total,
+                    error = %chain(&e),
+                    "some slots' renewals failed; retrying them"
+                );
+                Ok(out)
+            }
+            None => Ok(out),
         }
     }
 
@@ -411,15 +614,7 @@ impl Store for ClusterBackend {
         // WAIT blocks the node connection it runs on: a cluster connection of its own
         // (it reconnects by itself), and the pipeline explicitly routed to the key's
         // master (never a bare WAIT).
-        let con = match self.wait_pool.take() {
-            Some(con) => con,
-            None => {
-                let response = self.timeouts.response + MAX_REPLICA_WAIT;
-                self.timeouts
-                    .connecting(self.nodes.connection(self.timeouts, response, None))
-                    .await?
-            }
-        };
+        let con = self.wait_connection().await?;
         let mut pipe = redis::pipe();
         pipe.add_command(call.load())
             .add_command(call.evalsha())
@@ -460,129 +655,43 @@ impl Store for ClusterBackend {
         decode_acquire_all(reply, keys.len()).map(Some)
     }
 
+    /// A release that keeps the key (`hold_at_least`) of a lease waiting for replicas
+    /// sends a `WAIT` with it ([`on_lease`](Self::on_lease)).
     async fn release(&self, lease: LeaseRef<'_>, keep: Duration) -> Result<bool, LockError> {
         // The plain exclusive release (the uncontended path) builds its request in place.
         let released: i64 = if !lease.mode.is_shared() && keep.is_zero() {
             let args = (lease.token.as_bytes(), "SPUBLISH");
-            RELEASE.invoke(&self.con, &[lease.key.full()], args).await
-        } else {
-            release_call(lease, keep, "SPUBLISH")
-                .invoke(&self.con)
+            RELEASE
+                .invoke(&self.con, &[lease.key.full()], args)
                 .await
-        }
-        .map_err(LockError::backend("release"))?;
+                .map_err(LockError::backend("release"))?
+        } else {
+            let call = release_call(lease, keep, "SPUBLISH");
+            let lease = LeaseRef {
+                replicas: lease.replicas.filter(|_| !keep.is_zero()),
+                ..lease
+            };
+            decode(self.on_lease(call, lease, "release").await?, "release")?
+        };
         Ok(released == 1)
     }
 
+    /// With the lease's replicas to wait for, the extend counts only once they
+    /// acknowledged it ([`on_lease`](Self::on_lease)).
     async fn extend(&self, lease: LeaseRef<'_>, ttl: Duration) -> Result<bool, LockError> {
-        let LeaseRef { key, token, mode } = lease;
-        if mode.is_shared() {
-            let renewed: Vec<i64> = extend_shared_call(lease, ttl)
-                .invoke(&self.con)
-                .await
-                .map_err(LockError::backend("extend"))?;
-            return Ok(renewed == [1]);
-        }
-        EXTEND
-            .invoke(&self.con, &[key.full()], (token.as_bytes(), ttl_ms(ttl)))
-            .await
-            .map_err(LockError::backend("extend"))
+        let call = extend_call(lease, ttl, "SPUBLISH");
+        decode_extended(self.on_lease(call, lease, "extend").await?)
     }
 
-    /// Renews a batch with one pipeline per master: the batch's locks grouped by slot
-    /// (scripts cannot span slots) into `renew.lua` calls of up to [`RENEW_CHUNK`] locks,
-    /// the calls grouped by the master serving their slot (from `CLUSTER SLOTS`, fetched
-    /// at most every [`SLOT_MAP_AGE`]) and each master's calls sent as one pipeline,
-    /// routed by its first slot, all masters at once: one round trip per master.
-    ///
-    /// The slot map only groups: a call whose master is unknown, or whose pipeline
-    /// failed (a slot moved since the map was fetched: the whole pipeline is redirected
-    /// and fails), is sent on its own, routed by its key ([`RENEW_CONCURRENCY`] at a
-    /// time), and the map is fetched again next time. Renewals are idempotent per token,
-    /// so a call applied twice is harmless. A call that failed leaves its locks
-    /// [`Renewed::Unknown`]; the batch fails as a whole only when every call failed.
+    /// Renews a batch with one pipeline per master ([`renew_part`](Self::renew_part));
+    /// the renewals of leases waiting for replicas go at the same time, in pipelines of
+    /// their own that end in one `WAIT` each.
     async fn renew(&self, batch: &[Renewal<'_>]) -> Result<Vec<Renewed>, LockError> {
-        // One script per kind: exclusive and shared locks of a slot go in separate calls.
-        let mut groups: HashMap<(u16, bool), Vec<usize>> = HashMap::new();
-        for (i, r) in batch.iter().enumerate() {
-            let group = (key_slot(r.key.full()), r.mode.is_shared());
-            groups.entry(group).or_default().push(i);
-        }
-        let map = self.slot_map().await;
-        let mut by_master: HashMap<u16, Vec<SlotCall>> = HashMap::new();
-        let mut alone: Vec<SlotCall> = Vec::new();
-        for ((slot, _), indices) in groups {
-            let master = map.as_ref().and_then(|m| m.master(slot));
-            for chunk in indices.chunks(RENEW_CHUNK) {
-                let call = (slot, chunk.to_vec());
-                match master {
-                    Some(m) => by_master.entry(m).or_default().push(call),
-                    None => alone.push(call),
-                }
-            }
-        }
-        let total = by_master.values().map(Vec::len).sum::<usize>() + alone.len();
-        let pipelines = by_master
-            .into_values()
-            .map(|calls| self.renew_on_master(batch, calls));
-        let mut results: Vec<SlotRenewal> = Vec::with_capacity(total);
-        for outcome in join_all(pipelines).await {
-            match outcome {
-                Ok(done) => results.extend(done),
-                Err(calls) => {
-                    self.forget_slot_map();
-                    alone.extend(calls);
-                }
-            }
-        }
-        let renew_slot = |(_, indices): SlotCall| async move {
-            let reply: Result<Vec<i64>, _> =
-                slot_renew_call(batch, &indices).invoke(&self.con).await;
-            (indices, reply)
-        };
-        results.extend(
-            stream::iter(alone)
-                .map(renew_slot)
-                .buffer_unordered(RENEW_CONCURRENCY)
-                .collect::<Vec<SlotRenewal>>()
-                .await,
-        );
-        let mut out = vec![Renewed::Unknown; batch.len()];
-        let mut failed = 0;
-        let mut last_error = None;
-        for (indices, reply) in results {
-            match reply {
-                Ok(flags) => {
-                    for (&i, outcome) in
-                        indices
-                            .iter()
-                            .zip(chunk_outcomes(indices.len(), Some(flags), "cluster"))
-                    {
-                        if let Some(slot) = out.get_mut(i) {
-                            *slot = outcome;
-                        }
-                    }
-                }
-                Err(e) => {
-                    failed += 1;
-                    last_error = Some(e);
-                }
-            }
-        }
-        match last_error {
-            Some(e) if failed == total => Err(LockError::backend("renew")(e)),
-            Some(e) => {
-                tracing::warn!(
-                    backend = "cluster",
-                    failed,
-                    of = total,
-                    error = %chain(&e),
-                    "some slots' renewals failed; retrying them"
-                );
-                Ok(out)
-            }
-            None => Ok(out),
-        }
+        renew_in_parts(
+            batch,
+            |part, rw| async move { self.renew_part(&part, rw).await },
+        )
+        .await
     }
 
     /// Every master's `maxmemory-policy` (from `INFO memory`), by node address.
@@ -737,6 +846,11 @@ fn master_of(key: &str) -> SingleNodeRoutingInfo {
     SingleNodeRoutingInfo::SpecificNode(Route::with_key(key, SlotAddr::Master))
 }
 
+/// The route to the master of `slot`.
+fn slot_master(slot: u16) -> SingleNodeRoutingInfo {
+    SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master))
+}
+
 /// A cluster client builder with the library's timeouts and bounded retries.
 fn builder(infos: &[ConnectionInfo], timeouts: Timeouts) -> ClusterClientBuilder {
     ClusterClientBuilder::new(infos.to_vec())
@@ -747,22 +861,6 @@ fn builder(infos: &[ConnectionInfo], timeouts: Timeouts) -> ClusterClientBuilder
         .retries(CLIENT_RETRIES)
         .min_retry_wait(50)
         .max_retry_wait(500)
-}
-
-/// Decodes one reply of a pipeline.
-fn decode<T: FromRedisValue>(value: Value, operation: &'static str) -> Result<T, LockError> {
-    redis::from_redis_value(value).map_err(|e| LockError::backend(operation)(e.into()))
-}
-
-fn unexpected(operation: &'static str, replies: usize) -> LockError {
-    LockError::Backend {
-        operation,
-        source: redis::RedisError::from((
-            redis::ErrorKind::UnexpectedReturnType,
-            "unexpected number of pipeline replies",
-            replies.to_string(),
-        )),
-    }
 }
 
 /// Sharded pub/sub wake-ups for the whole cluster: one RESP3 [`ClusterConnection`] (one

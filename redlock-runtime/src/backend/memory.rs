@@ -129,6 +129,22 @@ impl Held {
         }
     }
 
+    /// Moves `token`'s hold to `kept`, held until `until` (a kept `hold_at_least`).
+    fn rename(&mut self, token: Token, kept: Token, until: Instant) {
+        match self {
+            Self::One {
+                token: t, expires, ..
+            } => {
+                *t = kept;
+                *expires = until;
+            }
+            Self::Many { holders, .. } => {
+                holders.remove(&token);
+                holders.insert(kept, until);
+            }
+        }
+    }
+
     /// The expiry of `token`'s hold, if it holds the key.
     fn expiry_of(&mut self, token: Token) -> Option<&mut Instant> {
         match self {
@@ -253,7 +269,7 @@ impl Table {
         self.sweep(now);
         match shared {
             None => {
-                if let Some(intent) = claim.intent.filter(|i| i.registered) {
+                if let Some(intent) = claim.intent {
                     self.withdraw(key.full(), intent.waiter);
                 }
                 self.locks.insert(
@@ -349,22 +365,24 @@ impl Table {
         let Some(entry) = self.live(key, now) else {
             return (false, false);
         };
+        let before = entry.expires(now);
         let Some(own) = entry.expiry_of(lease.token) else {
             return (false, false);
         };
         if !keep.is_zero() {
-            // Waiters told of a later expiry ask again, as the scripts' 'kept'.
-            *own = now.checked_add(keep).unwrap_or(*own);
+            // Kept under a token of its own, as the scripts' kept name: nothing sent
+            // with the lease's token (an extend or renewal applied after this release)
+            // can re-arm it. Waiters told of a later expiry ask again ('kept').
+            let until = now.checked_add(keep).unwrap_or(*own);
+            entry.rename(lease.token, Token::random(), until);
             return (true, true);
         }
         let (wake, emptied) = match entry {
             Held::One { .. } => (true, true),
             Held::Many { kind, holders, .. } => {
                 holders.remove(&lease.token);
-                (
-                    *kind == LockKind::Permit || holders.is_empty(),
-                    holders.is_empty(),
-                )
+                let sooner = holders.values().max().is_none_or(|&last| last < before);
+                (*kind == LockKind::Permit || sooner, holders.is_empty())
             }
         };
         if emptied {
@@ -373,17 +391,21 @@ impl Table {
         (true, wake)
     }
 
-    /// As `extend.lua` / `renew_shared.lua`.
-    fn extend(&mut self, lease: LeaseRef<'_>, ttl: Duration, now: Instant) -> bool {
+    /// As `extend.lua` / `renew_shared.lua`: whether `lease` held the key and now
+    /// holds it `ttl` longer, and whether that is sooner than before (its waiters,
+    /// told the later time, are woken to ask again: 'sooner').
+    fn extend(&mut self, lease: LeaseRef<'_>, ttl: Duration, now: Instant) -> (bool, bool) {
         match self
             .live(lease.key.full(), now)
             .and_then(|entry| entry.expiry_of(lease.token))
         {
             Some(own) if *own > now => {
-                *own = now.checked_add(ttl).unwrap_or(*own);
-                true
+                let until = now.checked_add(ttl).unwrap_or(*own);
+                let sooner = until < *own;
+                *own = until;
+                (true, sooner)
             }
-            _ => false,
+            _ => (false, false),
         }
     }
 }
@@ -411,22 +433,28 @@ impl MemoryBackend {
         store().acquire(claim, Instant::now())
     }
 
-    /// A release: see [`Table::release`]; wakes every manager's waiters of the key
-    /// when places were freed.
+    /// A release: see [`Table::release`].
     fn release_now(&self, lease: LeaseRef<'_>, keep: Duration) -> bool {
-        let (released, listeners) = {
-            let mut s = store();
-            let (released, wake) = s.release(lease, keep, Instant::now());
-            (released, wake.then(|| s.listeners.clone()))
-        };
-        for w in listeners.iter().flatten() {
-            w.wake(lease.key.full());
-        }
-        released
+        Self::telling(lease.key, |s| s.release(lease, keep, Instant::now()))
     }
 
+    /// An extend or renewal: see [`Table::extend`].
     fn extend_now(&self, lease: LeaseRef<'_>, ttl: Duration) -> bool {
-        store().extend(lease, ttl, Instant::now())
+        Self::telling(lease.key, |s| s.extend(lease, ttl, Instant::now()))
+    }
+
+    /// Runs `op` on the store; when it says the key's hold ended or got shorter, wakes
+    /// every manager's waiters of the key (as the scripts publish), outside the lock.
+    fn telling(key: &LockKey, op: impl FnOnce(&mut Table) -> (bool, bool)) -> bool {
+        let (done, listeners) = {
+            let mut s = store();
+            let (done, wake) = op(&mut s);
+            (done, wake.then(|| s.listeners.clone()))
+        };
+        for w in listeners.iter().flatten() {
+            w.wake(key.full());
+        }
+        done
     }
 
     /// Deletes a lock whoever holds it; true when a live one was there.
@@ -545,11 +573,7 @@ impl Store for MemoryBackend {
         let renewed = batch
             .iter()
             .map(|r| {
-                let lease = LeaseRef {
-                    key: r.key,
-                    token: r.token,
-                    mode: r.mode,
-                };
+                let lease = LeaseRef::new(r.key, r.token, r.mode);
                 self.extend_now(lease, r.ttl).into()
             })
             .collect();
@@ -650,11 +674,7 @@ mod tests {
     }
 
     fn lease(key: &LockKey, token: Token) -> LeaseRef<'_> {
-        LeaseRef {
-            key,
-            token,
-            mode: Mode::Exclusive,
-        }
+        LeaseRef::new(key, token, Mode::Exclusive)
     }
 
     fn key(prefix: &str, name: &str) -> LockKey {
@@ -773,7 +793,6 @@ mod tests {
             intent: Some(Intent {
                 waiter: 9,
                 until: Duration::from_secs(600),
-                registered: false,
             }),
             ..exclusive(&k, Token::random(), Duration::from_secs(30))
         };

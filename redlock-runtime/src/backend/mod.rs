@@ -56,8 +56,9 @@ pub(crate) enum Together {
     Held(Option<Duration>),
 }
 
-/// What to `WAIT` for after acquiring.
-#[derive(Debug, Clone, Copy)]
+/// What to `WAIT` for after every request that sets a lease's expiry (`min_replicas`):
+/// the acquire, and every extend, renewal and keep of the lease it grants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct ReplicaWait {
     pub(crate) replicas: u32,
     pub(crate) timeout: Duration,
@@ -78,6 +79,8 @@ pub(crate) struct Renewal<'a> {
     pub(crate) ttl: Duration,
     /// The key alone, or a shared holder's place in it.
     pub(crate) mode: Mode,
+    /// The lease's `min_replicas`: the renewal counts only once acknowledged by them.
+    pub(crate) replicas: Option<ReplicaWait>,
 }
 
 /// What one renewal of a batch found.
@@ -125,20 +128,38 @@ pub(crate) struct Claim<'a> {
 pub(crate) struct Intent {
     /// The writer's wait (one per `lock` call, the same for all its attempts).
     pub(crate) waiter: u64,
-    /// How long the intent holds: the writer's remaining wait.
+    /// How long the intent holds: the writer's remaining wait. A grant to the writer
+    /// withdraws it, whatever earlier attempts were told: one may have registered it
+    /// with its reply lost.
     pub(crate) until: Duration,
-    /// Whether an earlier attempt of this wait may have registered it (then a grant
-    /// withdraws it).
-    pub(crate) registered: bool,
 }
 
 /// A held lock, as its release and extends name it.
+///
+/// Every request on a lease carries this (renewals its fields): what a lease's requests
+/// must all obey travels with it. A backend that has replicas applies `replicas` to
+/// every request that sets the expiry (extend, renewal, a release that keeps the key):
+/// such a request counts only once that many replicas acknowledged it.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct LeaseRef<'a> {
     pub(crate) key: &'a LockKey,
     pub(crate) token: Token,
     /// The key alone, or a shared holder's place in it.
     pub(crate) mode: Mode,
+    /// The lease's `min_replicas`, if any.
+    pub(crate) replicas: Option<ReplicaWait>,
+}
+
+impl<'a> LeaseRef<'a> {
+    /// A lease without replicas to wait for (an attempt's undo, a Redlock node's part).
+    pub(crate) fn new(key: &'a LockKey, token: Token, mode: Mode) -> Self {
+        Self {
+            key,
+            token,
+            mode,
+            replicas: None,
+        }
+    }
 }
 
 /// What every backend does, one signature per operation (see the module docs).

@@ -1006,11 +1006,7 @@ impl RedlockBackend {
 
 /// An exclusive lease on `key` with `token`: a permit's place.
 fn exclusive(key: &LockKey, token: Token) -> LeaseRef<'_> {
-    LeaseRef {
-        key,
-        token,
-        mode: Mode::Exclusive,
-    }
+    LeaseRef::new(key, token, Mode::Exclusive)
 }
 
 /// The nodes whose `SCAN` a search for permit places waits for.
@@ -1354,7 +1350,9 @@ impl RedlockBackend {
     /// quorum decided; the other nodes' requests finish in the background (and are
     /// retried there if they fail).
     async fn release_quorum(&self, lease: LeaseRef<'_>, keep: Duration) -> Result<bool, LockError> {
-        let LeaseRef { key, token, mode } = lease;
+        let LeaseRef {
+            key, token, mode, ..
+        } = lease;
         let stake = Stake { token, mode, keep };
         if let Some(released) = lock(&self.landing).get_mut(&token) {
             *released = true;
@@ -1382,7 +1380,9 @@ impl RedlockBackend {
     /// per-node timeout, and the next extend of the lock cuts them (and waits for the
     /// late grants of its acquisition) before sending: see [`settled`](Self::settled).
     async fn extend_quorum(&self, lease: LeaseRef<'_>, ttl: Duration) -> Result<bool, LockError> {
-        let LeaseRef { key, token, mode } = lease;
+        let LeaseRef {
+            key, token, mode, ..
+        } = lease;
         self.settled(token, key).await;
         let shared_key = Arc::new(key.clone());
         self.decide(
@@ -1393,14 +1393,7 @@ impl RedlockBackend {
                 let key = shared_key.clone();
                 async move {
                     match nodes.get(i) {
-                        Some(node) => {
-                            let lease = LeaseRef {
-                                key: &key,
-                                token,
-                                mode,
-                            };
-                            node.extend(lease, ttl).await
-                        }
+                        Some(node) => node.extend(LeaseRef::new(&key, token, mode), ttl).await,
                         None => Err(LockError::invalid_option("no such redlock node")),
                     }
                 }
@@ -1900,11 +1893,7 @@ async fn release_on(
     stake: Stake,
     publish: &str,
 ) -> Result<bool, LockError> {
-    let lease = LeaseRef {
-        key,
-        token: stake.token,
-        mode: stake.mode,
-    };
+    let lease = LeaseRef::new(key, stake.token, stake.mode);
     let released: i64 = release_call(lease, stake.keep, publish)
         .eval()
         .query_async(&mut node.connection())

@@ -758,11 +758,7 @@ mod tests {
             .query_async(&mut con)
             .await
             .unwrap();
-        let lease = LeaseRef {
-            key: &key,
-            token,
-            mode: Mode::Exclusive,
-        };
+        let lease = LeaseRef::new(&key, token, Mode::Exclusive);
         let extended = moved_while_answering(
             &sentinel,
             &proxy,

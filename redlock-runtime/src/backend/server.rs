@@ -9,18 +9,18 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManagerConfig};
-use redis::Value;
+use redis::{FromRedisValue, Value};
 
 use redis::Cmd;
 
-use super::{Attempt, Claim, LeaseRef, Renewal, Renewed, Together};
+use super::{Attempt, Claim, LeaseRef, Renewal, Renewed, ReplicaWait, Together};
 use crate::error::chain;
 use crate::info::{decode_inspect, owner_suffix, LockInfo};
 use crate::key::LockKey;
 use crate::kind::Mode;
 use crate::scripts::{
-    LuaScript, ACQUIRE, ACQUIRE_ALL, ACQUIRE_SHARED, INSPECT, RELEASE, RELEASE_SHARED, RENEW,
-    RENEW_SHARED,
+    LuaScript, ACQUIRE, ACQUIRE_ALL, ACQUIRE_SHARED, EXTEND, INSPECT, RELEASE, RELEASE_SHARED,
+    RENEW, RENEW_SHARED,
 };
 use crate::token::Token;
 use crate::LockError;
@@ -501,11 +501,7 @@ where
         claim: &Claim<'_>,
         (publish, backend): (&'static str, &'static str),
     ) -> Self {
-        let lease = LeaseRef {
-            key: claim.key,
-            token: claim.token,
-            mode: claim.mode,
-        };
+        let lease = LeaseRef::new(claim.key, claim.token, claim.mode);
         Self {
             con: Some(con),
             fallback,
@@ -637,11 +633,6 @@ pub(crate) fn acquire_call(claim: &Claim<'_>) -> ScriptCall {
                 keys.push(key.intents());
                 args.push(intent.waiter.to_string().into_bytes());
                 args.push(ttl_ms(intent.until).to_string().into_bytes());
-                args.push(if intent.registered {
-                    b"1".to_vec()
-                } else {
-                    b"0".to_vec()
-                });
             }
             ScriptCall {
                 script: &ACQUIRE,
@@ -722,15 +713,113 @@ pub(crate) fn release_call(lease: LeaseRef<'_>, keep: Duration, publish: &str) -
     }
 }
 
-/// A shared holder's extend: `renew_shared.lua` for one place.
-pub(crate) fn extend_shared_call(lease: LeaseRef<'_>, ttl: Duration) -> ScriptCall {
+/// An extend of `lease` to `ttl`: `extend.lua` for the key alone, `renew_shared.lua` for
+/// one place; either publishes with `publish` (`PUBLISH`, `SPUBLISH`) when the hold
+/// gets shorter (waiters were told the later expiry).
+pub(crate) fn extend_call(lease: LeaseRef<'_>, ttl: Duration, publish: &str) -> ScriptCall {
+    if !lease.mode.is_shared() {
+        return ScriptCall {
+            script: &EXTEND,
+            keys: vec![lease.key.full().to_owned()],
+            args: vec![
+                lease.token.as_bytes().to_vec(),
+                ttl_ms(ttl).to_string().into_bytes(),
+                publish.as_bytes().to_vec(),
+            ],
+        };
+    }
     let renewal = Renewal {
         key: lease.key,
         token: lease.token,
         ttl,
         mode: lease.mode,
+        replicas: lease.replicas,
     };
-    renew_call(std::slice::from_ref(&renewal))
+    let mut call = renew_call(std::slice::from_ref(&renewal));
+    call.args.push(publish.as_bytes().to_vec());
+    call
+}
+
+/// Whether an [`extend_call`]'s reply says extended (`extend.lua`: 1; `renew_shared.lua`:
+/// `[1]`).
+pub(crate) fn decode_extended(reply: Value) -> Result<bool, LockError> {
+    match reply {
+        Value::Array(flags) => Ok(matches!(flags.as_slice(), [Value::Int(1)])),
+        other => decode::<i64>(other, "extend").map(|flag| flag == 1),
+    }
+}
+
+/// `Ok` when `acked` replicas meet what the lease of `key` waits for, else
+/// [`LockError::ReplicasUnavailable`].
+pub(crate) fn replicas_met(key: &LockKey, rw: ReplicaWait, acked: u32) -> Result<(), LockError> {
+    if acked >= rw.replicas {
+        return Ok(());
+    }
+    Err(LockError::ReplicasUnavailable {
+        key: key.full().to_owned(),
+        acked,
+        wanted: rw.replicas,
+    })
+}
+
+/// The one `WAIT` that covers every renewal of `batch` waiting for replicas (the most
+/// replicas and the longest timeout any asks for), `None` when none does.
+pub(crate) fn batch_wait(batch: &[Renewal<'_>]) -> Option<ReplicaWait> {
+    batch
+        .iter()
+        .filter_map(|r| r.replicas)
+        .reduce(|a, b| ReplicaWait {
+            replicas: a.replicas.max(b.replicas),
+            timeout: a.timeout.max(b.timeout),
+        })
+}
+
+/// Renews a batch in two parts at once, each with `renew_part`: the renewals that wait
+/// for no replicas (`None`), and those that do, with the one `WAIT` that covers them
+/// ([`batch_wait`]). Outcomes in batch order; `Err` only when both parts failed (a part
+/// that failed leaves its renewals unknown).
+pub(crate) async fn renew_in_parts<'a, F, Fut>(
+    batch: &[Renewal<'a>],
+    renew_part: F,
+) -> Result<Vec<Renewed>, LockError>
+where
+    F: Fn(Vec<Renewal<'a>>, Option<ReplicaWait>) -> Fut,
+    Fut: Future<Output = Result<Vec<Renewed>, LockError>>,
+{
+    let Some(rw) = batch_wait(batch) else {
+        return renew_part(batch.to_vec(), None).await;
+    };
+    let (waiting, plain): (Vec<usize>, Vec<usize>) =
+        (0..batch.len()).partition(|&i| batch[i].replicas.is_some());
+    let part = |indices: &[usize]| indices.iter().map(|&i| batch[i]).collect::<Vec<_>>();
+    let (plain_outcomes, waiting_outcomes) = futures_util::future::join(
+        renew_part(part(&plain), None),
+        renew_part(part(&waiting), Some(rw)),
+    )
+    .await;
+    let (plain_outcomes, waiting_outcomes) = match (plain_outcomes, waiting_outcomes) {
+        (Err(e), Err(_)) => return Err(e),
+        parts => parts,
+    };
+    let mut outcomes = vec![Renewed::Unknown; batch.len()];
+    for (indices, part) in [(plain, plain_outcomes), (waiting, waiting_outcomes)] {
+        for (i, outcome) in indices.into_iter().zip(part.unwrap_or_default()) {
+            outcomes[i] = outcome;
+        }
+    }
+    Ok(outcomes)
+}
+
+/// A renewal confirmed by the server counts only once its lease's replicas
+/// acknowledged it (`acked`, from the `WAIT` after it): otherwise it is unknown (retried
+/// soon; the lease's deadline stays where a replicated expiry backs it).
+/// `acked` is `None` when no `WAIT` was sent (then nothing is waited for).
+pub(crate) fn replicated_outcome(r: &Renewal<'_>, outcome: Renewed, acked: Option<u32>) -> Renewed {
+    match (outcome, r.replicas, acked) {
+        (Renewed::Yes, Some(rw), Some(acked)) if acked < rw.replicas => Renewed::Unknown,
+        (Renewed::Yes, Some(_), None) => Renewed::Unknown,
+        (outcome, _, _) => outcome,
+    }
 }
 
 /// One renewal call over `renewals`, all of one kind (exclusive, or shared): see
@@ -859,6 +948,25 @@ pub(crate) fn chunk_outcomes(
         }
         None => vec![Renewed::Unknown; len],
     }
+}
+
+pub(crate) fn unexpected(operation: &'static str, replies: usize) -> LockError {
+    LockError::Backend {
+        operation,
+        source: redis::RedisError::from((
+            redis::ErrorKind::UnexpectedReturnType,
+            "unexpected number of pipeline replies",
+            replies.to_string(),
+        )),
+    }
+}
+
+/// Decodes one reply of a pipeline.
+pub(crate) fn decode<T: FromRedisValue>(
+    value: Value,
+    operation: &'static str,
+) -> Result<T, LockError> {
+    redis::from_redis_value(value).map_err(|e| LockError::backend(operation)(e.into()))
 }
 
 /// Runs a request, and once more if the connection had dropped (the connection manager

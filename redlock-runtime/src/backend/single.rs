@@ -13,9 +13,10 @@ use redis::{AsyncConnectionConfig, Client, ConnectionInfo, ProtocolVersion, Valu
 
 use super::server::{
     acquire_all_call, acquire_args, acquire_by_call, acquire_call, by_script_call, chunk_outcomes,
-    decode_acquire, decode_acquire_all, extend_shared_call, in_batch_order, inspect_on, is_dropped,
-    list_on, parse_eviction_policy, reconnecting, release_call, renew_calls, renew_groups,
-    scan_keys_on, scan_places_on, script_loads, ttl_ms, Timeouts, WaitAttempt, WaitPool,
+    decode, decode_acquire, decode_acquire_all, decode_extended, extend_call, in_batch_order,
+    inspect_on, is_dropped, list_on, parse_eviction_policy, reconnecting, release_call,
+    renew_calls, renew_groups, renew_in_parts, replicas_met, replicated_outcome, scan_keys_on,
+    scan_places_on, script_loads, ttl_ms, unexpected, ScriptCall, Timeouts, WaitAttempt, WaitPool,
     MAX_REPLICA_WAIT,
 };
 use super::{
@@ -24,7 +25,7 @@ use super::{
 use crate::info::LockInfo;
 use crate::key::LockKey;
 use crate::notify::{push_handler, Channels, Subscriber};
-use crate::scripts::{ACQUIRE, EXTEND, RELEASE};
+use crate::scripts::{ACQUIRE, RELEASE};
 use crate::token::Token;
 use crate::LockError;
 
@@ -173,6 +174,87 @@ impl SingleBackend {
         parse_eviction_policy(&info)
     }
 
+    /// `calls`, then `WAIT` for `rw`, as one pipeline on a `WAIT` connection of its own
+    /// (see [`WaitPool`]): each call's reply, and how many replicas acknowledged them
+    /// all. A pooled connection found broken (the server restarted) is dropped with the
+    /// other idle ones and the pipeline sent again once on a fresh one (every call here
+    /// is idempotent per token: an extend, a renewal, a keep). A pipeline cut short
+    /// takes its connection with it (never pooled with a `WAIT` in flight).
+    async fn replicated(
+        &self,
+        calls: &[ScriptCall],
+        rw: ReplicaWait,
+        operation: &'static str,
+    ) -> Result<(Vec<Value>, u32), LockError> {
+        let mut pipe = redis::pipe();
+        for load in script_loads(calls) {
+            pipe.add_command(load).ignore();
+        }
+        for call in calls {
+            pipe.add_command(call.evalsha());
+        }
+        pipe.cmd("WAIT").arg(rw.replicas).arg(ttl_ms(rw.timeout));
+        let pooled = self.wait_pool.take();
+        let was_pooled = pooled.is_some();
+        let mut con = match pooled {
+            Some(con) => con,
+            None => self.wait_connection().await?,
+        };
+        let mut reply = pipe.query_async::<Vec<Value>>(&mut con).await;
+        if was_pooled && reply.as_ref().is_err_and(is_dropped) {
+            self.wait_pool.clear();
+            con = self.wait_connection().await?;
+            reply = pipe.query_async(&mut con).await;
+        }
+        let mut replies = reply.map_err(LockError::backend(operation))?;
+        self.wait_pool.put(con);
+        let acked = replies.pop().ok_or_else(|| unexpected(operation, 0))?;
+        let acked = decode(acked, operation)?;
+        Ok((replies, acked))
+    }
+
+    /// Renews `batch` in one pipeline: on the command connection, or with `WAIT` for
+    /// `rw` (see [`replicated`](Self::replicated)), each renewal then counting only
+    /// where its lease's replicas acknowledged.
+    async fn renew_part(
+        &self,
+        batch: &[Renewal<'_>],
+        rw: Option<ReplicaWait>,
+    ) -> Result<Vec<Renewed>, LockError> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        let groups = renew_groups(batch, RENEW_CHUNK);
+        let calls = renew_calls(batch, &groups);
+        let (replies, acked) = match rw {
+            Some(rw) => {
+                let (replies, acked) = self.replicated(&calls, rw, "renew").await?;
+                (replies, Some(acked))
+            }
+            None => {
+                let mut pipe = redis::pipe();
+                for load in script_loads(&calls) {
+                    pipe.add_command(load).ignore();
+                }
+                for call in &calls {
+                    pipe.add_command(call.evalsha());
+                }
+                let replies: Vec<Value> = pipe
+                    .query_async(&mut self.con.clone())
+                    .await
+                    .map_err(LockError::backend("renew"))?;
+                (replies, None)
+            }
+        };
+        let outcomes = decode_renewals(groups.iter().map(Vec::len), replies, self.backend);
+        let outcomes = in_batch_order(batch.len(), &groups, outcomes);
+        Ok(batch
+            .iter()
+            .zip(outcomes)
+            .map(|(r, outcome)| replicated_outcome(r, outcome, acked))
+            .collect())
+    }
+
     /// An acquisition (of any kind) followed by `WAIT` for `rw.replicas`
     /// acknowledgements.
     async fn acquire_and_wait(
@@ -266,7 +348,25 @@ impl Store for SingleBackend {
     /// When the connection dropped under the first request, it may have been applied with
     /// its reply lost; the retry then finds the key gone, which means released (a lock
     /// the caller still held cannot have expired), not lost.
+    ///
+    /// A release that keeps the key (`hold_at_least`) of a lease waiting for replicas
+    /// sends a `WAIT` with it: [`LockError::ReplicasUnavailable`] when too few
+    /// acknowledged (the key is kept on the primary, but a failover may cut the hold).
     async fn release(&self, lease: LeaseRef<'_>, keep: Duration) -> Result<bool, LockError> {
+        if let (Some(rw), false) = (lease.replicas, keep.is_zero()) {
+            let call = release_call(lease, keep, "PUBLISH");
+            let (replies, acked) = self
+                .replicated(std::slice::from_ref(&call), rw, "release")
+                .await?;
+            let released: i64 = match <[Value; 1]>::try_from(replies) {
+                Ok([reply]) => decode(reply, "release")?,
+                Err(other) => return Err(unexpected("release", other.len())),
+            };
+            if released == 1 {
+                replicas_met(lease.key, rw, acked)?;
+            }
+            return Ok(released == 1);
+        }
         // The plain exclusive release (the uncontended path) builds its request in place.
         let plain = !lease.mode.is_shared() && keep.is_zero();
         let (keys, args) = ([lease.key.full()], (lease.token.as_bytes(), "PUBLISH"));
@@ -289,40 +389,42 @@ impl Store for SingleBackend {
         Ok(released == 1)
     }
 
+    /// With the lease's replicas to wait for (`min_replicas`), the extend and a `WAIT`
+    /// go as one pipeline on a connection of their own, and the extend counts only
+    /// once acknowledged: [`LockError::ReplicasUnavailable`] otherwise (the lease keeps
+    /// its earlier deadline).
     async fn extend(&self, lease: LeaseRef<'_>, ttl: Duration) -> Result<bool, LockError> {
-        let LeaseRef { key, token, mode } = lease;
-        if mode.is_shared() {
-            let call = extend_shared_call(lease, ttl);
-            let renewed: Vec<i64> = reconnecting(|| call.invoke(&self.con))
+        let call = extend_call(lease, ttl, "PUBLISH");
+        let Some(rw) = lease.replicas else {
+            let reply: Value = reconnecting(|| call.invoke(&self.con))
                 .await
                 .map_err(LockError::backend("extend"))?;
-            return Ok(renewed == [1]);
+            return decode_extended(reply);
+        };
+        let (replies, acked) = self
+            .replicated(std::slice::from_ref(&call), rw, "extend")
+            .await?;
+        let extended = match <[Value; 1]>::try_from(replies) {
+            Ok([reply]) => decode_extended(reply)?,
+            Err(other) => return Err(unexpected("extend", other.len())),
+        };
+        if extended {
+            replicas_met(lease.key, rw, acked)?;
         }
-        let keys = [key.full()];
-        reconnecting(|| EXTEND.invoke(&self.con, &keys, (token.as_bytes(), ttl_ms(ttl))))
-            .await
-            .map_err(LockError::backend("extend"))
+        Ok(extended)
     }
 
     /// One round trip for the whole batch: a pipeline of batched-renew scripts, led by a
     /// `SCRIPT LOAD` so a flushed script cache cannot fail it. Each chunk's reply is
-    /// decoded on its own ([`chunk_outcomes`]).
+    /// decoded on its own ([`chunk_outcomes`]). The renewals of leases waiting for
+    /// replicas go at the same time as a pipeline of their own that ends in one `WAIT`
+    /// (on a connection of its own): renewed only when acknowledged, else unknown.
     async fn renew(&self, batch: &[Renewal<'_>]) -> Result<Vec<Renewed>, LockError> {
-        let groups = renew_groups(batch, RENEW_CHUNK);
-        let calls = renew_calls(batch, &groups);
-        let mut pipe = redis::pipe();
-        for load in script_loads(&calls) {
-            pipe.add_command(load).ignore();
-        }
-        for call in &calls {
-            pipe.add_command(call.evalsha());
-        }
-        let replies: Vec<Value> = pipe
-            .query_async(&mut self.con.clone())
-            .await
-            .map_err(LockError::backend("renew"))?;
-        let outcomes = decode_renewals(groups.iter().map(Vec::len), replies, self.backend);
-        Ok(in_batch_order(batch.len(), &groups, outcomes))
+        renew_in_parts(
+            batch,
+            |part, rw| async move { self.renew_part(&part, rw).await },
+        )
+        .await
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
@@ -477,14 +579,7 @@ mod tests {
         // `Job::Abandon`): release its token on the command connection. It is applied
         // first and finds nothing.
         assert!(!backend
-            .release(
-                LeaseRef {
-                    key: &key,
-                    token,
-                    mode: Mode::Exclusive,
-                },
-                Duration::ZERO,
-            )
+            .release(LeaseRef::new(&key, token, Mode::Exclusive), Duration::ZERO,)
             .await
             .unwrap());
 

@@ -378,7 +378,7 @@ impl LockManager {
                 if let (Some(want), Some(acked)) = (replicas, acked) {
                     if acked < want.replicas {
                         pending.armed = true;
-                        let lease = LeaseRef { key, token, mode };
+                        let lease = LeaseRef::new(key, token, mode);
                         shared.backend.release(lease, Duration::ZERO).await?;
                         pending.armed = false;
                         return Err(LockError::ReplicasUnavailable {
@@ -394,6 +394,7 @@ impl LockManager {
         let id = self.0.next_id.fetch_add(1, Ordering::Relaxed);
         let lease = Lease::new(id, key.clone(), token, fence, opts.ttl, sent)
             .with_mode(mode)
+            .with_replicas(replicas)
             .held_at_least(opts.hold_at_least)
             .observed(
                 shared.backend.name(),
@@ -442,7 +443,6 @@ impl LockManager {
         let mut intent = (mode == Mode::Exclusive).then(|| Intent {
             waiter: getrandom::u64().unwrap_or_else(|_| lease::now()),
             until: Duration::ZERO,
-            registered: false,
         });
         // Armed once an attempt carrying the intent is sent (it may register it, even
         // when its reply is lost); a grant withdraws it itself.
@@ -542,11 +542,6 @@ impl LockManager {
                 w.armed = true;
             }
             let attempt = self.bounded_attempt(request, intent).await;
-            // Whatever the outcome, the server may have registered the intent: the next
-            // grant withdraws it.
-            if let Some(intent) = &mut intent {
-                intent.registered = true;
-            }
             let pause = match attempt {
                 Ok(Outcome::Acquired(guard)) => {
                     if let Some(w) = &mut withdrawal {

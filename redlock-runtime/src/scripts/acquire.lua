@@ -5,8 +5,9 @@
 -- left out when ARGV[4] is)
 -- ARGV[1] owner token (16 bytes), ARGV[2] ttl in milliseconds, ARGV[3] owner metadata
 -- ('' or absent: none; see below), ARGV[4] writer id of this wait ('' or absent: no
--- writer intent), ARGV[5] intent in milliseconds (the caller's remaining wait), ARGV[6]
--- '1' when this wait registered an intent before (removed on success)
+-- writer intent), ARGV[5] intent in milliseconds (the caller's remaining wait)
+-- A grant to a writer id removes that id's intent, whatever the caller believes: an
+-- earlier attempt of the same wait may have registered it with its reply lost.
 -- The key's value is the token followed by '|1|<server ms>|<fence>' and ARGV[3] (the
 -- format is in info.rs); only its first 16 bytes are ever compared with a token, so a
 -- value of a token alone (written before the metadata existed) compares the same.
@@ -67,7 +68,7 @@ if not held then
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   local value = ARGV[1] .. '|1|' .. string.format('%d', now) .. '|' .. fence .. (ARGV[3] or '')
   redis.call('SET', KEYS[1], value, 'PX', ARGV[2])
-  if ARGV[6] == '1' then
+  if ARGV[4] and ARGV[4] ~= '' then
     redis.call('ZREM', KEYS[3], ARGV[4])
   end
   if n >= 1 and n < 9007199254740992 then
@@ -78,7 +79,7 @@ end
 local head = string.sub(held, 1, 16)
 if head == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  if ARGV[6] == '1' then
+  if ARGV[4] and ARGV[4] ~= '' then
     redis.call('ZREM', KEYS[3], ARGV[4])
   end
   local stored = string.match(string.sub(held, 17), '^|1|%d+|([1-9]%d*)')

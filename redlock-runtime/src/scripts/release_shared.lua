@@ -5,17 +5,24 @@
 -- for none, ARGV[3] marker ('~read' or '~permit'), ARGV[4] keep in milliseconds
 -- (hold_at_least; '0' or absent: remove the holder now)
 -- The holder is removed, or with keep > 0 stays counted until the server's now + keep
--- (its score set to that, longer or shorter). Expired holders are reclaimed. K and H then
--- expire with the latest live holder, or are deleted when none is left; K is touched
--- only while it holds the marker (never another holder's value).
--- Publishes on channel K (wake-up payload convention, shared with release.lua):
---   ''  the lock is free: an exclusive release, or the last reader left (readers publish
---       nothing else: only writers wait for readers, and they need the lock empty);
---   'N' (decimal, N >= 1) permits: N places were freed by this call (this holder and
---       expired holders reclaimed), K possibly still held by other permit holders;
+-- under its *kept name* (the first 16 hex digits of SHA1('~kept' .. token), as in
+-- release.lua) instead of its token, so that no renewal or extend, sent before this
+-- release and applied after it, can re-arm the place; a retried release recognises the
+-- kept name as its own. Expired holders are reclaimed. K and H then expire with the
+-- latest live holder, or are deleted when none is left; K is touched only while it
+-- holds the marker (never another holder's value).
+-- Publishes on channel K (wake-up payload convention, shared with release.lua and
+-- extend.lua):
+--   ''  the lock is free: an exclusive release, or the last reader left;
+--   'N' (decimal, N >= 1) N places were freed by this call (this holder and expired
+--       holders reclaimed) and K is still held: permit waiters may take a place; for
+--       readers, sent when K now expires sooner than before (a writer waiting for the
+--       readers was told the later expiry);
 --   'kept' a holder is kept (keep > 0) and nothing else was announced: its place may
---       now expire sooner than waiters were told, so they ask again.
--- Nothing is published when nothing was freed nor kept (a double release).
+--       now expire sooner than waiters were told, so they ask again;
+--   'sooner' a hold was shortened (extend.lua, renew_shared.lua): ask again.
+-- Nothing is published when nothing was freed nor kept (a double release), nor when a
+-- reader leaves others holding K until as late as before.
 -- Returns 1 when released (or kept), 0 when this token holds no unexpired place.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -24,13 +31,21 @@ if not keep then
   return redis.error_reply('ERR keep is not a number')
 end
 local freed = redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+local before = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')[2]
+local function kept()
+  return string.sub(redis.sha1hex('~kept' .. ARGV[1]), 1, 16)
+end
+local member = ARGV[1]
+if not redis.call('ZSCORE', KEYS[2], member) then
+  member = kept()
+end
 local released = 0
-if redis.call('ZSCORE', KEYS[2], ARGV[1]) then
+if redis.call('ZSCORE', KEYS[2], member) then
   released = 1
+  redis.call('ZREM', KEYS[2], member)
   if keep >= 1 then
-    redis.call('ZADD', KEYS[2], now + math.floor(keep), ARGV[1])
+    redis.call('ZADD', KEYS[2], now + math.floor(keep), kept())
   else
-    redis.call('ZREM', KEYS[2], ARGV[1])
     freed = freed + 1
   end
 end
@@ -57,10 +72,11 @@ else
   end
 end
 if ARGV[2] ~= '' then
-  if freed > 0 and ARGV[3] ~= '~read' then
-    redis.call(ARGV[2], KEYS[1], tostring(freed))
-  elseif freed > 0 and empty and ours then
+  local sooner = empty or (before and tonumber(last[2]) < tonumber(before))
+  if freed > 0 and ARGV[3] == '~read' and empty and ours then
     redis.call(ARGV[2], KEYS[1], '')
+  elseif freed > 0 and (ARGV[3] ~= '~read' or (sooner and ours)) then
+    redis.call(ARGV[2], KEYS[1], tostring(freed))
   elseif released == 1 and keep >= 1 then
     redis.call(ARGV[2], KEYS[1], 'kept')
   end
