@@ -231,6 +231,19 @@ async fn cluster_behaviour() {
         writer_waiting_behind_a_writer_keeps_new_readers_out,
         release_within_hold_at_least_wakes_waiters_at_its_end,
     );
+    macro_rules! rules {
+        ($($name:ident),* $(,)?) => {$(
+            let t = Instant::now();
+            conformance::rules::$name(&h).await;
+            step(concat!("conformance::rules::", stringify!($name)), t);
+        )*};
+    }
+    rules!(
+        kept_hold_is_renewed_by_nobody,
+        every_shortened_hold_wakes_its_waiters,
+        lock_all_holds_no_key_while_it_waits,
+        kinds_exclude_each_other,
+    );
 
     // Last: they move slots to other masters.
     let t = Instant::now();

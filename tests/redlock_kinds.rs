@@ -7,6 +7,7 @@ mod conformance;
 use conformance::backends::Redlock;
 
 kinds_tests!(Redlock::new());
+rules_tests!(Redlock::new());
 
 #[tokio::test(flavor = "current_thread")]
 async fn writer_waiting_behind_a_writer_keeps_new_readers_out() {

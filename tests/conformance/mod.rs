@@ -16,6 +16,7 @@ use redlock::{LockError, LockManager, LockManagerBuilder, LockOptions};
 
 pub mod backends;
 pub mod kinds;
+pub mod rules;
 
 /// A backend under test.
 pub trait Harness: Send + Sync {

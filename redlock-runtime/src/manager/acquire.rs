@@ -173,10 +173,9 @@ impl LockManager {
         result
     }
 
-    /// Takes every key (sorted, distinct) exclusively: one after the other in sorted
-    /// order, each waiting within the one deadline. Everyone takes keys in the same
-    /// order, so no two callers can each hold a key the other waits for. When a key
-    /// cannot be had, those already taken are released and the error returned.
+    /// Takes every key (sorted, distinct) exclusively: in one step where the backend
+    /// can, else in rounds ([`acquire_rounds`](Self::acquire_rounds)) that never hold a
+    /// key while waiting for another.
     pub(crate) async fn acquire_all(
         &self,
         keys: Vec<LockKey>,
@@ -222,29 +221,77 @@ impl LockManager {
                 Err(_) => {}
             }
         }
-        // `hold_at_least` only for keys a granted guard holds: the keys taken before a
-        // miss (or a cancellation) are freed at once when given back.
-        let each = Resolved {
-            hold_at_least: Duration::ZERO,
-            ..opts
-        };
-        let mut guards = Vec::with_capacity(keys.len());
-        for key in keys {
-            match self.acquire(key, Mode::Exclusive, each.clone()).await {
-                Ok(guard) => guards.push(guard),
-                Err(e) => {
-                    // Released whatever happens: a guard dropped (this future cancelled
-                    // mid-way) releases in the background.
-                    let _ = MultiGuard::new(guards).release().await;
-                    return Err(e);
-                }
-            }
-        }
+        let guards = self.acquire_rounds(&keys, &opts).await?;
         let granted = lease::now();
         for guard in &guards {
             guard.lease().hold_from(granted, opts.hold_at_least);
         }
         Ok(MultiGuard::new(guards))
+    }
+
+    /// Release-all-and-retry: each round waits (within the one deadline) for the key
+    /// the last round missed, holding nothing else, then makes one attempt at every
+    /// other key in sorted order. A miss gives back every key of the round and names
+    /// the key the next round waits for. So a `lock_all` never holds a key while it
+    /// waits: a caller of a single key it holds is delayed by one round at most, and
+    /// no two callers can each hold a key the other waits for.
+    async fn acquire_rounds(
+        &self,
+        keys: &[LockKey],
+        opts: &Resolved,
+    ) -> Result<Vec<LockGuard>, LockError> {
+        // `hold_at_least` only for keys a granted guard holds: the keys of a round that
+        // missed (or was cancelled) are freed at once when given back.
+        let waiting = Resolved {
+            hold_at_least: Duration::ZERO,
+            ..opts.clone()
+        };
+        let once = Resolved {
+            wait: Duration::ZERO,
+            ..waiting.clone()
+        };
+        let mut blocked: Option<usize> = None;
+        // Bounded by the deadline: a round that starts past it waits for nothing.
+        loop {
+            let mut guards = Vec::with_capacity(keys.len());
+            if let Some(b) = blocked {
+                if Instant::now() >= opts.deadline {
+                    return Err(LockError::Timeout {
+                        key: keys[b].full().to_owned(),
+                    });
+                }
+                guards.push(
+                    self.acquire(keys[b].clone(), Mode::Exclusive, waiting.clone())
+                        .await?,
+                );
+            }
+            let mut missed = None;
+            for (i, key) in keys.iter().enumerate().filter(|&(i, _)| Some(i) != blocked) {
+                match self
+                    .acquire(key.clone(), Mode::Exclusive, once.clone())
+                    .await
+                {
+                    Ok(guard) => guards.push(guard),
+                    Err(e) if e.is_retryable() && !opts.wait.is_zero() => {
+                        missed = Some(i);
+                        break;
+                    }
+                    Err(e) => {
+                        // Released whatever happens: a guard dropped (this future
+                        // cancelled mid-way) releases in the background.
+                        let _ = MultiGuard::new(guards).release().await;
+                        return Err(e);
+                    }
+                }
+            }
+            let Some(missed) = missed else {
+                // In key order (the key waited for was taken first).
+                guards.sort_by(|a, b| a.key().cmp(b.key()));
+                return Ok(guards);
+            };
+            let _ = MultiGuard::new(guards).release().await;
+            blocked = Some(missed);
+        }
     }
 
     /// One attempt at every key in one step, where the backend can (see
