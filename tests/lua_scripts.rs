@@ -15,6 +15,8 @@ const RELEASE_SHARED: &str = include_str!("../redlock-runtime/src/scripts/releas
 const RENEW_SHARED: &str = include_str!("../redlock-runtime/src/scripts/renew_shared.lua");
 const ACQUIRE_ALL: &str = include_str!("../redlock-runtime/src/scripts/acquire_all.lua");
 const FENCE_FLOOR: &str = include_str!("../redlock-runtime/src/scripts/fence_floor.lua");
+const EXTEND: &str = include_str!("../redlock-runtime/src/scripts/extend.lua");
+const RENEW: &str = include_str!("../redlock-runtime/src/scripts/renew.lua");
 
 /// The keys of one lock, all in slot `{7}`.
 const K: &str = "lock:report_{7}";
@@ -69,9 +71,8 @@ impl Redis {
     }
 
     /// acquire.lua for writer `tok` (no writer intent when `waiter` is empty).
-    fn write(&mut self, tok: &[u8], ttl: u64, waiter: &str, intent: u64, had: bool) -> Value {
-        let had = if had { "1" } else { "0" };
-        self.eval(ACQUIRE, &[K, F, W], (tok, ttl, "", waiter, intent, had))
+    fn write(&mut self, tok: &[u8], ttl: u64, waiter: &str, intent: u64) -> Value {
+        self.eval(ACQUIRE, &[K, F, W], (tok, ttl, "", waiter, intent))
             .expect("acquire")
     }
 
@@ -180,7 +181,7 @@ fn readers_share_and_exclude_a_writer() {
     assert!(f2 > f1, "each reader gets a fencing token of its own");
     assert_eq!(r.zcard(H), 2);
     let read = r.digest(marked(READ).as_bytes());
-    let (pttl, holder) = refused(&r.write(&token(3), 30_000, "", 0, false));
+    let (pttl, holder) = refused(&r.write(&token(3), 30_000, "", 0));
     assert_eq!(holder, read);
     assert!(pttl > 25_000 && pttl <= 30_000, "{pttl}");
     // No waiter id: no intent.
@@ -190,7 +191,7 @@ fn readers_share_and_exclude_a_writer() {
 #[test]
 fn a_writer_excludes_readers_and_permits() {
     let mut r = redis();
-    fence(&r.write(&token(1), 30_000, "waiter-1", 5_000, false));
+    fence(&r.write(&token(1), 30_000, "waiter-1", 5_000));
     assert!(!r.exists(W), "an uncontended writer registers no intent");
     let writer = r.digest(&token(1));
     let (pttl, holder) = refused(&r.shared(&token(2), 30_000, READ, 0));
@@ -213,7 +214,7 @@ fn a_permit_key_refuses_readers_and_the_reverse() {
 fn writer_intent_blocks_new_readers_and_is_removed_on_the_writers_success() {
     let mut r = redis();
     fence(&r.shared(&token(1), 30_000, READ, 0));
-    let (_, holder) = refused(&r.write(&token(9), 30_000, "waiter-9", 5_000, false));
+    let (_, holder) = refused(&r.write(&token(9), 30_000, "waiter-9", 5_000));
     assert_eq!(holder, r.digest(marked(READ).as_bytes()));
     assert_eq!(r.zcard(W), 1);
     let w_pttl = r.pttl(W);
@@ -230,7 +231,7 @@ fn writer_intent_blocks_new_readers_and_is_removed_on_the_writers_success() {
     assert_eq!(r.zcard(H), 1);
     assert_eq!(r.release_shared(&token(1), READ, 0), 1);
     // The writer's next attempt takes the lock and removes its intent.
-    fence(&r.write(&token(9), 30_000, "waiter-9", 4_000, true));
+    fence(&r.write(&token(9), 30_000, "waiter-9", 4_000));
     assert!(!r.exists(W), "intent removed");
     let mut raw: Vec<u8> = r.con.get(K).unwrap();
     assert_eq!(raw[..16], token(9));
@@ -242,17 +243,81 @@ fn writer_intent_blocks_new_readers_and_is_removed_on_the_writers_success() {
     assert_eq!(raw[..16], *marked(READ).as_bytes());
 }
 
+/// Issue 23, finding 3: a writer's intent outlived the writer when the attempt that
+/// registered it lost its reply and the retried call was granted: the grant removed the
+/// intent only when the caller said one was registered (readers were refused for 19.4 s
+/// after the only writer released). A grant now removes its writer's intent whatever it
+/// was told.
+#[test]
+fn a_grant_withdraws_its_writers_intent_whatever_it_was_told() {
+    let mut r = redis();
+    fence(&r.shared(&token(1), 30_000, READ, 0));
+    // The attempt that registers the intent; its reply is lost.
+    refused(&r.write(&token(9), 30_000, "waiter-9", 20_000));
+    assert_eq!(r.zcard(W), 1);
+    assert_eq!(r.release_shared(&token(1), READ, 0), 1);
+    // The retry, sent as the first attempt with an intent would be: granted.
+    fence(&r.write(&token(8), 30_000, "waiter-9", 20_000));
+    assert!(!r.exists(W), "the writer's intent outlives its grant");
+    let released: i64 = r.eval(RELEASE, &[K], (&token(8)[..], "PUBLISH")).unwrap();
+    assert_eq!(released, 1);
+    fence(&r.shared(&token(2), 30_000, READ, 0));
+}
+
+/// Issue 23, finding 2: a kept lock (`hold_at_least`) kept its token, so an extend or
+/// renewal applied after the release re-armed it for a whole ttl. Now a kept key or
+/// place is held by its kept name: no extend or renewal finds it, and a retried release
+/// (its first reply lost) still recognises it as its own.
+#[test]
+fn a_kept_hold_is_extended_and_renewed_by_nobody() {
+    let mut r = redis();
+    fence(&r.write(&token(1), 30_000, "", 0));
+    let keep = |r: &mut Redis, ms: u64| -> i64 {
+        r.eval(RELEASE, &[K], (&token(1)[..], "PUBLISH", ms))
+            .unwrap()
+    };
+    assert_eq!(keep(&mut r, 5_000), 1);
+    let extended: i64 = r.eval(EXTEND, &[K], (&token(1)[..], 120_000)).unwrap();
+    assert_eq!(extended, 0, "an extend after the release");
+    let renewed: Vec<i64> = r.eval(RENEW, &[K], (&token(1)[..], 120_000)).unwrap();
+    assert_eq!(renewed, vec![0], "a renewal after the release");
+    assert!(r.pttl(K) <= 5_000, "re-armed: {}", r.pttl(K));
+    refused(&r.write(&token(2), 30_000, "", 0));
+    assert_eq!(keep(&mut r, 4_000), 1, "a retried keep is still ours");
+    assert!(r.pttl(K) <= 4_000);
+    assert_eq!(keep(&mut r, 0), 1, "a retried release after the hold");
+    assert!(!r.exists(K));
+    // A shared place: the same.
+    for marker in [READ, PERMIT] {
+        fence(&r.shared(&token(3), 30_000, marker, 2));
+        assert_eq!(r.release_shared(&token(3), marker, 5_000), 1);
+        assert_eq!(
+            r.renew_shared(&token(3), 120_000, marker),
+            vec![0],
+            "{marker}"
+        );
+        assert!(r.pttl(K) <= 5_000, "{marker} re-armed: {}", r.pttl(K));
+        assert_eq!(r.zcard(H), 1, "{marker}: the kept place still counts");
+        assert_eq!(
+            r.release_shared(&token(3), marker, 0),
+            1,
+            "{marker}: a retried release"
+        );
+        assert!(!r.exists(K) && !r.exists(H), "{marker}");
+    }
+}
+
 #[test]
 fn a_writer_waiting_behind_a_writer_keeps_readers_out_after_it() {
     let mut r = redis();
-    fence(&r.write(&token(1), 30_000, "", 0, false));
-    refused(&r.write(&token(2), 30_000, "waiter-2", 5_000, false));
+    fence(&r.write(&token(1), 30_000, "", 0));
+    refused(&r.write(&token(2), 30_000, "waiter-2", 5_000));
     assert_eq!(r.zcard(W), 1, "an intent whoever holds the lock");
     let released: i64 = r.eval(RELEASE, &[K], (&token(1)[..], "PUBLISH")).unwrap();
     assert_eq!(released, 1);
     let (_, holder) = refused(&r.shared(&token(3), 30_000, READ, 0));
     assert_eq!(holder, r.digest(b"~write-intent"));
-    fence(&r.write(&token(2), 30_000, "waiter-2", 4_000, true));
+    fence(&r.write(&token(2), 30_000, "waiter-2", 4_000));
     assert!(!r.exists(W));
 }
 
@@ -264,14 +329,14 @@ fn a_writer_waiting_behind_a_writer_keeps_readers_out_after_it() {
 fn a_writers_intent_runs_out_soon_after_the_expiry_it_was_told() {
     let mut r = redis();
     fence(&r.shared(&token(1), 1_000, READ, 0));
-    refused(&r.write(&token(9), 30_000, "waiter-9", 600_000, false));
+    refused(&r.write(&token(9), 30_000, "waiter-9", 600_000));
     let w = r.pttl(W);
     assert!(
         w > 2_000 && w <= 3_000,
         "the intent of a writer told 1 s lasts {w} ms"
     );
     // Shorter than that: the writer's remaining wait.
-    refused(&r.write(&token(9), 30_000, "waiter-9", 1_500, true));
+    refused(&r.write(&token(9), 30_000, "waiter-9", 1_500));
     let w = r.pttl(W);
     assert!(w > 1_000 && w <= 1_500, "{w}");
 }
@@ -280,11 +345,11 @@ fn a_writers_intent_runs_out_soon_after_the_expiry_it_was_told() {
 fn writer_intent_expires_on_its_own() {
     let mut r = redis();
     fence(&r.shared(&token(1), 30_000, READ, 0));
-    refused(&r.write(&token(9), 30_000, "waiter-9", 5_000, false));
+    refused(&r.write(&token(9), 30_000, "waiter-9", 5_000));
     let (wait, _) = refused(&r.shared(&token(2), 30_000, READ, 0));
     assert!(wait > 4_000 && wait <= 5_000, "{wait}");
     // The writer's next attempt refreshes its intent to its remaining wait, shorter now.
-    refused(&r.write(&token(9), 30_000, "waiter-9", 150, true));
+    refused(&r.write(&token(9), 30_000, "waiter-9", 150));
     assert_eq!(r.zcard(W), 1);
     let (wait, _) = refused(&r.shared(&token(2), 30_000, READ, 0));
     assert!(wait <= 150, "{wait}");
@@ -293,7 +358,7 @@ fn writer_intent_expires_on_its_own() {
     fence(&r.shared(&token(2), 30_000, READ, 0));
     assert!(!r.exists(W), "the writer gave up: nothing lasting");
     // An intent of 0 ms (a writer that does not wait) registers nothing.
-    refused(&r.write(&token(9), 30_000, "waiter-9", 0, false));
+    refused(&r.write(&token(9), 30_000, "waiter-9", 0));
     assert!(!r.exists(W));
 }
 
@@ -429,7 +494,7 @@ fn a_shared_release_never_touches_a_key_someone_else_took() {
     fence(&r.shared(&token(1), 30_000, READ, 0));
     // Force-released (e.g. by an operator), then taken by a writer.
     let _: () = r.con.del(K).unwrap();
-    fence(&r.write(&token(9), 30_000, "", 0, false));
+    fence(&r.write(&token(9), 30_000, "", 0));
     assert_eq!(r.renew_shared(&token(1), 30_000, READ), vec![0]);
     assert_eq!(r.release_shared(&token(1), READ, 0), 1);
     let held: Vec<u8> = r.con.get(K).unwrap();
@@ -443,7 +508,7 @@ fn hold_at_least_keeps_the_key() {
     let mut r = redis();
     let mut con = r.subscriber();
     let mut sub = listen(&mut con, K);
-    fence(&r.write(&token(1), 30_000, "", 0, false));
+    fence(&r.write(&token(1), 30_000, "", 0));
     let released: i64 = r
         .eval(RELEASE, &[K], (&token(1)[..], "PUBLISH", 5_000))
         .unwrap();
@@ -452,7 +517,7 @@ fn hold_at_least_keeps_the_key() {
     assert!(pttl > 4_000 && pttl <= 5_000, "{pttl}");
     // Not free yet ('' is never published): waiters are told to ask again.
     assert_eq!(messages(&mut sub), vec!["kept".to_owned()]);
-    refused(&r.write(&token(2), 30_000, "", 0, false));
+    refused(&r.write(&token(2), 30_000, "", 0));
     // '0' deletes as before.
     let released: i64 = r
         .eval(RELEASE, &[K], (&token(1)[..], "PUBLISH", 0))
@@ -461,7 +526,7 @@ fn hold_at_least_keeps_the_key() {
     assert!(!r.exists(K));
     assert_eq!(messages(&mut sub), vec![String::new()]);
     // A malformed keep is an error, the lock untouched.
-    fence(&r.write(&token(1), 30_000, "", 0, false));
+    fence(&r.write(&token(1), 30_000, "", 0));
     let err = r.eval::<i64>(RELEASE, &[K], (&token(1)[..], "PUBLISH", "soon"));
     assert!(err.is_err());
     assert!(r.pttl(K) > 25_000);
@@ -549,11 +614,8 @@ fn retries_are_idempotent() {
     assert_eq!(r.zcard(H), 1);
     assert!(r.pttl(K) > 25_000, "expiry reset");
     assert_eq!(r.release_shared(&token(1), READ, 0), 1);
-    let w = fence(&r.write(&token(9), 10_000, "waiter-9", 1_000, false));
-    assert_eq!(
-        fence(&r.write(&token(9), 30_000, "waiter-9", 1_000, true)),
-        w
-    );
+    let w = fence(&r.write(&token(9), 10_000, "waiter-9", 1_000));
+    assert_eq!(fence(&r.write(&token(9), 30_000, "waiter-9", 1_000)), w);
     assert!(r.pttl(K) > 25_000, "expiry reset");
     assert_eq!(r.release_shared(&token(9), READ, 0), 0, "not a reader");
 }
@@ -598,7 +660,7 @@ fn fences_above_2_pow_53_are_exact_digits() {
     r.release_shared(&token(1), READ, 0);
     r.release_shared(&token(2), READ, 0);
     assert_eq!(
-        digits(&r.write(&token(3), 30_000, "w", 1_000, true)),
+        digits(&r.write(&token(3), 30_000, "w", 1_000)),
         "9007199254741001"
     );
     let grant: Value = r
@@ -694,8 +756,6 @@ fn bad_arguments_are_errors_and_write_nothing() {
     assert_eq!(keys, Vec::<String>::new());
 }
 
-const EXTEND: &str = include_str!("../redlock-runtime/src/scripts/extend.lua");
-const RENEW: &str = include_str!("../redlock-runtime/src/scripts/renew.lua");
 const INSPECT: &str = include_str!("../redlock-runtime/src/scripts/inspect.lua");
 
 /// Issue 16: the value is the token followed by owner metadata; release, extend, renew
@@ -759,12 +819,12 @@ fn owner_metadata_follows_the_token_and_only_the_token_is_compared() {
 #[test]
 fn a_retried_acquire_reports_the_fence_its_value_holds() {
     let mut r = redis();
-    let first = fence(&r.write(&token(1), 30_000, "", 0, false));
+    let first = fence(&r.write(&token(1), 30_000, "", 0));
     let other: Value = r
         .eval(ACQUIRE, &["lock:other_{7}", F], (&token(2)[..], 30_000))
         .unwrap();
     assert_eq!(fence(&other), first + 1, "one counter for the slot");
-    let retried = fence(&r.write(&token(1), 30_000, "", 0, false));
+    let retried = fence(&r.write(&token(1), 30_000, "", 0));
     assert_eq!(retried, first, "the retry reports the grant it found");
     let raw: Vec<u8> = r.con.get(K).unwrap();
     let meta = String::from_utf8(raw[16..].to_vec()).unwrap();
@@ -799,7 +859,7 @@ fn values_written_before_owner_metadata_still_work() {
     assert_eq!(extended, 1);
     let renewed: Vec<i64> = r.eval(RENEW, &[K], (&token(1)[..], 60_000)).unwrap();
     assert_eq!(renewed, [1]);
-    let (_, holder) = refused(&r.write(&token(2), 30_000, "", 0, false));
+    let (_, holder) = refused(&r.write(&token(2), 30_000, "", 0));
     assert_eq!(
         holder,
         r.digest(&token(1)),

@@ -336,3 +336,65 @@ async fn min_replicas_holds_for_a_writer_that_waited() {
         "{read:?}"
     );
 }
+
+/// Issue 23, finding 1: `min_replicas` held for the acquire only. `extend`, the
+/// watchdog's renewals and `hold_at_least`'s keep were booked as soon as the primary
+/// answered, so the replica a failover promotes held the acquire's expiry while the
+/// holder believed a later one (with Sentinel: a second client granted at +3.0 s while
+/// the first had `is_held()` with 26.7 s left). Now every expiry-setting request of such
+/// a lease counts only once the replicas acknowledged it. The replica is frozen
+/// (SIGSTOP) after the grants, so nothing after them reaches it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_replicas_holds_for_every_expiry_setting_request() {
+    let (primary, mut replica) = attached();
+    let locks = LockManager::connect(&primary.url()).await.unwrap();
+    let opts = |ttl_ms| {
+        LockOptions::new()
+            .ttl(Duration::from_millis(ttl_ms))
+            .min_replicas(1)
+    };
+    let extended = locks
+        .lock_with("stock_{extend}", opts(3_000).watchdog(false))
+        .await
+        .unwrap();
+    let renewed = locks.lock_with("stock_{renew}", opts(1_500)).await.unwrap();
+    let kept = locks
+        .lock_with(
+            "stock_{keep}",
+            opts(3_000).watchdog(false).hold_at_least(Duration::from_secs(20)),
+        )
+        .await
+        .unwrap();
+    let granted = Instant::now();
+    replica.pause();
+
+    // The extend: refused, and the deadline stays where the replica's expiry backs it.
+    let err = extended.extend(Duration::from_secs(30)).await.unwrap_err();
+    assert!(
+        matches!(err, LockError::ReplicasUnavailable { acked: 0, wanted: 1, .. }),
+        "{err}"
+    );
+    assert!(
+        extended.valid_until() <= granted + Duration::from_secs(3),
+        "an extend no replica acknowledged moved the deadline {:?} past the replicated expiry",
+        extended.valid_until() - (granted + Duration::from_secs(3))
+    );
+
+    // The keep: the release says the hold may not survive a failover.
+    let err = kept.release().await.unwrap_err();
+    assert!(
+        matches!(err, LockError::ReplicasUnavailable { acked: 0, wanted: 1, .. }),
+        "{err}"
+    );
+
+    // The renewals: none is booked, so the lock is lost by its ttl (1.5 s after the
+    // grant), not held on the primary's word alone.
+    let lost = tokio::time::timeout(Duration::from_secs(4), renewed.lost()).await;
+    assert!(
+        lost.is_ok() && !renewed.is_held(),
+        "renewed without the replica for {:?}",
+        granted.elapsed()
+    );
+    replica.resume();
+    extended.release().await.ok();
+}
