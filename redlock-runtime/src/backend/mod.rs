@@ -153,6 +153,12 @@ pub(crate) trait Store {
     /// its retries (every Redlock round of an attempt), not counting a `WAIT`.
     fn request_timeout(&self, ttl: Duration) -> Duration;
 
+    /// The shortest ttl the backend can grant: a lock of a shorter ttl would be
+    /// refused however free its key (`InvalidOption` before any request instead).
+    fn min_ttl(&self) -> Duration {
+        crate::options::MIN_TTL
+    }
+
     /// One acquisition attempt.
     fn acquire(&self, claim: &Claim<'_>)
         -> impl Future<Output = Result<Attempt, LockError>> + Send;
@@ -336,6 +342,10 @@ impl Backend {
 
     pub(crate) fn request_timeout(&self, ttl: Duration) -> Duration {
         dispatch!(self, b => b.request_timeout(ttl))
+    }
+
+    pub(crate) fn min_ttl(&self) -> Duration {
+        dispatch!(self, b => b.min_ttl())
     }
 
     pub(crate) async fn acquire(&self, claim: &Claim<'_>) -> Result<Attempt, LockError> {

@@ -15,8 +15,10 @@
 //! - **Acquire** runs `acquire.lua` (`SET NX PX` plus the node's fencing `INCR`) on every
 //!   node. The lock is ours iff a quorum (N/2+1) said yes *and* the validity
 //!   ttl − elapsed − drift (drift = 1 % of the ttl + 2 ms), measured from before the
-//!   requests were sent, is still positive once the last counted grant arrived. Grants
-//!   landing after that are kept as part of the lock (renewals and release go to every
+//!   requests were sent, is still positive once the last counted grant arrived (a ttl too
+//!   short for that even when every node answers in time, under 5 ms, is refused before
+//!   any request; a quorum that granted too late is a [`LockError::Backend`] error, never
+//!   "held": the key was free). Grants landing after that are kept as part of the lock (renewals and release go to every
 //!   node), unless the lock was released before they landed: then they are undone.
 //!   A lost attempt returns as soon as a quorum is impossible (and the answers tell a
 //!   holder of a quorum from a split vote, see `Tally::decided`): what it won, every
@@ -133,6 +135,12 @@ use crate::LockError;
 
 /// The default bound on each node's reply.
 pub(crate) const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(200);
+/// The shortest ttl a Redlock lock can have: the shortest whole number of milliseconds
+/// whose validity (ttl − drift, drift = 1 % of the ttl + 2 ms) outlasts an attempt's
+/// two rounds (acquire and fencing, each within the per-node timeout, at least 1 ms),
+/// so that a grant answered in time is still valid. At or below the drift no grant
+/// ever is: a free key would read as held (see [`Store::min_ttl`]).
+const MIN_REDLOCK_TTL: Duration = Duration::from_millis(5);
 /// Pauses before each request of a background undo: the first at once, then retries
 /// while the node does not confirm (a release retries from the second). About 6 s in
 /// all, as long as the manager's background release of a failed attempt used to try.
@@ -1307,6 +1315,7 @@ impl RedlockBackend {
             tally.decided(nodes, quorum)
         })
         .await;
+        let mut too_late = None;
         if tally.granted.len() >= quorum {
             // Each key's token vouched for by a quorum, the keys at once.
             let vouched = join_all(keys.iter().enumerate().map(|(k, key)| {
@@ -1333,6 +1342,7 @@ impl RedlockBackend {
                     elapsed = ?started.elapsed(),
                     "redlock: quorum won too late; undoing"
                 );
+                too_late = Some(started.elapsed());
             }
         }
         // Lost: undo what was won, in the background, and retry (the manager) without
@@ -1344,6 +1354,10 @@ impl RedlockBackend {
         let undone = undone.chain(tally.failed.iter().copied()).collect();
         let pending = (0..nodes).filter(|i| !tally.answered_by(*i)).collect();
         self.undo_in_background(keys, stake, undone, pending, in_flight);
+        // A quorum granted: the key is free, not held (an error, retried while waiting).
+        if let Some(elapsed) = too_late {
+            return Err(won_too_late(ttl, elapsed));
+        }
         if tally.answered() < quorum {
             return Err(self.unavailable(first, tally.answered(), tally.last_error.as_ref()));
         }
@@ -1506,6 +1520,10 @@ impl RedlockBackend {
 impl Store for RedlockBackend {
     fn name(&self) -> &'static str {
         "redlock"
+    }
+
+    fn min_ttl(&self) -> Duration {
+        MIN_REDLOCK_TTL
     }
 
     /// One attempt's bound: its acquire round, the fencing round and the undo round.
@@ -1944,6 +1962,18 @@ async fn undo(nodes: Arc<[SingleBackend]>, key: Arc<LockKey>, stake: Stake, i: u
     }
 }
 
+/// A quorum granted, but after so long that no validity was left of the ttl.
+fn won_too_late(ttl: Duration, elapsed: Duration) -> LockError {
+    let source = std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!("a quorum granted after {elapsed:?}, too late for a ttl of {ttl:?}"),
+    );
+    LockError::Backend {
+        operation: "acquire",
+        source: source.into(),
+    }
+}
+
 /// The map of won attempts still landing, whatever a panic elsewhere left in it.
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
@@ -2051,6 +2081,24 @@ mod tests {
             // Any `needed` listeners and any quorum share a node; one fewer may not.
             assert!(needed + quorum > nodes);
             assert!(needed - 1 + quorum <= nodes);
+        }
+    }
+
+    /// Review finding 8: from the minimum up a grant answered within an attempt's two
+    /// rounds (each within the per-node timeout) is valid; just below it, it may not be.
+    #[test]
+    fn the_minimum_ttl_outlasts_drift_and_two_rounds() {
+        let valid_after_timeout = |ttl: Duration| {
+            let timeout = DEFAULT_NODE_TIMEOUT
+                .min(ttl / 10)
+                .max(Duration::from_millis(1));
+            ttl.saturating_sub(drift(ttl)) > timeout * 2
+        };
+        let below = MIN_REDLOCK_TTL - Duration::from_millis(1);
+        assert!(!valid_after_timeout(below));
+        let min = u64::try_from(MIN_REDLOCK_TTL.as_millis()).unwrap();
+        for ms in min..100_000 {
+            assert!(valid_after_timeout(Duration::from_millis(ms)), "{ms} ms");
         }
     }
 
