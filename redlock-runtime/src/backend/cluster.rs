@@ -64,6 +64,7 @@ use super::{Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Store, Togethe
 use crate::error::chain;
 use crate::info::LockInfo;
 use crate::key::{key_slot, LockKey, SLOTS};
+use crate::kind::Mode;
 use crate::notify::{channel_of, ChannelLocks, Interest};
 use crate::scripts::{ACQUIRE, EXTEND, RELEASE};
 use crate::token::Token;
@@ -382,7 +383,7 @@ impl Store for ClusterBackend {
     }
 
     /// One request's bound: the overall response timeout, retries included.
-    fn request_timeout(&self, _ttl: Duration) -> Duration {
+    fn request_timeout(&self, _ttl: Duration, _mode: Mode) -> Duration {
         self.timeouts.response * 2
     }
 

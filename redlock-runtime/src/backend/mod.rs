@@ -149,9 +149,10 @@ pub(crate) trait Store {
     /// The backend's name, for tracing.
     fn name(&self) -> &'static str;
 
-    /// How long one acquisition attempt may take when nothing hangs: one request with
-    /// its retries (every Redlock round of an attempt), not counting a `WAIT`.
-    fn request_timeout(&self, ttl: Duration) -> Duration;
+    /// How long one acquisition attempt in `mode` may take when nothing hangs: one
+    /// request with its retries (every Redlock round of an attempt), not counting a
+    /// `WAIT`.
+    fn request_timeout(&self, ttl: Duration, mode: Mode) -> Duration;
 
     /// The shortest ttl the backend can grant: a lock of a shorter ttl would be
     /// refused however free its key (`InvalidOption` before any request instead).
@@ -340,8 +341,8 @@ impl Backend {
         dispatch!(self, b => b.name())
     }
 
-    pub(crate) fn request_timeout(&self, ttl: Duration) -> Duration {
-        dispatch!(self, b => b.request_timeout(ttl))
+    pub(crate) fn request_timeout(&self, ttl: Duration, mode: Mode) -> Duration {
+        dispatch!(self, b => b.request_timeout(ttl, mode))
     }
 
     pub(crate) fn min_ttl(&self) -> Duration {
