@@ -18,8 +18,9 @@
 //!   requests were sent, is still positive once the last counted grant arrived (a ttl too
 //!   short for that even when every node answers in time, under 5 ms, is refused before
 //!   any request; a quorum that granted too late is a [`LockError::Backend`] error, never
-//!   "held": the key was free). Grants landing after that are kept as part of the lock (renewals and release go to every
-//!   node), unless the lock was released before they landed: then they are undone.
+//!   "held": the key was free). Grants landing after that are kept as part of the lock
+//!   (renewals and release go to every node), unless the lock was released before they
+//!   landed: then they are undone.
 //!   A lost attempt returns as soon as a quorum is impossible (and the answers tell a
 //!   holder of a quorum from a split vote, see `Tally::decided`): what it won, every
 //!   node whose request failed (it may have been applied, its reply lost), and every
@@ -39,6 +40,13 @@
 //!   kept, or undone for every key when the keys (released together) were released
 //!   before it landed; a lost attempt is undone for every key on every node that granted,
 //!   failed or is still in flight. The manager then takes the keys one by one.
+//! - **Permits** (`permit(k, n)`): a count above one cannot be voted per node, so a
+//!   permit is one of the key's `n` *places*, each an exclusive lock won as above, found
+//!   by a probe of the places on a quorum (`acquire_place`), and then a shared holder of
+//!   the key itself (the permit marker, no limit: `hold_key`), won as a reader is. The
+//!   key's own script on each node keeps permits, readers and exclusive holders apart;
+//!   two quorums share a node, so no two kinds that exclude each other both win. Its
+//!   release, extend and renewals go to both halves.
 //! - **Release and extend** go to every node; they succeed when a quorum confirms, report
 //!   the lock lost when so many nodes deny it that no quorum can, and fail with
 //!   `QuorumUnavailable` when too few answered to tell. A release unconfirmed by a node
@@ -176,7 +184,7 @@ pub(crate) struct RedlockBackend {
     node_timeout: Duration,
     /// Won attempts whose requests to some nodes are still in flight, by token: `true`
     /// once the lock was released meanwhile (see [`RedlockBackend::keep_late_grants`]).
-    landing: Arc<Mutex<HashMap<Token, bool>>>,
+    landing: Arc<Mutex<HashMap<Token, Landing>>>,
     /// Requests that set a lock's expiry (a won acquisition's late grants, an extend's
     /// stragglers) and may still be written, by token and full key: see
     /// [`RedlockBackend::settle`].
@@ -186,6 +194,16 @@ pub(crate) struct RedlockBackend {
     /// The place of each permit held or being acquired, by token (see
     /// [`LockKey::place`]).
     places: Mutex<HashMap<Token, Arc<LockKey>>>,
+}
+
+/// The late grants of the won acquisitions of one token (a permit's place and its hold
+/// on the key share it).
+#[derive(Debug, Default)]
+struct Landing {
+    /// The acquisitions whose requests are still in flight.
+    pending: usize,
+    /// Whether the lock was released meanwhile (its late grants are undone).
+    released: bool,
 }
 
 /// The expiry-setting requests of one lock still in flight after their call returned.
@@ -731,7 +749,7 @@ impl RedlockBackend {
             return;
         }
         let token = stake.token;
-        lock(&self.landing).insert(token, false);
+        lock(&self.landing).entry(token).or_default().pending += 1;
         let (nodes, landing) = (self.nodes.clone(), self.landing.clone());
         let keys = keys.to_vec();
         let names = keys.iter().map(|k| k.full().to_owned()).collect::<Vec<_>>();
@@ -746,10 +764,10 @@ impl RedlockBackend {
             move |(i, answer)| {
                 let landed = answer.as_ref().ok().and_then(|a| a.fences().ok());
                 let released =
-                    !refused(&answer) && lock(&landing).get(&token).copied().unwrap_or(true);
+                    !refused(&answer) && lock(&landing).get(&token).is_none_or(|l| l.released);
                 unanswered -= 1;
                 if unanswered == 0 {
-                    lock(&landing).remove(&token);
+                    landed_all(&landing, token);
                 }
                 for (k, (key, &fence)) in keys.iter().zip(&fences).enumerate() {
                     let behind = landed.and_then(|f| f.get(k)).is_some_and(|&f| f < fence);
@@ -980,13 +998,57 @@ impl RedlockBackend {
                 }
                 match self.try_place(claim, i).await {
                     Ok(Attempt::Held { remaining, .. }) => search.wait(remaining),
-                    Ok(won) => return Ok(won),
+                    Ok(Attempt::Acquired { .. }) => return self.hold_key(claim).await,
                     Err(e) => search.last_error = Some(e),
                 }
             }
         }
         lock(&self.places).remove(&claim.token);
         search.outcome(claim.ttl)
+    }
+
+    /// The permit's hold on the key itself, once it won a place: a shared holder with
+    /// the permit marker and no limit (`acquire_shared.lua`, the place bounds the count),
+    /// voted on like a reader. So each node's own script keeps the kinds apart, as on
+    /// one server: an exclusive holder (or a reader) of the key refuses it, and it
+    /// refuses them. Its fencing token is the permit's: it orders the permit among the
+    /// key's writers as a reader's does (see "Fencing tokens"). When the key cannot be
+    /// had, the place is given back ([`give_back_place`](Self::give_back_place)).
+    ///
+    /// The key is taken after the place, never before: a caller that finds every place
+    /// taken then leaves nothing on the key, whose undo (silent, or it would wake the
+    /// caller itself) writers waiting on it would not hear.
+    async fn hold_key(&self, claim: &Claim<'_>) -> Result<Attempt, LockError> {
+        let unlimited = Claim {
+            mode: Mode::Permit(0),
+            intent: None,
+            ..*claim
+        };
+        let held = self.acquire_quorum(&unlimited).await;
+        if !matches!(held, Ok(Attempt::Acquired { .. })) {
+            self.give_back_place(claim.token);
+        }
+        held
+    }
+
+    /// Undoes the place of an attempt that could not hold the key, in the background,
+    /// without a wake-up (the permit waiters listen on the key, whose holder they wait
+    /// for), and its late grants as they land.
+    fn give_back_place(&self, token: Token) {
+        let Some(place) = lock(&self.places).remove(&token) else {
+            return;
+        };
+        if let Some(landing) = lock(&self.landing).get_mut(&token) {
+            landing.released = true;
+        }
+        let stake = Stake {
+            token,
+            mode: Mode::Exclusive,
+            keep: Duration::ZERO,
+        };
+        for i in 0..self.nodes.len() {
+            tokio::spawn(undo(self.nodes.clone(), place.clone(), stake, i));
+        }
     }
 
     /// One try at place `i`, recorded under the attempt's token first, so that an
@@ -1069,11 +1131,12 @@ impl RedlockBackend {
 
 /// The most places one probe reads (see [`RedlockBackend::acquire_place`]).
 const PROBE_BATCH: u32 = 256;
-/// The rounds of one try at a place: its acquire and fencing rounds.
-const TRY_ROUNDS: u32 = 2;
+/// The rounds of one try at a place: the acquire and fencing rounds of the place, then
+/// of the key (see [`RedlockBackend::hold_key`]).
+const TRY_ROUNDS: u32 = 4;
 /// The per-node timeouts one permit attempt may take: a probe and a try, and room for
 /// more when they are quick ([`RedlockBackend::request_timeout`] adds one spare).
-const PERMIT_ROUNDS: u32 = 1 + TRY_ROUNDS + 2;
+const PERMIT_ROUNDS: u32 = 1 + TRY_ROUNDS + 1;
 
 /// Place `k` of a search of `n` places from `start`: `(start + k) mod n`.
 fn nth_place(start: u32, k: u32, n: u32) -> u32 {
@@ -1528,8 +1591,8 @@ impl RedlockBackend {
     async fn release_quorum(&self, lease: LeaseRef<'_>, keep: Duration) -> Result<bool, LockError> {
         let LeaseRef { key, token, mode } = lease;
         let stake = Stake { token, mode, keep };
-        if let Some(released) = lock(&self.landing).get_mut(&token) {
-            *released = true;
+        if let Some(landing) = lock(&self.landing).get_mut(&token) {
+            landing.released = true;
         }
         let shared_key = Arc::new(key.clone());
         self.decide(
@@ -1711,39 +1774,51 @@ impl Store for RedlockBackend {
         self.acquire_all_quorum(keys, token, ttl).await.map(Some)
     }
 
+    /// A permit releases its place and its hold on the key, at once; the key's release
+    /// wakes the waiters (permit waiters listen on the key too).
     async fn release(&self, lease: LeaseRef<'_>, keep: Duration) -> Result<bool, LockError> {
         if !matches!(lease.mode, Mode::Permit(_)) {
             return self.release_quorum(lease, keep).await;
         }
-        let Some(place) = self.place_of(lease.token) else {
-            return Ok(false);
+        let place = self.place_of(lease.token);
+        let place_released = async {
+            match &place {
+                Some(place) => {
+                    let released = self.release_quorum(exclusive(place, lease.token), keep);
+                    released.await
+                }
+                None => Ok(false),
+            }
         };
-        let released = self
-            .release_quorum(exclusive(&place, lease.token), keep)
-            .await;
-        if released.is_ok() {
+        let (key_released, place_released) =
+            futures_util::future::join(self.release_quorum(lease, keep), place_released).await;
+        if place_released.is_ok() {
             lock(&self.places).remove(&lease.token);
         }
-        if matches!(released, Ok(true)) {
+        if matches!(place_released, Ok(true)) && !matches!(key_released, Ok(true)) {
             self.announce_place_freed(lease.key);
         }
-        released
+        both(key_released, place_released)
     }
 
+    /// A permit extends its place and its hold on the key, at once.
     async fn extend(&self, lease: LeaseRef<'_>, ttl: Duration) -> Result<bool, LockError> {
         if !matches!(lease.mode, Mode::Permit(_)) {
             return self.extend_quorum(lease, ttl).await;
         }
-        match self.place_of(lease.token) {
-            Some(place) => {
-                self.extend_quorum(exclusive(&place, lease.token), ttl)
-                    .await
-            }
-            None => Ok(false),
-        }
+        let Some(place) = self.place_of(lease.token) else {
+            return Ok(false);
+        };
+        let (key, place) = futures_util::future::join(
+            self.extend_quorum(lease, ttl),
+            self.extend_quorum(exclusive(&place, lease.token), ttl),
+        )
+        .await;
+        both(key, place)
     }
 
-    /// Permits are renewed as the exclusive locks of their places.
+    /// A permit is renewed as its place's exclusive lock and its hold on the key, in
+    /// the same batch; it is renewed when both are.
     async fn renew(&self, batch: &[Renewal<'_>]) -> Result<Vec<Renewed>, LockError> {
         if !batch.iter().any(|r| matches!(r.mode, Mode::Permit(_))) {
             return self.renew_quorum(batch).await;
@@ -1755,28 +1830,36 @@ impl Store for RedlockBackend {
                 Mode::Exclusive | Mode::Read => None,
             })
             .collect();
-        let mut asked = Vec::with_capacity(batch.len());
-        let mut renewals = Vec::with_capacity(batch.len());
+        let mut asked = Vec::with_capacity(batch.len() * 2);
+        let mut renewals = Vec::with_capacity(batch.len() * 2);
         for (i, (r, place)) in batch.iter().zip(&places).enumerate() {
-            let renewal = match (r.mode, place) {
-                (Mode::Permit(_), Some(place)) => Renewal {
-                    key: place,
-                    mode: Mode::Exclusive,
-                    ..*r
-                },
+            match (r.mode, place) {
+                (Mode::Permit(_), Some(place)) => {
+                    asked.push(i);
+                    renewals.push(Renewal {
+                        key: place,
+                        mode: Mode::Exclusive,
+                        ..*r
+                    });
+                }
                 // A permit without a place is no longer held.
                 (Mode::Permit(_), None) => continue,
-                _ => *r,
-            };
+                _ => {}
+            }
             asked.push(i);
-            renewals.push(renewal);
+            renewals.push(*r);
         }
         let outcomes = self.renew_quorum(&renewals).await?;
-        let mut out = vec![Renewed::Lost; batch.len()];
+        let mut out: Vec<Option<Renewed>> = vec![None; batch.len()];
         for (i, outcome) in asked.into_iter().zip(outcomes) {
-            out[i] = outcome;
+            if let Some(slot) = out.get_mut(i) {
+                *slot = Some(slot.map_or(outcome, |o| renewed_both(o, outcome)));
+            }
         }
-        Ok(out)
+        Ok(out
+            .into_iter()
+            .map(|o| o.unwrap_or(Renewed::Lost))
+            .collect())
     }
 
     /// Every node's `maxmemory-policy`, by node address.
@@ -2134,6 +2217,38 @@ fn won_too_late(ttl: Duration, elapsed: Duration) -> LockError {
     LockError::Backend {
         operation: "acquire",
         source: source.into(),
+    }
+}
+
+/// One acquisition of `token` has no request in flight any more: its entry goes with
+/// the last one.
+fn landed_all(landing: &Mutex<HashMap<Token, Landing>>, token: Token) {
+    let mut landing = lock(landing);
+    if let Some(l) = landing.get_mut(&token) {
+        l.pending = l.pending.saturating_sub(1);
+        if l.pending == 0 {
+            landing.remove(&token);
+        }
+    }
+}
+
+/// Ours on both halves of a permit (its place and its hold on the key): false when
+/// either is denied, else an error when either failed.
+fn both(a: Result<bool, LockError>, b: Result<bool, LockError>) -> Result<bool, LockError> {
+    match (a, b) {
+        (Ok(false), _) | (_, Ok(false)) => Ok(false),
+        (Err(e), _) | (_, Err(e)) => Err(e),
+        (Ok(true), Ok(true)) => Ok(true),
+    }
+}
+
+/// A permit's renewal from those of its two halves: lost when either is, unknown when
+/// either is.
+fn renewed_both(a: Renewed, b: Renewed) -> Renewed {
+    match (a, b) {
+        (Renewed::Lost, _) | (_, Renewed::Lost) => Renewed::Lost,
+        (Renewed::Unknown, _) | (_, Renewed::Unknown) => Renewed::Unknown,
+        (Renewed::Yes, Renewed::Yes) => Renewed::Yes,
     }
 }
 
