@@ -230,6 +230,7 @@ async fn cluster_behaviour() {
         cancelled_writer_keeps_no_reader_out,
         writer_waiting_behind_a_writer_keeps_new_readers_out,
         release_within_hold_at_least_wakes_waiters_at_its_end,
+        permit_and_exclusive_or_read_holders_exclude_each_other,
     );
     macro_rules! rules {
         ($($name:ident),* $(,)?) => {$(

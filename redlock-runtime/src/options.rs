@@ -5,7 +5,9 @@ use std::time::{Duration, Instant};
 
 use crate::{stats, LockError};
 
-/// The shortest ttl accepted.
+/// The shortest ttl accepted. A backend may need more: Redlock refuses a ttl under 5 ms
+/// (its drift allowance, 1 % of the ttl + 2 ms, and an attempt's round trips would leave
+/// no validity to any grant) with [`LockError::InvalidOption`].
 pub const MIN_TTL: Duration = Duration::from_millis(1);
 /// The longest ttl accepted (30 days).
 pub const MAX_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
@@ -38,7 +40,8 @@ impl LockOptions {
         Self::default()
     }
 
-    /// How long the lock lives without renewal (1 ms ..= 30 days).
+    /// How long the lock lives without renewal (1 ms ..= 30 days; on Redlock at least
+    /// 5 ms, see [`MIN_TTL`]).
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = Some(ttl);
         self
@@ -124,24 +127,31 @@ impl Resolved {
     }
 }
 
-/// Checks a ttl against the accepted range.
-pub(crate) fn check_ttl(ttl: Duration) -> Result<Duration, LockError> {
-    if (MIN_TTL..=MAX_TTL).contains(&ttl) {
+/// Checks a ttl against the accepted range: `shortest` (the backend's shortest
+/// grantable ttl, at least [`MIN_TTL`]) ..= [`MAX_TTL`]. Every ttl a request carries
+/// passes here (the options of every acquisition, `extend`, the default ttl), before
+/// any I/O.
+pub(crate) fn check_ttl(ttl: Duration, shortest: Duration) -> Result<Duration, LockError> {
+    let shortest = shortest.max(MIN_TTL);
+    if (shortest..=MAX_TTL).contains(&ttl) {
         Ok(ttl)
     } else {
         Err(LockError::invalid_option(format!(
-            "ttl {ttl:?} is outside 1ms..=30 days"
+            "ttl {ttl:?} is outside {shortest:?}..=30 days"
         )))
     }
 }
 
 impl LockOptions {
+    /// The options with the defaults applied, checked; `shortest` is the backend's
+    /// shortest grantable ttl (see [`check_ttl`]).
     pub(crate) fn resolve(
         &self,
         default_ttl: Duration,
         default_wait: Duration,
+        shortest: Duration,
     ) -> Result<Resolved, LockError> {
-        let ttl = check_ttl(self.ttl.unwrap_or(default_ttl))?;
+        let ttl = check_ttl(self.ttl.unwrap_or(default_ttl), shortest)?;
         let wait = self.wait.unwrap_or(default_wait);
         let hold_at_least = self.hold_at_least.unwrap_or(Duration::ZERO);
         if hold_at_least > MAX_TTL {
@@ -172,16 +182,32 @@ mod tests {
     fn out_of_range_values_are_errors_not_clamps() {
         let d = Duration::from_secs(1);
         for ttl in [Duration::ZERO, MAX_TTL + Duration::from_millis(1)] {
-            let err = LockOptions::new().ttl(ttl).resolve(d, d).unwrap_err();
+            let err = LockOptions::new()
+                .ttl(ttl)
+                .resolve(d, d, MIN_TTL)
+                .unwrap_err();
             assert!(matches!(err, LockError::InvalidOption { .. }), "{err}");
         }
         let err = LockOptions::new()
             .wait(Duration::MAX)
-            .resolve(d, d)
+            .resolve(d, d, MIN_TTL)
             .unwrap_err();
         assert!(matches!(err, LockError::InvalidOption { .. }));
-        let ok = LockOptions::new().ttl(MAX_TTL).resolve(d, d).unwrap();
+        let ok = LockOptions::new()
+            .ttl(MAX_TTL)
+            .resolve(d, d, MIN_TTL)
+            .unwrap();
         assert_eq!(ok.ttl, MAX_TTL);
         assert_eq!(ok.replica_wait(), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn a_backend_minimum_is_named() {
+        let (d, four) = (Duration::from_secs(1), Duration::from_millis(4));
+        let short = LockOptions::new().ttl(Duration::from_millis(3));
+        let err = short.resolve(d, d, four).unwrap_err();
+        assert!(err.to_string().contains("4ms"), "{err}");
+        assert_eq!(check_ttl(four, four).unwrap(), four);
+        assert!(check_ttl(Duration::ZERO, Duration::ZERO).is_err());
     }
 }

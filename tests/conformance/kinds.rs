@@ -738,6 +738,50 @@ pub async fn release_within_hold_at_least_wakes_waiters_at_its_end<H: Harness>(h
     }
 }
 
+/// A permit holder and an exclusive or read holder of one key exclude each other, the
+/// same on every backend (review finding 7: on Redlock, whose permits live in places,
+/// keys of their own, they coexisted): a permit holder keeps out `lock`, `write` and
+/// `read` of the key, an exclusive holder and a reader keep out `permit`.
+pub async fn permit_and_exclusive_or_read_holders_exclude_each_other<H: Harness>(h: &H) {
+    let (a, b) = (manager(h).await, manager(h).await);
+    let key = unique("permit-vs-kinds");
+    let permit = a.permit(&key, 3).await.unwrap();
+    assert!(
+        b.try_lock(&key).await.unwrap().is_none(),
+        "an exclusive lock beside a permit holder"
+    );
+    assert!(
+        b.try_write(&key).await.unwrap().is_none(),
+        "a writer beside a permit holder"
+    );
+    assert!(
+        b.try_read(&key).await.unwrap().is_none(),
+        "a reader beside a permit holder"
+    );
+    let second = b.try_permit(&key, 3).await.unwrap();
+    assert!(second.is_some(), "permits share");
+    drop(second);
+    permit.release().await.unwrap();
+    let writer = a.lock(&key).await.unwrap();
+    assert!(
+        b.try_permit(&key, 3).await.unwrap().is_none(),
+        "a permit beside an exclusive holder"
+    );
+    writer.release().await.unwrap();
+    let reader = a.read(&key).await.unwrap();
+    assert!(
+        b.try_permit(&key, 3).await.unwrap().is_none(),
+        "a permit beside a reader"
+    );
+    reader.release().await.unwrap();
+    let waiting = LockOptions::new().wait(Duration::from_secs(5));
+    let permit = b.permit_with(&key, 3, waiting.clone()).await;
+    assert!(permit.is_ok(), "no permit once the reader left: {permit:?}");
+    drop(permit);
+    let writer = b.lock_with(&key, waiting).await;
+    assert!(writer.is_ok(), "no lock once the permits left: {writer:?}");
+}
+
 /// Bad input of the new calls is a clear error.
 pub async fn kinds_reject_bad_input<H: Harness>(h: &H) {
     let locks = manager(h).await;
@@ -786,7 +830,8 @@ macro_rules! kinds_tests {
             lock_all_in_opposite_orders_finishes, lock_all_leaves_no_key_behind,
             hold_at_least_keeps_the_key, kinds_reject_bad_input,
             lock_all_miss_keeps_no_key_for_hold_at_least, cancelled_writer_keeps_no_reader_out,
-            release_within_hold_at_least_wakes_waiters_at_its_end);
+            release_within_hold_at_least_wakes_waiters_at_its_end,
+            permit_and_exclusive_or_read_holders_exclude_each_other);
     };
     (@each $make:expr; $($name:ident),*) => {
         $(

@@ -66,6 +66,7 @@ use super::{
 use crate::error::chain;
 use crate::info::LockInfo;
 use crate::key::{key_slot, LockKey, SLOTS};
+use crate::kind::Mode;
 use crate::notify::{channel_of, ChannelLocks, Interest};
 use crate::scripts::{ACQUIRE, RELEASE};
 use crate::token::Token;
@@ -585,7 +586,7 @@ impl Store for ClusterBackend {
     }
 
     /// One request's bound: the overall response timeout, retries included.
-    fn request_timeout(&self, _ttl: Duration) -> Duration {
+    fn request_timeout(&self, _ttl: Duration, _mode: Mode) -> Duration {
         self.timeouts.response * 2
     }
 

@@ -529,7 +529,7 @@ impl Store for MemoryBackend {
     }
 
     /// Never waits on anything; a bound for form's sake.
-    fn request_timeout(&self, _ttl: Duration) -> Duration {
+    fn request_timeout(&self, _ttl: Duration, _mode: Mode) -> Duration {
         Duration::from_secs(1)
     }
 

@@ -170,9 +170,16 @@ pub(crate) trait Store {
     /// The backend's name, for tracing.
     fn name(&self) -> &'static str;
 
-    /// How long one acquisition attempt may take when nothing hangs: one request with
-    /// its retries (every Redlock round of an attempt), not counting a `WAIT`.
-    fn request_timeout(&self, ttl: Duration) -> Duration;
+    /// How long one acquisition attempt in `mode` may take when nothing hangs: one
+    /// request with its retries (every Redlock round of an attempt), not counting a
+    /// `WAIT`.
+    fn request_timeout(&self, ttl: Duration, mode: Mode) -> Duration;
+
+    /// The shortest ttl the backend can grant: a lock of a shorter ttl would be
+    /// refused however free its key (`InvalidOption` before any request instead).
+    fn min_ttl(&self) -> Duration {
+        crate::options::MIN_TTL
+    }
 
     /// One acquisition attempt.
     fn acquire(&self, claim: &Claim<'_>)
@@ -355,8 +362,12 @@ impl Backend {
         dispatch!(self, b => b.name())
     }
 
-    pub(crate) fn request_timeout(&self, ttl: Duration) -> Duration {
-        dispatch!(self, b => b.request_timeout(ttl))
+    pub(crate) fn request_timeout(&self, ttl: Duration, mode: Mode) -> Duration {
+        dispatch!(self, b => b.request_timeout(ttl, mode))
+    }
+
+    pub(crate) fn min_ttl(&self) -> Duration {
+        dispatch!(self, b => b.min_ttl())
     }
 
     pub(crate) async fn acquire(&self, claim: &Claim<'_>) -> Result<Attempt, LockError> {

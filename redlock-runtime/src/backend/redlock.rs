@@ -15,9 +15,12 @@
 //! - **Acquire** runs `acquire.lua` (`SET NX PX` plus the node's fencing `INCR`) on every
 //!   node. The lock is ours iff a quorum (N/2+1) said yes *and* the validity
 //!   ttl − elapsed − drift (drift = 1 % of the ttl + 2 ms), measured from before the
-//!   requests were sent, is still positive once the last counted grant arrived. Grants
-//!   landing after that are kept as part of the lock (renewals and release go to every
-//!   node), unless the lock was released before they landed: then they are undone.
+//!   requests were sent, is still positive once the last counted grant arrived (a ttl too
+//!   short for that even when every node answers in time, under 5 ms, is refused before
+//!   any request; a quorum that granted too late is a [`LockError::Backend`] error, never
+//!   "held": the key was free). Grants landing after that are kept as part of the lock
+//!   (renewals and release go to every node), unless the lock was released before they
+//!   landed: then they are undone.
 //!   A lost attempt returns as soon as a quorum is impossible (and the answers tell a
 //!   holder of a quorum from a split vote, see `Tally::decided`): what it won, every
 //!   node whose request failed (it may have been applied, its reply lost), and every
@@ -37,6 +40,13 @@
 //!   kept, or undone for every key when the keys (released together) were released
 //!   before it landed; a lost attempt is undone for every key on every node that granted,
 //!   failed or is still in flight. The manager then takes the keys one by one.
+//! - **Permits** (`permit(k, n)`): a count above one cannot be voted per node, so a
+//!   permit is one of the key's `n` *places*, each an exclusive lock won as above, found
+//!   by a probe of the places on a quorum (`acquire_place`), and then a shared holder of
+//!   the key itself (the permit marker, no limit: `hold_key`), won as a reader is. The
+//!   key's own script on each node keeps permits, readers and exclusive holders apart;
+//!   two quorums share a node, so no two kinds that exclude each other both win. Its
+//!   release, extend and renewals go to both halves.
 //! - **Release and extend** go to every node; they succeed when a quorum confirms, report
 //!   the lock lost when so many nodes deny it that no quorum can, and fail with
 //!   `QuorumUnavailable` when too few answered to tell. A release unconfirmed by a node
@@ -133,6 +143,12 @@ use crate::LockError;
 
 /// The default bound on each node's reply.
 pub(crate) const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(200);
+/// The shortest ttl a Redlock lock can have: the shortest whole number of milliseconds
+/// whose validity (ttl − drift, drift = 1 % of the ttl + 2 ms) outlasts an attempt's
+/// two rounds (acquire and fencing, each within the per-node timeout, at least 1 ms),
+/// so that a grant answered in time is still valid. At or below the drift no grant
+/// ever is: a free key would read as held (see [`Store::min_ttl`]).
+const MIN_REDLOCK_TTL: Duration = Duration::from_millis(5);
 /// Pauses before each request of a background undo: the first at once, then retries
 /// while the node does not confirm (a release retries from the second). About 6 s in
 /// all, as long as the manager's background release of a failed attempt used to try.
@@ -168,7 +184,7 @@ pub(crate) struct RedlockBackend {
     node_timeout: Duration,
     /// Won attempts whose requests to some nodes are still in flight, by token: `true`
     /// once the lock was released meanwhile (see [`RedlockBackend::keep_late_grants`]).
-    landing: Arc<Mutex<HashMap<Token, bool>>>,
+    landing: Arc<Mutex<HashMap<Token, Landing>>>,
     /// Requests that set a lock's expiry (a won acquisition's late grants, an extend's
     /// stragglers) and may still be written, by token and full key: see
     /// [`RedlockBackend::settle`].
@@ -178,6 +194,16 @@ pub(crate) struct RedlockBackend {
     /// The place of each permit held or being acquired, by token (see
     /// [`LockKey::place`]).
     places: Mutex<HashMap<Token, Arc<LockKey>>>,
+}
+
+/// The late grants of the won acquisitions of one token (a permit's place and its hold
+/// on the key share it).
+#[derive(Debug, Default)]
+struct Landing {
+    /// The acquisitions whose requests are still in flight.
+    pending: usize,
+    /// Whether the lock was released meanwhile (its late grants are undone).
+    released: bool,
 }
 
 /// The expiry-setting requests of one lock still in flight after their call returned.
@@ -723,7 +749,7 @@ impl RedlockBackend {
             return;
         }
         let token = stake.token;
-        lock(&self.landing).insert(token, false);
+        lock(&self.landing).entry(token).or_default().pending += 1;
         let (nodes, landing) = (self.nodes.clone(), self.landing.clone());
         let keys = keys.to_vec();
         let names = keys.iter().map(|k| k.full().to_owned()).collect::<Vec<_>>();
@@ -738,10 +764,10 @@ impl RedlockBackend {
             move |(i, answer)| {
                 let landed = answer.as_ref().ok().and_then(|a| a.fences().ok());
                 let released =
-                    !refused(&answer) && lock(&landing).get(&token).copied().unwrap_or(true);
+                    !refused(&answer) && lock(&landing).get(&token).is_none_or(|l| l.released);
                 unanswered -= 1;
                 if unanswered == 0 {
-                    lock(&landing).remove(&token);
+                    landed_all(&landing, token);
                 }
                 for (k, (key, &fence)) in keys.iter().zip(&fences).enumerate() {
                     let behind = landed.and_then(|f| f.get(k)).is_some_and(|&f| f < fence);
@@ -941,45 +967,144 @@ impl RedlockBackend {
 
 /// Permits on Redlock: the places of a key (see [`LockKey::place`]).
 impl RedlockBackend {
-    /// A permit of `n`: the first free place of the key, each an exclusive lock on a
-    /// quorum, tried from a random one. The place being tried is recorded under the
-    /// attempt's token first, so that an attempt cut short is undone where it was.
+    /// A permit of `n`: a free place of the key, each an exclusive lock on a quorum.
+    ///
+    /// The places are probed first, [`PROBE_BATCH`] at a time from a random one, on a
+    /// quorum of nodes at once ([`probe_places`](Self::probe_places)); only those a
+    /// quorum may grant are tried, the freest first. So a full set of places is told in
+    /// one round trip whatever `n` (tried one by one, `n` round trips outlasted the
+    /// attempt's bound: an error instead of "held"). A probe only reads: each place is
+    /// still won by its own quorum vote, as any exclusive lock.
+    ///
+    /// Bounded in time by [`PERMIT_ROUNDS`] per-node timeouts (a probe or a try starts
+    /// only while the rounds it may take are left) and in count by the places.
     async fn acquire_place(&self, claim: &Claim<'_>, n: u32) -> Result<Attempt, LockError> {
+        let started = Instant::now();
+        let round = self.node_timeout(claim.ttl);
+        let fits = |rounds: u32| started.elapsed() + round * rounds <= round * PERMIT_ROUNDS;
         let start = getrandom::u32().unwrap_or(0) % n;
-        let mut remaining: Option<Duration> = None;
-        let mut last_error = None;
-        for k in 0..n {
-            let place = Arc::new(claim.key.place((start + k) % n));
-            lock(&self.places).insert(claim.token, place.clone());
-            let attempt = Claim {
-                key: &place,
-                mode: Mode::Exclusive,
-                intent: None,
-                ..*claim
-            };
-            match self.acquire_quorum(&attempt).await {
-                Ok(Attempt::Acquired { fence, replicas }) => {
-                    return Ok(Attempt::Acquired { fence, replicas })
+        let mut search = Search::default();
+        for first in (0..n).step_by(PROBE_BATCH as usize) {
+            if !fits(1 + TRY_ROUNDS) {
+                break;
+            }
+            let last = n.min(first.saturating_add(PROBE_BATCH));
+            let indices: Vec<u32> = (first..last).map(|k| nth_place(start, k, n)).collect();
+            let probe = self.probe_places(claim.key, &indices, round).await?;
+            search.wait(probe.remaining);
+            for i in probe.free {
+                if !fits(TRY_ROUNDS) {
+                    break;
                 }
-                Ok(Attempt::Held { remaining: r, .. }) => {
-                    remaining = match (remaining, r) {
-                        (Some(a), Some(b)) => Some(a.min(b)),
-                        (a, b) => a.or(b),
-                    };
+                match self.try_place(claim, i).await {
+                    Ok(Attempt::Held { remaining, .. }) => search.wait(remaining),
+                    Ok(Attempt::Acquired { .. }) => return self.hold_key(claim).await,
+                    Err(e) => search.last_error = Some(e),
                 }
-                Err(e) => last_error = Some(e),
             }
         }
         lock(&self.places).remove(&claim.token);
-        match last_error {
-            Some(e) if remaining.is_none() => Err(e),
-            _ => Ok(Attempt::Held {
-                remaining,
-                holder: None,
-            }),
+        search.outcome(claim.ttl)
+    }
+
+    /// The permit's hold on the key itself, once it won a place: a shared holder with
+    /// the permit marker and no limit (`acquire_shared.lua`, the place bounds the count),
+    /// voted on like a reader. So each node's own script keeps the kinds apart, as on
+    /// one server: an exclusive holder (or a reader) of the key refuses it, and it
+    /// refuses them. Its fencing token is the permit's: it orders the permit among the
+    /// key's writers as a reader's does (see "Fencing tokens"). When the key cannot be
+    /// had, the place is given back ([`give_back_place`](Self::give_back_place)).
+    ///
+    /// The key is taken after the place, never before: a caller that finds every place
+    /// taken then leaves nothing on the key, whose undo (silent, or it would wake the
+    /// caller itself) writers waiting on it would not hear.
+    async fn hold_key(&self, claim: &Claim<'_>) -> Result<Attempt, LockError> {
+        let unlimited = Claim {
+            mode: Mode::Permit(0),
+            intent: None,
+            ..*claim
+        };
+        let held = self.acquire_quorum(&unlimited).await;
+        if !matches!(held, Ok(Attempt::Acquired { .. })) {
+            self.give_back_place(claim.token);
+        }
+        held
+    }
+
+    /// Undoes the place of an attempt that could not hold the key, in the background,
+    /// without a wake-up (the permit waiters listen on the key, whose holder they wait
+    /// for), and its late grants as they land.
+    fn give_back_place(&self, token: Token) {
+        let Some(place) = lock(&self.places).remove(&token) else {
+            return;
+        };
+        if let Some(landing) = lock(&self.landing).get_mut(&token) {
+            landing.released = true;
+        }
+        let stake = Stake {
+            token,
+            mode: Mode::Exclusive,
+            keep: Duration::ZERO,
+        };
+        for i in 0..self.nodes.len() {
+            tokio::spawn(undo(self.nodes.clone(), place.clone(), stake, i));
         }
     }
 
+    /// One try at place `i`, recorded under the attempt's token first, so that an
+    /// attempt cut short is undone where it was.
+    async fn try_place(&self, claim: &Claim<'_>, i: u32) -> Result<Attempt, LockError> {
+        let place = Arc::new(claim.key.place(i));
+        lock(&self.places).insert(claim.token, place.clone());
+        let attempt = Claim {
+            key: &place,
+            mode: Mode::Exclusive,
+            intent: None,
+            ..*claim
+        };
+        self.acquire_quorum(&attempt).await
+    }
+
+    /// Reads the remaining ttl of places `indices` of `key` on every node (one pipeline
+    /// of `PTTL`s each), until a quorum answered or `timeout` passed: a place held on
+    /// more than N − quorum of them cannot be granted now. The reads still running are
+    /// dropped: they leave nothing behind.
+    async fn probe_places(
+        &self,
+        key: &LockKey,
+        indices: &[u32],
+        timeout: Duration,
+    ) -> Result<Probe, LockError> {
+        let names: Vec<String> = indices
+            .iter()
+            .map(|&i| key.place(i).full().to_owned())
+            .collect();
+        let mut reads: FuturesUnordered<_> = self
+            .nodes
+            .iter()
+            .map(|node| place_ttls(node, &names))
+            .collect();
+        let (mut answered, mut error) = (Vec::new(), None);
+        let gathered = async {
+            // Bounded: one item per node.
+            while answered.len() < self.quorum {
+                match reads.next().await {
+                    Some(Ok(ttls)) => answered.push(ttls),
+                    Some(Err(e)) => error = Some(e),
+                    None => break,
+                }
+            }
+        };
+        let _ = tokio::time::timeout(timeout, gathered).await;
+        if answered.len() < self.quorum {
+            return Err(self.unavailable(key, answered.len(), error.as_ref()));
+        }
+        Ok(Probe::of(
+            indices,
+            &answered,
+            self.nodes.len() - self.quorum,
+        ))
+    }
     /// The place a permit's token holds (or is being tried), if any.
     fn place_of(&self, token: Token) -> Option<Arc<LockKey>> {
         lock(&self.places).get(&token).cloned()
@@ -1001,6 +1126,110 @@ impl RedlockBackend {
             }))
             .await;
         });
+    }
+}
+
+/// The most places one probe reads (see [`RedlockBackend::acquire_place`]).
+const PROBE_BATCH: u32 = 256;
+/// The rounds of one try at a place: the acquire and fencing rounds of the place, then
+/// of the key (see [`RedlockBackend::hold_key`]).
+const TRY_ROUNDS: u32 = 4;
+/// The per-node timeouts one permit attempt may take: a probe and a try, and room for
+/// more when they are quick ([`RedlockBackend::request_timeout`] adds one spare).
+const PERMIT_ROUNDS: u32 = 1 + TRY_ROUNDS + 1;
+
+/// Place `k` of a search of `n` places from `start`: `(start + k) mod n`.
+fn nth_place(start: u32, k: u32, n: u32) -> u32 {
+    let i = (u64::from(start) + u64::from(k)) % u64::from(n.max(1));
+    u32::try_from(i).unwrap_or(0)
+}
+
+/// `PTTL` of each of `names` on one node: -2 for a free place.
+async fn place_ttls(node: &SingleBackend, names: &[String]) -> Result<Vec<i64>, LockError> {
+    let mut pipe = redis::pipe();
+    for name in names {
+        pipe.cmd("PTTL").arg(name);
+    }
+    pipe.query_async(&mut node.connection())
+        .await
+        .map_err(LockError::backend("probe"))
+}
+
+/// What a probe of some places found on a quorum of nodes.
+#[derive(Debug, Default, PartialEq)]
+struct Probe {
+    /// The places a quorum may grant, the freest first.
+    free: Vec<u32>,
+    /// How long until one of the others may be granted, if any is held.
+    remaining: Option<Duration>,
+}
+
+impl Probe {
+    /// From each answering node's `PTTL`s of `indices` (a missing one counts as held):
+    /// a place held on more than `spare` (N − quorum) nodes cannot be granted until
+    /// enough of them expire (or are released: a wake-up comes first).
+    fn of(indices: &[u32], answered: &[Vec<i64>], spare: usize) -> Self {
+        let mut free: Vec<(usize, u32)> = Vec::new();
+        let mut remaining: Option<Duration> = None;
+        for (k, &i) in indices.iter().enumerate() {
+            let mut held: Vec<Duration> = answered
+                .iter()
+                .filter_map(|ttls| match ttls.get(k).copied() {
+                    Some(-2) => None,
+                    Some(ms) => Some(
+                        u64::try_from(ms).map_or(Duration::from_secs(1), Duration::from_millis),
+                    ),
+                    None => Some(Duration::from_secs(1)),
+                })
+                .collect();
+            if held.len() <= spare {
+                free.push((held.len(), i));
+                continue;
+            }
+            held.sort_unstable();
+            let frees_at = held
+                .get(held.len() - spare - 1)
+                .copied()
+                .unwrap_or_default();
+            remaining = Some(remaining.map_or(frees_at, |r| r.min(frees_at)));
+        }
+        free.sort_by_key(|&(held, _)| held);
+        Self {
+            free: free.into_iter().map(|(_, i)| i).collect(),
+            remaining,
+        }
+    }
+}
+
+/// What a search of places found when it won none.
+#[derive(Default)]
+struct Search {
+    /// The soonest a held place may be granted.
+    remaining: Option<Duration>,
+    last_error: Option<LockError>,
+}
+
+impl Search {
+    fn wait(&mut self, remaining: Option<Duration>) {
+        self.remaining = match (self.remaining, remaining) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+    }
+
+    /// Held (retry after the soonest place frees, or shortly when none was seen
+    /// held: places lost to other callers, or the time ran out), or the last error
+    /// when every try failed.
+    fn outcome(self, ttl: Duration) -> Result<Attempt, LockError> {
+        match (self.remaining, self.last_error) {
+            (None, Some(e)) => Err(e),
+            (remaining, _) => Ok(Attempt::Held {
+                remaining: Some(remaining.unwrap_or_else(|| {
+                    jitter((ttl / 10).clamp(Duration::from_millis(2), MAX_JITTER))
+                })),
+                holder: None,
+            }),
+        }
     }
 }
 
@@ -1303,6 +1532,7 @@ impl RedlockBackend {
             tally.decided(nodes, quorum)
         })
         .await;
+        let mut too_late = None;
         if tally.granted.len() >= quorum {
             // Each key's token vouched for by a quorum, the keys at once.
             let vouched = join_all(keys.iter().enumerate().map(|(k, key)| {
@@ -1329,6 +1559,7 @@ impl RedlockBackend {
                     elapsed = ?started.elapsed(),
                     "redlock: quorum won too late; undoing"
                 );
+                too_late = Some(started.elapsed());
             }
         }
         // Lost: undo what was won, in the background, and retry (the manager) without
@@ -1340,6 +1571,10 @@ impl RedlockBackend {
         let undone = undone.chain(tally.failed.iter().copied()).collect();
         let pending = (0..nodes).filter(|i| !tally.answered_by(*i)).collect();
         self.undo_in_background(keys, stake, undone, pending, in_flight);
+        // A quorum granted: the key is free, not held (an error, retried while waiting).
+        if let Some(elapsed) = too_late {
+            return Err(won_too_late(ttl, elapsed));
+        }
         if tally.answered() < quorum {
             return Err(self.unavailable(first, tally.answered(), tally.last_error.as_ref()));
         }
@@ -1354,8 +1589,8 @@ impl RedlockBackend {
             key, token, mode, ..
         } = lease;
         let stake = Stake { token, mode, keep };
-        if let Some(released) = lock(&self.landing).get_mut(&token) {
-            *released = true;
+        if let Some(landing) = lock(&self.landing).get_mut(&token) {
+            landing.released = true;
         }
         let shared_key = Arc::new(key.clone());
         self.decide(
@@ -1501,9 +1736,18 @@ impl Store for RedlockBackend {
         "redlock"
     }
 
-    /// One attempt's bound: its acquire round, the fencing round and the undo round.
-    fn request_timeout(&self, ttl: Duration) -> Duration {
-        self.node_timeout(ttl) * 3
+    fn min_ttl(&self) -> Duration {
+        MIN_REDLOCK_TTL
+    }
+
+    /// One attempt's bound: its acquire round, the fencing round and a spare round; for
+    /// a permit, its [`PERMIT_ROUNDS`] and a spare round.
+    fn request_timeout(&self, ttl: Duration, mode: Mode) -> Duration {
+        let rounds = match mode {
+            Mode::Permit(_) => PERMIT_ROUNDS + 1,
+            Mode::Exclusive | Mode::Read => 3,
+        };
+        self.node_timeout(ttl) * rounds
     }
 
     async fn acquire(&self, claim: &Claim<'_>) -> Result<Attempt, LockError> {
@@ -1523,39 +1767,51 @@ impl Store for RedlockBackend {
         self.acquire_all_quorum(keys, token, ttl).await.map(Some)
     }
 
+    /// A permit releases its place and its hold on the key, at once; the key's release
+    /// wakes the waiters (permit waiters listen on the key too).
     async fn release(&self, lease: LeaseRef<'_>, keep: Duration) -> Result<bool, LockError> {
         if !matches!(lease.mode, Mode::Permit(_)) {
             return self.release_quorum(lease, keep).await;
         }
-        let Some(place) = self.place_of(lease.token) else {
-            return Ok(false);
+        let place = self.place_of(lease.token);
+        let place_released = async {
+            match &place {
+                Some(place) => {
+                    let released = self.release_quorum(exclusive(place, lease.token), keep);
+                    released.await
+                }
+                None => Ok(false),
+            }
         };
-        let released = self
-            .release_quorum(exclusive(&place, lease.token), keep)
-            .await;
-        if released.is_ok() {
+        let (key_released, place_released) =
+            futures_util::future::join(self.release_quorum(lease, keep), place_released).await;
+        if place_released.is_ok() {
             lock(&self.places).remove(&lease.token);
         }
-        if matches!(released, Ok(true)) {
+        if matches!(place_released, Ok(true)) && !matches!(key_released, Ok(true)) {
             self.announce_place_freed(lease.key);
         }
-        released
+        both(key_released, place_released)
     }
 
+    /// A permit extends its place and its hold on the key, at once.
     async fn extend(&self, lease: LeaseRef<'_>, ttl: Duration) -> Result<bool, LockError> {
         if !matches!(lease.mode, Mode::Permit(_)) {
             return self.extend_quorum(lease, ttl).await;
         }
-        match self.place_of(lease.token) {
-            Some(place) => {
-                self.extend_quorum(exclusive(&place, lease.token), ttl)
-                    .await
-            }
-            None => Ok(false),
-        }
+        let Some(place) = self.place_of(lease.token) else {
+            return Ok(false);
+        };
+        let (key, place) = futures_util::future::join(
+            self.extend_quorum(lease, ttl),
+            self.extend_quorum(exclusive(&place, lease.token), ttl),
+        )
+        .await;
+        both(key, place)
     }
 
-    /// Permits are renewed as the exclusive locks of their places.
+    /// A permit is renewed as its place's exclusive lock and its hold on the key, in
+    /// the same batch; it is renewed when both are.
     async fn renew(&self, batch: &[Renewal<'_>]) -> Result<Vec<Renewed>, LockError> {
         if !batch.iter().any(|r| matches!(r.mode, Mode::Permit(_))) {
             return self.renew_quorum(batch).await;
@@ -1567,28 +1823,36 @@ impl Store for RedlockBackend {
                 Mode::Exclusive | Mode::Read => None,
             })
             .collect();
-        let mut asked = Vec::with_capacity(batch.len());
-        let mut renewals = Vec::with_capacity(batch.len());
+        let mut asked = Vec::with_capacity(batch.len() * 2);
+        let mut renewals = Vec::with_capacity(batch.len() * 2);
         for (i, (r, place)) in batch.iter().zip(&places).enumerate() {
-            let renewal = match (r.mode, place) {
-                (Mode::Permit(_), Some(place)) => Renewal {
-                    key: place,
-                    mode: Mode::Exclusive,
-                    ..*r
-                },
+            match (r.mode, place) {
+                (Mode::Permit(_), Some(place)) => {
+                    asked.push(i);
+                    renewals.push(Renewal {
+                        key: place,
+                        mode: Mode::Exclusive,
+                        ..*r
+                    });
+                }
                 // A permit without a place is no longer held.
                 (Mode::Permit(_), None) => continue,
-                _ => *r,
-            };
+                _ => {}
+            }
             asked.push(i);
-            renewals.push(renewal);
+            renewals.push(*r);
         }
         let outcomes = self.renew_quorum(&renewals).await?;
-        let mut out = vec![Renewed::Lost; batch.len()];
+        let mut out: Vec<Option<Renewed>> = vec![None; batch.len()];
         for (i, outcome) in asked.into_iter().zip(outcomes) {
-            out[i] = outcome;
+            if let Some(slot) = out.get_mut(i) {
+                *slot = Some(slot.map_or(outcome, |o| renewed_both(o, outcome)));
+            }
         }
-        Ok(out)
+        Ok(out
+            .into_iter()
+            .map(|o| o.unwrap_or(Renewed::Lost))
+            .collect())
     }
 
     /// Every node's `maxmemory-policy`, by node address.
@@ -1933,6 +2197,50 @@ async fn undo(nodes: Arc<[SingleBackend]>, key: Arc<LockKey>, stake: Stake, i: u
     }
 }
 
+/// A quorum granted, but after so long that no validity was left of the ttl.
+fn won_too_late(ttl: Duration, elapsed: Duration) -> LockError {
+    let source = std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!("a quorum granted after {elapsed:?}, too late for a ttl of {ttl:?}"),
+    );
+    LockError::Backend {
+        operation: "acquire",
+        source: source.into(),
+    }
+}
+
+/// One acquisition of `token` has no request in flight any more: its entry goes with
+/// the last one.
+fn landed_all(landing: &Mutex<HashMap<Token, Landing>>, token: Token) {
+    let mut landing = lock(landing);
+    if let Some(l) = landing.get_mut(&token) {
+        l.pending = l.pending.saturating_sub(1);
+        if l.pending == 0 {
+            landing.remove(&token);
+        }
+    }
+}
+
+/// Ours on both halves of a permit (its place and its hold on the key): false when
+/// either is denied, else an error when either failed.
+fn both(a: Result<bool, LockError>, b: Result<bool, LockError>) -> Result<bool, LockError> {
+    match (a, b) {
+        (Ok(false), _) | (_, Ok(false)) => Ok(false),
+        (Err(e), _) | (_, Err(e)) => Err(e),
+        (Ok(true), Ok(true)) => Ok(true),
+    }
+}
+
+/// A permit's renewal from those of its two halves: lost when either is, unknown when
+/// either is.
+fn renewed_both(a: Renewed, b: Renewed) -> Renewed {
+    match (a, b) {
+        (Renewed::Lost, _) | (_, Renewed::Lost) => Renewed::Lost,
+        (Renewed::Unknown, _) | (_, Renewed::Unknown) => Renewed::Unknown,
+        (Renewed::Yes, Renewed::Yes) => Renewed::Yes,
+    }
+}
+
 /// The map of won attempts still landing, whatever a panic elsewhere left in it.
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
@@ -2041,6 +2349,50 @@ mod tests {
             assert!(needed + quorum > nodes);
             assert!(needed - 1 + quorum <= nodes);
         }
+    }
+
+    /// Review finding 8: from the minimum up a grant answered within an attempt's two
+    /// rounds (each within the per-node timeout) is valid; just below it, it may not be.
+    #[test]
+    fn the_minimum_ttl_outlasts_drift_and_two_rounds() {
+        let valid_after_timeout = |ttl: Duration| {
+            let timeout = DEFAULT_NODE_TIMEOUT
+                .min(ttl / 10)
+                .max(Duration::from_millis(1));
+            ttl.saturating_sub(drift(ttl)) > timeout * 2
+        };
+        let below = MIN_REDLOCK_TTL - Duration::from_millis(1);
+        assert!(!valid_after_timeout(below));
+        let min = u64::try_from(MIN_REDLOCK_TTL.as_millis()).unwrap();
+        for ms in min..100_000 {
+            assert!(valid_after_timeout(Duration::from_millis(ms)), "{ms} ms");
+        }
+    }
+
+    /// Review finding 6: a probe tells the places a quorum may grant (the freest
+    /// first) from those held on more than N − quorum of the answering nodes, and when
+    /// the first of those may be granted.
+    #[test]
+    fn a_probe_tells_grantable_places_from_held_ones() {
+        // N = 5 (spare 2), three nodes answered, places 7, 8, 9, 3.
+        let answered = vec![
+            vec![-2, 500, 900, -2],
+            vec![-2, 400, 800, 100],
+            vec![-2, 300, -1],
+        ];
+        let probe = Probe::of(&[7, 8, 9, 3], &answered, 2);
+        // 7: free; 3: held on one (its third reply missing: counts as held), 8 and 9: on
+        // three, the first of them frees in 300 ms (one more node free makes a quorum).
+        assert_eq!(probe.free, [7, 3]);
+        assert_eq!(probe.remaining, Some(Duration::from_millis(300)));
+        let full = Probe::of(&[0, 1], &[vec![1000, 2000], vec![1500, -1]], 0);
+        assert!(full.free.is_empty());
+        // Both nodes must free (N = 2): place 0 at 1.5 s, place 1 at 2 s.
+        assert_eq!(full.remaining, Some(Duration::from_millis(1500)));
+        assert_eq!(
+            nth_place(u32::MAX - 1, u32::MAX - 1, u32::MAX),
+            u32::MAX - 2
+        );
     }
 
     #[test]

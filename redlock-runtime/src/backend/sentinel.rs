@@ -40,6 +40,7 @@ use super::{
 use crate::error::chain;
 use crate::info::LockInfo;
 use crate::key::LockKey;
+use crate::kind::Mode;
 use crate::notify::Channels;
 use crate::token::Token;
 use crate::LockError;
@@ -574,8 +575,8 @@ impl Store for SentinelBackend {
     }
 
     /// A request, and its repetition on a new master.
-    fn request_timeout(&self, ttl: Duration) -> Duration {
-        self.current().backend.request_timeout(ttl) * 2
+    fn request_timeout(&self, ttl: Duration, mode: Mode) -> Duration {
+        self.current().backend.request_timeout(ttl, mode) * 2
     }
 
     async fn acquire(&self, claim: &Claim<'_>) -> Result<Attempt, LockError> {
@@ -669,7 +670,6 @@ mod tests {
     use redlock_testkit::{ChaosProxy, Direction, Fault, RedisServer};
 
     use super::*;
-    use crate::kind::Mode;
 
     const TIMEOUTS: Timeouts = Timeouts {
         connect: Duration::from_secs(3),

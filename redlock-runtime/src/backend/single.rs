@@ -24,6 +24,7 @@ use super::{
 };
 use crate::info::LockInfo;
 use crate::key::LockKey;
+use crate::kind::Mode;
 use crate::notify::{push_handler, Channels, Subscriber};
 use crate::scripts::{ACQUIRE, RELEASE};
 use crate::token::Token;
@@ -302,7 +303,7 @@ impl Store for SingleBackend {
     }
 
     /// One request's bound (the connection manager's response timeout).
-    fn request_timeout(&self, _ttl: Duration) -> Duration {
+    fn request_timeout(&self, _ttl: Duration, _mode: Mode) -> Duration {
         self.timeouts.response
     }
 
@@ -520,7 +521,6 @@ mod tests {
 
     use super::*;
     use crate::backend::ReplicaWait;
-    use crate::kind::Mode;
     use crate::token::Token;
 
     /// Review finding 8: the undo of an acquire + `WAIT` attempt cut short went on the

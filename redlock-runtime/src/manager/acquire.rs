@@ -318,7 +318,7 @@ impl LockManager {
             })
             .collect();
         let refs: Vec<&LockKey> = keys.iter().collect();
-        let bound = shared.backend.request_timeout(opts.ttl);
+        let bound = shared.backend.request_timeout(opts.ttl, Mode::Exclusive);
         let attempt = shared.backend.acquire_together(&refs, token, opts.ttl);
         // A failed request may have been applied: released in the background, unless
         // the backend undoes its failed attempts itself (Redlock, silently: a release
@@ -464,7 +464,7 @@ impl LockManager {
         request: &Request<'_>,
         intent: Option<Intent>,
     ) -> Result<Outcome, LockError> {
-        let one = self.0.shared.backend.request_timeout(request.opts.ttl)
+        let one = (self.0.shared.backend).request_timeout(request.opts.ttl, request.mode)
             + request.replicas.map_or(Duration::ZERO, |r| r.timeout);
         let now = tokio::time::Instant::now();
         let bound = (now + one).max(tokio::time::Instant::from_std(request.opts.deadline));

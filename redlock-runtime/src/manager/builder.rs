@@ -20,7 +20,7 @@ use crate::backend::{
 use crate::error::chain;
 use crate::key::check_prefix;
 use crate::node::{is_tls, IntoNode, Redacted};
-use crate::options::check_ttl;
+use crate::options::{check_ttl, MIN_TTL};
 use crate::waiters::Waiters;
 use crate::watchdog::{self, Job};
 use crate::LockError;
@@ -281,7 +281,8 @@ impl LockManagerBuilder {
         self
     }
 
-    /// The ttl of locks whose options set none (default 30 s).
+    /// The ttl of locks whose options set none (default 30 s; 1 ms ..= 30 days, on
+    /// Redlock 5 ms ..= 30 days, checked by [`build`](Self::build)).
     pub fn default_ttl(mut self, ttl: Duration) -> Self {
         self.default_ttl = ttl;
         self
@@ -371,7 +372,7 @@ impl LockManagerBuilder {
                 place: "outside any runtime",
             })?
             .id();
-        check_ttl(self.default_ttl)?;
+        check_ttl(self.default_ttl, MIN_TTL)?;
         check_prefix(&self.prefix)?;
         if Instant::now().checked_add(self.default_wait).is_none() {
             return Err(LockError::invalid_option("default_wait overflows"));
@@ -447,6 +448,8 @@ impl LockManagerBuilder {
                 .await?,
             ),
         };
+        // Again with the backend's shortest grantable ttl, known now.
+        check_ttl(self.default_ttl, backend.min_ttl())?;
         check_eviction(&backend, self.require_noeviction).await?;
         let shared = Arc::new(Shared::new(backend, waiters, self.default_ttl));
         tokio::spawn(watchdog::run(shared.clone(), rx));

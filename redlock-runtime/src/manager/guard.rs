@@ -9,7 +9,6 @@ use tracing::Instrument;
 
 use crate::error::chain;
 use crate::lease::{self, Lease};
-use crate::options::check_ttl;
 use crate::stats::{self, Loss, Release};
 use crate::watchdog::Job;
 use crate::{LockError, LockKind, LockManager};
@@ -147,9 +146,9 @@ impl LockGuard {
     ///
     /// # Errors
     /// [`LockError::Lost`] when the lock is no longer ours, [`LockError::InvalidOption`]
-    /// for a ttl outside 1 ms ..= 30 days, [`LockError::Backend`] when Redis failed (the
-    /// lock is then kept with the shorter deadline, and the watchdog renews it with the
-    /// new ttl).
+    /// for a ttl outside 1 ms ..= 30 days (5 ms ..= 30 days on Redlock),
+    /// [`LockError::Backend`] when Redis failed (the lock is then kept with the shorter
+    /// deadline, and the watchdog renews it with the new ttl).
     ///
     /// # Cancel safety
     /// Dropping the future does not cancel the request: it completes in the background,
@@ -343,7 +342,7 @@ impl LockManager {
         ttl: Duration,
     ) -> Result<(), LockError> {
         self.check_runtime()?;
-        check_ttl(ttl)?;
+        self.check_ttl(ttl)?;
         let lost = |lease: &Lease| LockError::Lost {
             key: lease.key.full().to_owned(),
         };

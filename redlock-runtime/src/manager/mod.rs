@@ -244,7 +244,7 @@ impl LockManager {
     ///
     /// # Errors
     /// As [`lock`](Self::lock); also [`LockError::InvalidOption`] for a ttl outside
-    /// 1 ms ..= 30 days or a wait that overflows, and
+    /// 1 ms ..= 30 days (5 ms ..= 30 days on Redlock) or a wait that overflows, and
     /// [`LockError::ReplicasUnavailable`] when `min_replicas` was not met (the lock is
     /// released again).
     ///
@@ -275,7 +275,7 @@ impl LockManager {
     /// ```
     pub async fn lock_with(&self, key: &str, options: LockOptions) -> Result<LockGuard, LockError> {
         let key = LockKey::prefixed(&self.0.prefix, key)?;
-        let resolved = options.resolve(self.0.default_ttl, self.0.default_wait)?;
+        let resolved = self.resolve(&options)?;
         self.acquire(key, Mode::Exclusive, resolved).await
     }
 
@@ -460,8 +460,18 @@ impl LockManager {
         }
     }
 
+    /// The options of an acquisition with the defaults applied, checked: every
+    /// acquisition's options pass here (`lock_with`, the other kinds, `lock_all`, the
+    /// macro), and its ttl through [`check_ttl`](Self::check_ttl)'s rule.
     pub(crate) fn resolve(&self, options: &LockOptions) -> Result<Resolved, LockError> {
-        options.resolve(self.0.default_ttl, self.0.default_wait)
+        let shortest = self.0.shared.backend.min_ttl();
+        options.resolve(self.0.default_ttl, self.0.default_wait, shortest)
+    }
+
+    /// Checks a ttl a request carries (`extend`) as [`resolve`](Self::resolve) checks an
+    /// acquisition's: within the backend's shortest grantable ttl ..= 30 days.
+    pub(crate) fn check_ttl(&self, ttl: Duration) -> Result<Duration, LockError> {
+        crate::options::check_ttl(ttl, self.0.shared.backend.min_ttl())
     }
 }
 
