@@ -45,7 +45,11 @@ pub enum LockError {
         /// Nodes needed for a quorum.
         needed: usize,
     },
-    /// `WAIT` got fewer replica acknowledgements than `min_replicas`; the lock was released.
+    /// `WAIT` got fewer replica acknowledgements than `min_replicas`. From an acquire: the
+    /// lock was released. From an `extend`: the lock is still held, with the deadline it
+    /// had before (the one a replica's copy backs). From a `release` with
+    /// `hold_at_least`: the key is kept on the primary, but a failover may end the hold
+    /// early (the release is retried in the background).
     #[error("lock {key:?}: {acked} of {wanted} replicas acknowledged in time")]
     ReplicasUnavailable {
         /// The full key (prefix included).

@@ -148,7 +148,10 @@ impl LockGuard {
     /// [`LockError::Lost`] when the lock is no longer ours, [`LockError::InvalidOption`]
     /// for a ttl outside 1 ms ..= 30 days (5 ms ..= 30 days on Redlock),
     /// [`LockError::Backend`] when Redis failed (the lock is then kept with the shorter
-    /// deadline, and the watchdog renews it with the new ttl).
+    /// deadline, and the watchdog renews it with the new ttl),
+    /// [`LockError::ReplicasUnavailable`] when the lock was taken with `min_replicas(n)`
+    /// and fewer replicas acknowledged the extend (it is not booked: the deadline stays
+    /// where the replicas' copy backs it).
     ///
     /// # Cancel safety
     /// Dropping the future does not cancel the request: it completes in the background,
@@ -182,7 +185,9 @@ impl LockGuard {
     /// holding our token is deleted all the same); [`LockError::NotHeld`] on a re-entered
     /// view of a lock owned by an outer call; [`LockError::Backend`] when Redis failed
     /// (the release is then retried in the background for a few seconds; the ttl is the
-    /// last resort).
+    /// last resort); [`LockError::ReplicasUnavailable`] when a release that keeps the key
+    /// (`hold_at_least`) of a lock taken with `min_replicas(n)` was not acknowledged by
+    /// enough replicas (retried in the background too).
     ///
     /// # Cancel safety
     /// If the future is dropped before it completes, the release still happens in the
