@@ -6,6 +6,8 @@
 //! One Sentinel set at a time (`ONE_SET`): their timers are timing-sensitive, and this
 //! machine has two cores.
 
+mod conformance;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -690,4 +692,58 @@ async fn a_request_in_flight_on_a_frozen_master_is_given_up_when_the_master_move
     );
     guard.release().await.expect("release on the new master");
     sent.master_mut().resume();
+}
+
+/// The Sentinel deployment as a conformance harness: managers follow the master the
+/// Sentinels name; tampering goes to the current master.
+struct SentinelHarness(Sentinels);
+
+impl SentinelHarness {
+    /// Runs `cmd` on the current master.
+    async fn on_master(&self, cmd: &redis::Cmd) -> Value {
+        redis::Client::open(self.0.current_master_url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap()
+            .send_packed_command(cmd)
+            .await
+            .unwrap()
+    }
+}
+
+impl conformance::Harness for SentinelHarness {
+    fn builder(&self) -> redlock::LockManagerBuilder {
+        LockManager::builder().sentinel(self.0.master_name(), self.0.sentinel_urls())
+    }
+
+    async fn delete(&self, full_key: &str) {
+        self.on_master(redis::cmd("DEL").arg(full_key)).await;
+    }
+
+    async fn steal(&self, full_key: &str) {
+        let set = redis::cmd("SET")
+            .arg(full_key)
+            .arg("someone-else")
+            .arg("EX")
+            .arg(60)
+            .to_owned();
+        self.on_master(&set).await;
+    }
+
+    async fn exists(&self, full_key: &str) -> bool {
+        self.on_master(redis::cmd("EXISTS").arg(full_key)).await == Value::Int(1)
+    }
+}
+
+/// Issue 23: the rules every request obeys (`tests/conformance/rules.rs`) through
+/// Sentinel, on one set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_rule_on_every_path_through_sentinel() {
+    let _one = ONE_SET.lock().await;
+    let h = SentinelHarness(start());
+    conformance::rules::kept_hold_is_renewed_by_nobody(&h).await;
+    conformance::rules::every_shortened_hold_wakes_its_waiters(&h).await;
+    conformance::rules::lock_all_holds_no_key_while_it_waits(&h).await;
+    conformance::rules::kinds_exclude_each_other(&h).await;
 }

@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
-use redlock::{LockGuard, LockManager};
+use redlock::{LockGuard, LockManager, LockOptions};
+use redlock_testkit::RedisServer;
 use tokio::task::JoinSet;
 
 use crate::cpu::{commandstats, delta, proc_cpu, self_cpu};
@@ -64,7 +65,9 @@ async fn align_to_ticks(probe: &mut MultiplexedConnection) -> Res<()> {
     Ok(())
 }
 
-async fn redlock_row(url: &str, pid: u32, n: usize, ticks: u32) -> Res<Window> {
+/// `n` locks held by one manager (taken with `min_replicas(replicas)` when not 0), over
+/// `ticks` renewal ticks.
+async fn redlock_row(url: &str, pid: u32, n: usize, ticks: u32, replicas: u32) -> Res<Window> {
     let m = LockManager::builder()
         .single(url)
         .default_ttl(TTL)
@@ -76,8 +79,10 @@ async fn redlock_row(url: &str, pid: u32, n: usize, ticks: u32) -> Res<Window> {
         let m = m.clone();
         set.spawn(async move {
             let mut held: Vec<LockGuard> = Vec::new();
+            let opts = LockOptions::new().min_replicas(replicas);
             for i in (a..n).step_by(ACQUIRERS) {
-                held.push(m.lock(&format!("wd{n}_{{{i}}}")).await.map_err(err)?);
+                let key = format!("wd{n}r{replicas}_{{{i}}}");
+                held.push(m.lock_with(&key, opts.clone()).await.map_err(err)?);
             }
             Ok::<_, String>(held)
         });
@@ -97,6 +102,34 @@ async fn redlock_row(url: &str, pid: u32, n: usize, ticks: u32) -> Res<Window> {
     }
     release_all(guards, |g| async move { g.release().await.map_err(err) }).await?;
     Ok(w)
+}
+
+/// [`redlock_row`] with `min_replicas(1)`, a replica attached to the server for the row
+/// (stopped after it).
+async fn replicated_row(url: &str, pid: u32, n: usize, ticks: u32) -> Res<Window> {
+    let port = url
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.trim_end_matches('/').parse::<u16>().ok())
+        .ok_or_else(|| format!("no port in {url}"))?;
+    let _replica = RedisServer::builder().replica_of(port).start();
+    let mut probe = connect(url).await?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let acked: u32 = redis::cmd("WAIT")
+            .arg(1)
+            .arg(100)
+            .query_async(&mut probe)
+            .await
+            .map_err(err)?;
+        if acked >= 1 {
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err("the replica did not attach within 10 s".into());
+        }
+    }
+    redlock_row(url, pid, n, ticks, 1).await
 }
 
 async fn arl_row(url: &str, pid: u32, n: usize, ticks: u32) -> Res<Window> {
@@ -200,10 +233,15 @@ pub async fn run(cfg: &Config, url: &str, pid: u32) -> Res<f64> {
         rows.push((
             "redlock".into(),
             n,
-            redlock_row(url, pid, n, cfg.watchdog_ticks).await,
+            redlock_row(url, pid, n, cfg.watchdog_ticks, 0).await,
         ));
     }
     let top = *cfg.watchdog_locks.iter().max().unwrap_or(&0);
+    rows.push((
+        "redlock min_replicas(1)".into(),
+        top,
+        replicated_row(url, pid, top, cfg.watchdog_ticks).await,
+    ));
     rows.push((
         ARL.into(),
         top,
@@ -216,7 +254,7 @@ pub async fn run(cfg: &Config, url: &str, pid: u32) -> Res<f64> {
                 // Requests the client sent (script calls), as opposed to the commands
                 // those scripts ran inside the server.
                 let requests = per_tick(w, &["evalsha", "eval", "script|load"]);
-                let trips = if name == "redlock" {
+                let trips = if name.starts_with("redlock") {
                     // Each renewal is one pipeline that opens with SCRIPT LOAD.
                     per_tick(w, &["script|load"])
                 } else {
@@ -249,6 +287,7 @@ pub async fn run(cfg: &Config, url: &str, pid: u32) -> Res<f64> {
         }
     }
     t.note("round trips/tick: redlock = renewal pipelines (SCRIPT LOAD + one EVALSHA per 1 000 locks, sent together); async-redis-lock = one EVALSHA request per lock");
+    t.note("min_replicas(1): every renewal pipeline ends in one WAIT (on a connection of its own), whatever the number of locks; a replica attached for the row");
     t.note("requests/tick: EVAL/EVALSHA/SCRIPT LOAD calls; server commands/tick: all of INFO commandstats, the GET + PEXPIRE each script runs per lock included");
     t.note("CPU: % of one core over the window (this process: getrusage; redis-server: /proc/PID/stat)");
     t.note(format!(

@@ -17,7 +17,11 @@
 //!   while the first's `is_held()` was still true (it had not renewed on the new master
 //!   yet): the documented limit of asynchronous replication.
 //! * if the second does not get it, the lock survived: the first's `extend` succeeds on the
-//!   new master (a compare-token script: its token is there).
+//!   new master (a compare-token script: its token is there). With `min_replicas(1)` the
+//!   extend counts only once a replica acknowledged it, so the killed server is first
+//!   restored as the new master's replica (until then the extend is refused with
+//!   `ReplicasUnavailable`: an expiry no replica holds would not survive the next
+//!   failover).
 //!
 //! Four variants:
 //! * `partition`: before the acquire, the replica is cut off (`partition_replica`: SIGSTOP
@@ -94,10 +98,23 @@ fn server_at(sent: &Sentinels, port: u16) -> &RedisServer {
 }
 
 /// Restarts the server on `port` (killed by the round) as a replica of the current
-/// primary and waits until it is attached and every sentinel counts it healthy; returns
-/// how long that took.
-fn restore(sent: &mut Sentinels, killed: u16) -> Duration {
+/// primary (unless `reattached` already) and waits until it is attached and every
+/// sentinel counts it healthy; returns how long that took.
+fn restore(sent: &mut Sentinels, killed: u16, reattached: bool) -> Duration {
     let started = Instant::now();
+    if !reattached {
+        reattach(sent, killed);
+    }
+    // Sentinels refresh their view of replicas by polling (INFO every few seconds, more
+    // slowly on a saturated machine), and may even fail over a second time: wait until
+    // the whole set has settled. The bound is generous; the loop ends as soon as it has.
+    sent.wait_healthy(Duration::from_secs(30));
+    started.elapsed()
+}
+
+/// Restarts the server on `killed` as a replica of the current primary, without waiting
+/// for the sentinels to see it.
+fn reattach(sent: &mut Sentinels, killed: u16) {
     let (_, primary) = sent.current_master_addr();
     let server: &mut RedisServer = if sent.master().port() == killed {
         sent.master_mut()
@@ -108,11 +125,6 @@ fn restore(sent: &mut Sentinels, killed: u16) -> Duration {
     let _: Value = server
         .cmd_sync(&["REPLICAOF", "127.0.0.1", &primary.to_string()])
         .expect("REPLICAOF");
-    // Sentinels refresh their view of replicas by polling (INFO every few seconds, more
-    // slowly on a saturated machine), and may even fail over a second time: wait until
-    // the whole set has settled. The bound is generous; the loop ends as soon as it has.
-    sent.wait_healthy(Duration::from_secs(30));
-    started.elapsed()
 }
 
 /// Each manager takes and releases a probe lock: both work on the current master before
@@ -129,12 +141,15 @@ async fn probe(managers: [&LockManager; 2]) {
 }
 
 /// `extend` on the first holder's guard after the failover, repeated (bounded) while its
-/// manager has not followed the master yet: `Ok` when its token is on the new master.
+/// manager has not followed the master yet, or the master's restored replica has not
+/// caught up (`min_replicas`): `Ok` when its token is on the new master.
 async fn extend_after_failover(g: &LockGuard) -> Result<(), LockError> {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         match g.extend(TTL).await {
-            Err(LockError::Backend { .. }) if Instant::now() < deadline => {
+            Err(LockError::Backend { .. } | LockError::ReplicasUnavailable { .. })
+                if Instant::now() < deadline =>
+            {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             answer => return answer,
@@ -248,6 +263,7 @@ async fn round(
             |g| { format!("acquired token {}", g.fencing_token()) }
         ),
     );
+    let mut reattached = false;
     match (&mine, &theirs) {
         (Some(mine), Some(theirs)) => {
             // The write was lost: the first must be told, by its watchdog.
@@ -290,7 +306,12 @@ async fn round(
             ));
         }
         (Some(mine), None) => {
-            // The lock survived: its token is on the new master.
+            // The lock survived: its token is on the new master. With `min_replicas`, an
+            // extend needs a replica of the new master: the killed server, restored.
+            if v.min_replicas > 0 {
+                tokio::task::block_in_place(|| reattach(sent, killed));
+                reattached = true;
+            }
             extend_after_failover(mine)
                 .await
                 .unwrap_or_else(|e| panic!("{v:?}: the surviving lock cannot be extended: {e}"));
@@ -313,7 +334,7 @@ async fn round(
     drop(theirs);
     drop(mine);
     drop(fresh);
-    let restored = tokio::task::block_in_place(|| restore(sent, killed));
+    let restored = tokio::task::block_in_place(|| restore(sent, killed, reattached));
     t.restore_ms.push(restored.as_millis());
 }
 

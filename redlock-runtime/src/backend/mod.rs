@@ -5,6 +5,22 @@
 //! (compare-token expire) and renew a batch (many extends at once, for the watchdog).
 //! It also turns the manager's interest in a key's wake-up channel into a subscription.
 //! The manager owns everything else: queuing, waiting, the watchdog and guards.
+//!
+//! # Rules every request obeys
+//! A rule holds for every request type (acquire, retry, extend, renewal, release, keep,
+//! withdraw) × kind (exclusive, read, permit, `lock_all`) × backend (memory, single,
+//! Sentinel, Cluster, Redlock) it concerns, so it is applied where all of those pass,
+//! never in one request path. Each has a conformance test that runs its matrix
+//! (`tests/conformance/rules.rs` unless said otherwise):
+//!
+//! | rule | requests | where it lives | test |
+//! |---|---|---|---|
+//! | `min_replicas`: an expiry counts only once `n` replicas acknowledged it | acquire, retry, extend, renewal, keep (exclusive and `lock_all` keys; shared kinds refuse the option; Redlock refuses it) | [`LeaseRef::replicas`] / [`Renewal::replicas`], set from the lease, so every request of a lease carries it; single (and Sentinel through it) and Cluster send the request and `WAIT` as one pipeline | `tests/replicas.rs` `min_replicas_holds_for_every_expiry_setting_request` |
+//! | a released lock is renewed by nobody | extend, renewal after a keep | the keep renames the holder (`release.lua`, `release_shared.lua`: the kept name; memory: a fresh token), so no request carrying the token finds it | `kept_hold_is_renewed_by_nobody`, `lua_scripts` |
+//! | every hold that ends or shrinks tells the waiters | release (last holder or not), keep, extend shorter, force unlock, withdraw | in each script that sets or deletes the expiry (`release*.lua`, `extend.lua`, `renew_shared.lua`); memory: `MemoryBackend::telling` | `every_shortened_hold_wakes_its_waiters` |
+//! | a grant removes its writer's intent | acquire, retry | `acquire.lua` (whatever the caller believes was registered); memory: `Table::acquire` | `lua_scripts` `a_grant_withdraws_its_writers_intent_whatever_it_was_told` |
+//! | `lock_all` holds no key while it waits | every round of `lock_all` | `LockManager::acquire_rounds` | `lock_all_holds_no_key_while_it_waits` |
+//! | the kinds exclude each other alike | acquire, retry of every kind | each node's own script (Redlock: a permit also holds the key) | `kinds_exclude_each_other`, `kinds::permit_and_exclusive_or_read_holders_exclude_each_other` |
 
 mod cluster;
 mod glob;
