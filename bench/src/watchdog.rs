@@ -115,8 +115,15 @@ async fn replicated_row(url: &str, pid: u32, n: usize, ticks: u32) -> Res<Window
     let _replica = RedisServer::builder().replica_of(port).start();
     let mut probe = connect(url).await?;
     let deadline = Instant::now() + Duration::from_secs(10);
+    // Attached once a write of this connection is acknowledged (a `WAIT` after no write
+    // counts a replica still in its initial sync).
     loop {
-        let acked: u32 = redis::cmd("WAIT")
+        let (acked,): (u32,) = redis::pipe()
+            .cmd("SET")
+            .arg("bench:replica-probe")
+            .arg(1)
+            .ignore()
+            .cmd("WAIT")
             .arg(1)
             .arg(100)
             .query_async(&mut probe)
