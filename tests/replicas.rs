@@ -36,6 +36,18 @@ fn attached() -> (RedisServer, RedisServer) {
     (primary, replica)
 }
 
+/// `ReplicasUnavailable`: 0 of the 1 replica asked for acknowledged.
+fn no_replica_acked(err: &LockError) -> bool {
+    matches!(
+        err,
+        LockError::ReplicasUnavailable {
+            acked: 0,
+            wanted: 1,
+            ..
+        }
+    )
+}
+
 fn exists(server: &RedisServer, key: &str) -> bool {
     server.cmd_sync(&["EXISTS", key]).ok() == Some(redis::Value::Int(1))
 }
@@ -86,17 +98,7 @@ async fn min_replicas_with_a_live_and_a_stopped_replica() {
     let start = Instant::now();
     let err = locks.lock_with("stock_{3}", opts(1)).await.unwrap_err();
     let took = start.elapsed();
-    assert!(
-        matches!(
-            err,
-            LockError::ReplicasUnavailable {
-                acked: 0,
-                wanted: 1,
-                ..
-            }
-        ),
-        "{err}"
-    );
+    assert!(no_replica_acked(&err), "{err}");
     assert!(err.is_retryable());
     assert!(
         took >= Duration::from_millis(190) && took < Duration::from_secs(2),
@@ -372,17 +374,7 @@ async fn min_replicas_holds_for_every_expiry_setting_request() {
 
     // The extend: refused, and the deadline stays where the replica's expiry backs it.
     let err = extended.extend(Duration::from_secs(30)).await.unwrap_err();
-    assert!(
-        matches!(
-            err,
-            LockError::ReplicasUnavailable {
-                acked: 0,
-                wanted: 1,
-                ..
-            }
-        ),
-        "{err}"
-    );
+    assert!(no_replica_acked(&err), "{err}");
     assert!(
         extended.valid_until() <= granted + Duration::from_secs(3),
         "an extend no replica acknowledged moved the deadline {:?} past the replicated expiry",
@@ -391,17 +383,7 @@ async fn min_replicas_holds_for_every_expiry_setting_request() {
 
     // The keep: the release says the hold may not survive a failover.
     let err = kept.release().await.unwrap_err();
-    assert!(
-        matches!(
-            err,
-            LockError::ReplicasUnavailable {
-                acked: 0,
-                wanted: 1,
-                ..
-            }
-        ),
-        "{err}"
-    );
+    assert!(no_replica_acked(&err), "{err}");
 
     // The renewals: none is booked, so the lock is lost by its ttl (1.5 s after the
     // grant), not held on the primary's word alone.
