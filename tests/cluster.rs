@@ -164,6 +164,9 @@ async fn cluster_behaviour() {
     min_replicas_waits_on_the_keys_master(&h).await;
     step("min_replicas", t);
     let t = Instant::now();
+    min_replicas_holds_for_every_expiry_setting_request(&mut h).await;
+    step("min_replicas for extend, renewals and keep", t);
+    let t = Instant::now();
     noscript_reloads_on_the_keys_node_only(&mut h).await;
     step("NOSCRIPT fallback", t);
     let t = Instant::now();
@@ -465,6 +468,61 @@ async fn renewals_follow_a_moved_slot(h: &Cluster) {
 
 /// `min_replicas`: WAIT runs on the key's master, pipelined after the acquire (never a
 /// bare WAIT to every primary), on its own connection so it blocks no other lock.
+/// Issue 23, finding 1, on a cluster: `extend`, the watchdog's renewals and a keep of a
+/// lock taken with `min_replicas(1)` count only once the replica of the key's master
+/// acknowledged them (`WAIT` routed to that master). The replica is frozen after the
+/// grants.
+async fn min_replicas_holds_for_every_expiry_setting_request(h: &mut Cluster) {
+    let locks = h.builder().build().await.unwrap();
+    let opts = |ttl_ms| {
+        LockOptions::new()
+            .ttl(Duration::from_millis(ttl_ms))
+            .min_replicas(1)
+    };
+    let extended = locks
+        .lock_with("every_{rep}extend", opts(3_000).watchdog(false))
+        .await
+        .unwrap();
+    let renewed = locks
+        .lock_with("every_{rep}renew", opts(1_500))
+        .await
+        .unwrap();
+    let kept = locks
+        .lock_with(
+            "every_{rep}keep",
+            opts(3_000)
+                .watchdog(false)
+                .hold_at_least(Duration::from_secs(20)),
+        )
+        .await
+        .unwrap();
+    let granted = Instant::now();
+    let master = h.master_of(extended.key());
+    let port = h.cluster.node(master).port();
+    let replica = (0..h.cluster.len())
+        .find(|&i| match h.on(i, &["ROLE"]) {
+            Value::Array(role) => role.get(2) == Some(&Value::Int(i64::from(port))),
+            _ => false,
+        })
+        .expect("the key's master has a replica");
+    h.cluster.node_mut(replica).pause();
+    let unacknowledged =
+        |e: &LockError| matches!(e, LockError::ReplicasUnavailable { acked: 0, .. });
+    let err = extended.extend(Duration::from_secs(30)).await.unwrap_err();
+    assert!(unacknowledged(&err), "{err}");
+    assert!(extended.valid_until() <= granted + Duration::from_secs(3));
+    let err = kept.release().await.unwrap_err();
+    assert!(unacknowledged(&err), "{err}");
+    let lost = tokio::time::timeout(Duration::from_secs(4), renewed.lost()).await;
+    assert!(
+        lost.is_ok(),
+        "renewed without the replica for {:?}",
+        granted.elapsed()
+    );
+    h.cluster.node_mut(replica).resume();
+    extended.release().await.ok();
+}
+
 async fn min_replicas_waits_on_the_keys_master(h: &Cluster) {
     let locks = h.builder().build().await.unwrap();
     let opts = || LockOptions::new().ttl(Duration::from_secs(5));
