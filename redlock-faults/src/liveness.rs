@@ -36,12 +36,13 @@
 //!   delivered on heal; one stuck otherwise times out within the response timeout,
 //!   which `settle` exceeds; a failed-over primary has been reached again), and
 //! * an **eligible waiter** was waiting at `from`: its call started at or before `from`
-//!   and ended after it, *and* started at least `settle` into the same calm spell. So
-//!   everything it was told (the expiry it sleeps until, the subscription it listens
-//!   on) was told without faults: a publish lost to a fault, or an expiry told before
-//!   a shortening whose publish was lost, cannot be the reason it sleeps. Its manager
-//!   had no other wait on the key begun earlier than that (a local queue's head that
-//!   was told something during a fault would hold it back).
+//!   and ended after it, *and* started inside the same calm spell. So everything it
+//!   was told (the expiry it sleeps until, what it subscribed to) was told without
+//!   faults: a publish lost to a fault, or an expiry told before a shortening whose
+//!   publish was lost, cannot be the reason it sleeps; and by `from` its manager's
+//!   connections had `settle` to recover. Its manager had no other wait on the key
+//!   begun before the spell (a local queue's head that was told something during a
+//!   fault would hold it back).
 //!
 //! The judged gap is the time from `from` to the first of: the gap's end, the last
 //! eligible waiter's end (a wait that ran out ends what can be asked of it), the calm
@@ -152,6 +153,10 @@ impl fmt::Display for Gap {
 /// What [`check`] found.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Liveness {
+    /// Waits watched: begun in a calm spell, still waiting once it had settled, with
+    /// the key polled meanwhile. A grantable spell longer than the poll interval in one
+    /// of them is judged; a prompt hand-off falls between two polls.
+    pub watched: usize,
     /// Gaps judged (each with an eligible waiter, in a settled calm spell).
     pub judged: usize,
     /// The longest judged gap.
@@ -163,6 +168,7 @@ pub struct Liveness {
 impl Liveness {
     /// Adds another run's findings.
     pub fn merge(&mut self, other: Liveness) {
+        self.watched += other.watched;
         self.judged += other.judged;
         if other.worst.as_ref().map(Gap::len) > self.worst.as_ref().map(Gap::len) {
             self.worst = other.worst;
@@ -194,6 +200,10 @@ pub fn check(
             .collect();
         grants.sort_unstable();
         let key_waiters: Vec<&Waiter> = waiters.iter().filter(|w| w.key == *key).collect();
+        out.watched += key_waiters
+            .iter()
+            .filter(|w| watched(w, key_samples, calm, rules))
+            .count();
         for (from, to, granted) in candidates(key_samples, &grants, rules) {
             if let Some(gap) = judge(key, from, to, granted, &key_waiters, calm, rules) {
                 out.judged += 1;
@@ -207,6 +217,20 @@ pub fn check(
         }
     }
     out
+}
+
+/// Whether `w` began in a calm spell and still waited once it had settled, its key
+/// polled meanwhile.
+fn watched(w: &Waiter, samples: &[Sample], calm: &[Calm], rules: Rules) -> bool {
+    calm.iter().any(|c| {
+        let settled = c.start.saturating_add(rules.settle);
+        let from = settled.max(w.sent);
+        let to = w.end.min(c.end);
+        w.sent >= c.start
+            && w.sent < c.end
+            && from < to
+            && samples.iter().any(|s| s.before >= from && s.after <= to)
+    })
 }
 
 /// The candidate gaps of one key: `(from, to, ended by a grant)`.
@@ -256,14 +280,14 @@ fn judge(
     let spell = calm
         .iter()
         .find(|c| c.start.saturating_add(rules.settle) <= from && from < c.end)?;
-    let settled = spell.start.saturating_add(rules.settle);
+    let calm_from = spell.start;
     let eligible: Vec<&&Waiter> = waiters
         .iter()
-        .filter(|w| w.sent >= settled && w.sent <= from && w.end > from)
+        .filter(|w| w.sent >= calm_from && w.sent <= from && w.end > from)
         .filter(|w| {
-            // No wait of its manager on the key that began before the spell settled.
+            // No wait of its manager on the key that began before the spell.
             !waiters.iter().any(|o| {
-                o.manager == w.manager && o.client != w.client && o.sent < settled && o.end > from
+                o.manager == w.manager && o.client != w.client && o.sent < calm_from && o.end > from
             })
         })
         .collect();
@@ -335,6 +359,7 @@ mod tests {
             rules(),
         );
         assert_eq!(found.judged, 1, "{found:?}");
+        assert_eq!(found.watched, 1, "{found:?}");
         assert!(found.violations.is_empty());
         let worst = found.worst.expect("a judged gap");
         assert!(worst.granted && worst.len() <= 12 * MS, "{worst}");
@@ -386,6 +411,15 @@ mod tests {
         let samples = polls(0, 3000, &[(1000, 2500)]);
         let found = check(&samples, &[], &[], &calm(0, 3000), rules());
         assert_eq!(found, Liveness::default());
+        // A waiter that ended before the spell settled was not watched.
+        let found = check(
+            &samples,
+            &[],
+            &[waiter(0, 100, 400)],
+            &calm(0, 3000),
+            rules(),
+        );
+        assert_eq!(found, Liveness::default());
         // A waiter that came only after the key was free is granted at its first attempt.
         let found = check(
             &samples,
@@ -409,23 +443,18 @@ mod tests {
             rules(),
         );
         assert_eq!(found.judged, 0, "{found:?}");
-        // Calm, but the waiter began before the spell settled: it may sleep until an
-        // expiry it was told during a fault.
-        let found = check(
-            &samples,
-            &[],
-            &[waiter(0, 300, 2800)],
-            &calm(0, 3000),
-            rules(),
-        );
+        // Calm, but the waiter began before the spell: it may sleep until an expiry it
+        // was told during a fault.
+        let spell = calm(200, 3000);
+        let found = check(&samples, &[], &[waiter(0, 100, 2800)], &spell, rules());
         assert_eq!(found.judged, 0, "{found:?}");
-        // A settled waiter behind a wait of its manager begun before the spell settled.
-        let w = [waiter(0, 300, 2800), waiter(1, 600, 2800)];
-        let found = check(&samples, &[], &w, &calm(0, 3000), rules());
+        // A waiter of the spell behind a wait of its manager begun before the spell.
+        let w = [waiter(0, 100, 2800), waiter(1, 600, 2800)];
+        let found = check(&samples, &[], &w, &spell, rules());
         assert_eq!(found.judged, 0, "{found:?}");
         // ... but one in another manager is judged.
-        let w = [waiter(0, 300, 2800), waiter(2, 600, 2800)];
-        let found = check(&samples, &[], &w, &calm(0, 3000), rules());
+        let w = [waiter(0, 100, 2800), waiter(2, 600, 2800)];
+        let found = check(&samples, &[], &w, &spell, rules());
         assert_eq!(found.violations.len(), 1, "{found:?}");
         // The spell ends 400 ms into the gap: too short to tell.
         let found = check(
