@@ -81,7 +81,7 @@ const MAX_EXTEND: Duration = Duration::from_secs(3);
 /// Length of one round.
 const ROUND: Duration = Duration::from_secs(6);
 /// Length of each round's calm spell (no fault at all), in which wake-ups are judged.
-const CALM: Duration = Duration::from_millis(2_500);
+const CALM: Duration = Duration::from_millis(3_000);
 /// How long into a calm spell wake-up gaps and waiters start counting: above the
 /// response timeout, so that no request of a fault is still pending (see
 /// [`redlock_faults::liveness`]).
@@ -219,6 +219,9 @@ struct Keys {
     permits: Vec<(String, u32)>,
     /// Whether every acquisition asks for `min_replicas(1)` (the replicated backend).
     min_replicas: bool,
+    /// Set while the round's calm spell lasts: acquisitions then favour long ttls and
+    /// long waits, so that a missed wake-up shows as a gap over the bound.
+    calm: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// What a client holds: one lock, or the keys of a `lock_all`.
@@ -320,13 +323,18 @@ impl ClientLog {
         }
     }
 
-    /// Records a single-key acquire call with a wait that started at `sent` and ends now.
+    /// Records a single-key acquire call with a wait that started at `sent` and ends now
+    /// (a reader's under its key's reader series, see [`poll`]).
     fn waited(&mut self, id: usize, ask: &Ask<'_>, wait: Duration, sent: u64) {
         if let (Some(key), false) = (ask.key(), wait.is_zero()) {
+            let key = match ask {
+                Ask::Read(_) => poll::reader_series(key),
+                _ => key.to_owned(),
+            };
             self.waits.push(Waiter {
                 client: id,
                 manager: id / TASKS,
-                key: key.to_owned(),
+                key,
                 sent,
                 end: now_ns(),
             });
@@ -488,10 +496,25 @@ async fn acquire(
     rng: &mut fastrand::Rng,
     log: &mut ClientLog,
 ) -> Option<Held> {
-    let ask = Ask::random(keys, rng);
+    let calm = keys.calm.load(std::sync::atomic::Ordering::Relaxed);
+    let mut ask = Ask::random(keys, rng);
+    // In the calm spell a key is taken only by a waiter of it: no `lock_all` (its
+    // attempts hold free keys for a moment), no single attempts, no cancelled acquire,
+    // each of which would take a key a waiter failed to be woken for, and hide that.
+    if let (true, Ask::All(all)) = (calm, &ask) {
+        ask = Ask::Exclusive {
+            key: all[0],
+            write: false,
+        };
+    }
     let call = ask.call();
     // Mostly short ttls: the watchdog renews every ttl/3 (100-300 ms), racing extends.
+    // In the calm spell most are long: a waiter that missed a wake-up then sleeps until
+    // an expiry it was told, usually more than the liveness bound away.
     let ttl = match rng.u8(..4) {
+        _ if calm && rng.u8(..4) != 0 => {
+            between(rng, Duration::from_secs(2), Duration::from_secs(5))
+        }
         0 => between(rng, Duration::from_millis(900), Duration::from_secs(2)),
         1 => between(rng, Duration::from_millis(600), Duration::from_millis(900)),
         _ => between(rng, Duration::from_millis(300), Duration::from_millis(600)),
@@ -505,6 +528,8 @@ async fn acquire(
         between(rng, Duration::from_millis(100), Duration::from_millis(800))
     } else {
         match rng.u8(..10) {
+            // In the calm spell, only long waits.
+            _ if calm => between(rng, Duration::from_secs(2), Duration::from_secs(4)),
             0..=3 => Duration::ZERO,
             4..=6 => between(
                 rng,
@@ -518,8 +543,9 @@ async fn acquire(
     if keys.min_replicas {
         opts = opts.min_replicas(1);
     }
-    // One in eight is not renewed: held past its ttl, it leaves by expiry.
-    let watchdog = rng.u8(..8) != 0;
+    // One in eight is not renewed (a reader one in three): held past its ttl, it leaves
+    // by expiry, maybe after a shortening extend, while others wait for the key.
+    let watchdog = rng.u8(..if matches!(ask, Ask::Read(_)) { 3 } else { 8 }) != 0;
     if !watchdog {
         opts = opts.watchdog(false);
     }
@@ -529,7 +555,7 @@ async fn acquire(
     if let Some(d) = at_least {
         opts = opts.hold_at_least(d);
     }
-    let cancel_after = (rng.u8(..8) == 0)
+    let cancel_after = (rng.u8(..8) == 0 && !calm)
         .then(|| between(rng, Duration::from_millis(1), Duration::from_millis(50)));
     let sent = now_ns();
     let result = match cancel_after {
@@ -788,6 +814,8 @@ struct CalmGate {
     due: Instant,
     len: Duration,
     on: std::sync::Mutex<bool>,
+    /// What the clients read ([`Keys::calm`]).
+    flag: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// The nemesis: random faults for random durations until `end`, and one calm spell (no
@@ -851,6 +879,7 @@ async fn calm_spell(
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         *on = true;
+        gate.flag.store(true, std::sync::atomic::Ordering::Relaxed);
         proxies.iter().flatten().for_each(|p| p.heal());
         if let Servers::Replicated(set) = servers {
             set.link().heal();
@@ -863,6 +892,7 @@ async fn calm_spell(
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     *on = false;
+    gate.flag.store(false, std::sync::atomic::Ordering::Relaxed);
     faults.calm.push(Calm {
         start,
         end: now_ns(),
@@ -1215,6 +1245,8 @@ struct Report {
     polls: usize,
     /// The first few wake-up gaps over the bound, explained.
     gap_details: Vec<String>,
+    /// The worst wake-up gap, explained.
+    worst_gap: String,
 }
 
 /// The believing holder's last extend before the other grant returned (the usual
@@ -1379,6 +1411,7 @@ fn round_keys(round: usize, min_replicas: bool) -> Keys {
             .map(|(k, &n)| (format!("{{{}}}", unique(&format!("permits{k}"))), n))
             .collect(),
         min_replicas,
+        calm: Arc::default(),
     }
 }
 
@@ -1423,6 +1456,7 @@ async fn play_round(
         due: now + between(rng, Duration::from_millis(1_000), ROUND - CALM),
         len: CALM,
         on: std::sync::Mutex::new(false),
+        flag: Arc::clone(&keys.calm),
     };
     let poller = tokio::spawn(poll::run(
         setup.servers.poll_plan(),
@@ -1567,13 +1601,29 @@ fn check_liveness(
         settle: nanos(SETTLE),
         max_sample_gap: nanos(MAX_SAMPLE_GAP),
     };
+    // A grant of a key ends a gap of either of its series.
     let returned: Vec<(String, u64)> = logs
         .grants
         .iter()
-        .map(|g| (g.key.clone(), g.returned))
+        .flat_map(|g| {
+            [
+                (g.key.clone(), g.returned),
+                (poll::reader_series(&g.key), g.returned),
+            ]
+        })
         .collect();
     let found = liveness::check(samples, &returned, &logs.waits, &faults.calm, rules);
     report.polls += samples.values().map(Vec::len).sum::<usize>();
+    if let Some(worst) = &found.worst {
+        if report
+            .liveness
+            .worst
+            .as_ref()
+            .is_none_or(|w| worst.len() > w.len())
+        {
+            report.worst_gap = explain_gap(worst, logs, faults, (seed, round));
+        }
+    }
     for gap in &found.violations {
         if report.gap_details.len() < SHOWN {
             report
@@ -1733,6 +1783,12 @@ fn print_report(kind: Kind, seed: u64, report: &Report, took: Duration) {
     }
     for d in report.details.iter().chain(&report.gap_details) {
         println!("{d}");
+    }
+    if report.liveness.violations.is_empty() && !report.worst_gap.is_empty() {
+        println!(
+            "s10 nemesis {kind:?}: the worst wake-up gap:\n{}",
+            report.worst_gap
+        );
     }
 }
 

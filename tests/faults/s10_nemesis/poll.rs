@@ -2,12 +2,20 @@
 //! directly (not through the clients' fault proxies) with one atomic script per node, for
 //! the liveness checker ([`redlock_faults::liveness`]).
 //!
-//! For each key the script reports, at the server's `TIME`: whether the lock key exists,
-//! how many live holders its holders set has (readers, permits, `hold_at_least` keeps
-//! under their kept names), how many live writers' intents, and how many of its first
-//! three permit places (Redlock's permits) exist. A key is *grantable* on a node when
-//! everything is absent, or, for a permit key of `n` outside Redlock, when fewer than
-//! `n` holders are live; and grantable when it is on every node asked.
+//! For each key the script reports, at the server's `TIME`: whether the lock key exists
+//! and whether it holds the readers' marker, how many live holders its holders set has
+//! (readers, permits, `hold_at_least` keeps under their kept names), how many live
+//! writers' intents, and how many of its first three permit places (Redlock's permits)
+//! exist. Grantable on a node, and so when on every node asked:
+//!
+//! * a lock key, for a writer (`lock`, `write`): nothing there but maybe writers'
+//!   intents (an exclusive acquire does not look at intents, see `acquire.lua`);
+//!   sampled under the key's name;
+//! * a lock key, for a reader: free, or held by readers alone, and no live intent
+//!   (`acquire_shared.lua` refuses readers while one is unexpired); sampled under
+//!   [`reader_series`] of the key's name;
+//! * a permit key of `n` outside Redlock: fewer than `n` live holders; on Redlock
+//!   (where a permit is one of `n` places) only when everything is absent.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -30,14 +38,22 @@ const POLL_TIMEOUT: Duration = Duration::from_millis(100);
 /// Polls per round, at most (the round's end bounds it first).
 const MAX_POLLS: usize = 10_000;
 
-/// Per key, four counts at the server's now: key exists, live holders, live intents,
-/// permit places that exist.
+/// Per key, four counts at the server's now: the key (0 absent, 1 the readers' marker,
+/// 2 anything else), live holders, live intents, permit places that exist.
 const SCRIPT: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local out = {}
 for i = 1, #KEYS, 6 do
-  out[#out + 1] = redis.call('EXISTS', KEYS[i + 5])
+  local k = redis.call('GET', KEYS[i + 5])
+  local code = 0
+  if k then
+    code = 2
+    if string.sub(k, 1, 5) == '~read' then
+      code = 1
+    end
+  end
+  out[#out + 1] = code
   out[#out + 1] = redis.call('ZCOUNT', KEYS[i], '(' .. now, '+inf')
   out[#out + 1] = redis.call('ZCOUNT', KEYS[i + 1], '(' .. now, '+inf')
   out[#out + 1] = redis.call('EXISTS', KEYS[i + 2], KEYS[i + 3], KEYS[i + 4])
@@ -68,15 +84,35 @@ impl PollKey {
         ]
     }
 
-    /// Whether a node's four counts leave the key grantable.
-    fn grantable(&self, counts: &[i64]) -> bool {
-        match (self.permits, counts) {
-            (Some(n), [_, holders, intents, places]) => {
-                *holders < i64::from(n) && *intents == 0 && *places == 0
-            }
-            _ => counts.iter().all(|&c| c == 0),
+    /// The sample series of the key: a permit key's, or a lock key's for writers and
+    /// for readers.
+    fn series(&self) -> Vec<String> {
+        match self.permits {
+            Some(_) => vec![self.key.clone()],
+            None => vec![self.key.clone(), reader_series(&self.key)],
         }
     }
+
+    /// Whether a node's four counts leave the key grantable, per [`series`](Self::series).
+    fn grantable(&self, counts: &[i64]) -> Vec<bool> {
+        let &[key, holders, intents, places] = counts else {
+            return vec![false; self.series().len()];
+        };
+        match self.permits {
+            Some(n) => vec![holders < i64::from(n) && intents == 0 && places == 0],
+            None => {
+                let free = key == 0 && holders == 0 && places == 0;
+                let read = (free || key == 1) && intents == 0 && places == 0;
+                vec![free, read]
+            }
+        }
+    }
+}
+
+/// The name under which a lock key's state for readers is sampled (and its readers'
+/// waits recorded).
+pub(super) fn reader_series(key: &str) -> String {
+    format!("{key} (read)")
 }
 
 /// Which node answers for which keys.
@@ -125,15 +161,16 @@ pub(super) async fn run(
     out
 }
 
-/// One poll of every group; a key gets a sample when every node asked about it answered.
+/// One poll of every group; a key's series get a sample when every node asked about
+/// the key answered.
 async fn poll_once(
     conns: &mut Conns,
     groups: &[(SocketAddr, Vec<usize>)],
     keys: &[PollKey],
     out: &mut BTreeMap<String, Vec<Sample>>,
 ) {
-    // Per key: (before, after, grantable so far, answered by all).
-    let mut state: Vec<Option<(u64, u64, bool)>> = vec![None; keys.len()];
+    // Per key: (before, after, grantable so far per series).
+    let mut state: Vec<Option<(u64, u64, Vec<bool>)>> = vec![None; keys.len()];
     let mut failed = vec![false; keys.len()];
     for (node, idx) in groups {
         let before = now_ns();
@@ -144,16 +181,21 @@ async fn poll_once(
             Some(counts) if counts.len() == 4 * idx.len() => {
                 for (j, &i) in idx.iter().enumerate() {
                     let ok = keys[i].grantable(&counts[4 * j..4 * j + 4]);
-                    let s = state[i].get_or_insert((before, after, true));
-                    *s = (s.0.min(before), s.1.max(after), s.2 && ok);
+                    let s = state[i].get_or_insert_with(|| (before, after, vec![true; ok.len()]));
+                    s.0 = s.0.min(before);
+                    s.1 = s.1.max(after);
+                    s.2.iter_mut().zip(ok).for_each(|(g, ok)| *g = *g && ok);
                 }
             }
             _ => idx.iter().for_each(|&i| failed[i] = true),
         }
     }
     for (i, s) in state.into_iter().enumerate() {
-        if let (Some((before, after, grantable)), false) = (s, failed[i]) {
-            out.entry(keys[i].key.clone()).or_default().push(Sample {
+        let (Some((before, after, grantable)), false) = (s, failed[i]) else {
+            continue;
+        };
+        for (name, grantable) in keys[i].series().into_iter().zip(grantable) {
+            out.entry(name).or_default().push(Sample {
                 before,
                 after,
                 grantable,
