@@ -361,7 +361,9 @@ async fn min_replicas_holds_for_every_expiry_setting_request() {
     let kept = locks
         .lock_with(
             "stock_{keep}",
-            opts(3_000).watchdog(false).hold_at_least(Duration::from_secs(20)),
+            opts(3_000)
+                .watchdog(false)
+                .hold_at_least(Duration::from_secs(20)),
         )
         .await
         .unwrap();
@@ -371,7 +373,14 @@ async fn min_replicas_holds_for_every_expiry_setting_request() {
     // The extend: refused, and the deadline stays where the replica's expiry backs it.
     let err = extended.extend(Duration::from_secs(30)).await.unwrap_err();
     assert!(
-        matches!(err, LockError::ReplicasUnavailable { acked: 0, wanted: 1, .. }),
+        matches!(
+            err,
+            LockError::ReplicasUnavailable {
+                acked: 0,
+                wanted: 1,
+                ..
+            }
+        ),
         "{err}"
     );
     assert!(
@@ -383,7 +392,14 @@ async fn min_replicas_holds_for_every_expiry_setting_request() {
     // The keep: the release says the hold may not survive a failover.
     let err = kept.release().await.unwrap_err();
     assert!(
-        matches!(err, LockError::ReplicasUnavailable { acked: 0, wanted: 1, .. }),
+        matches!(
+            err,
+            LockError::ReplicasUnavailable {
+                acked: 0,
+                wanted: 1,
+                ..
+            }
+        ),
         "{err}"
     );
 
