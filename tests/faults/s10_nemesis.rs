@@ -26,6 +26,21 @@
 //!   most 400 ms, below the node timeout: a failover would lose locks by design, see the
 //!   table in docs/guarantees.md).
 //!
+//! * on a primary + replica set ([`replicated`], every acquisition with `min_replicas(1)`,
+//!   so readers and permits, for which that option is an `InvalidOption`, are exclusive
+//!   locks there): the replica frozen, the replication link (a proxy) blackholed or cut,
+//!   during extends and renewals; and a failover (one certain in the second round): the
+//!   primary killed or frozen, the replica promoted with `REPLICAOF NO ONE`, the
+//!   clients' address moved to it (see [`replicated`] for why not Sentinel).
+//!
+//! Besides: one in eight acquisitions (a reader one in three) has no watchdog and may
+//! leave by expiry; an extend is sometimes dropped right after it was sent (one poll, or
+//! up to 2 ms) and the guard released or dropped at once (a `hold_at_least` keep must not
+//! be re-armed by it); and each round has a **calm spell** of 3 s with no fault at all,
+//! in which acquisitions favour long ttls (2–5 s) and long waits (2–4 s) and nothing but
+//! a waiter takes a key (no `lock_all`, single attempts or cancelled acquires), so that
+//! a waiter not woken shows as a long gap.
+//!
 //! Every client samples `is_held()` every 1–5 ms while it holds a lock (also while an
 //! operation is in flight), and right before and after each operation, reading the clock
 //! *before* the call. Every grant is recorded with what it holds (a `MultiGuard` as one
@@ -34,12 +49,22 @@
 //! overlap other readers', never an exclusive holder's; at most `n` permit holders of a
 //! key believing at once) and fencing-order violations (invariant 2; on Redlock, readers or
 //! permits granted at the same moment may share a token); see there for why it has no
-//! false positives. The test prints per backend: rounds, operations by call and outcome,
-//! faults by kind, grants by kind, violations (the first few in detail, with the seed),
-//! and fails when there is any violation or when a kind was never granted.
+//! false positives.
+//!
+//! Liveness: a poller reads every key's state on the server every 4 ms ([`poll`]), and
+//! [`redlock_faults::liveness`] measures, in the calm spells, how long a key stayed
+//! grantable while a waiter that began in the spell waited for it (see there for why
+//! faults, `hold_at_least` keeps, waits that ran out and writers' intents cause no false
+//! positive); a gap over `WAKE_BOUND` (1 s) fails the run.
+//!
+//! The test prints per backend: rounds, operations by call and outcome, faults by kind,
+//! grants by kind, violations (the first few in detail, with the seed), waits watched,
+//! gaps judged and the worst wake-up gap (explained), and fails when there is any
+//! violation, a gap over the bound, no wait watched, or a kind never granted.
 //!
 //! Run sizes: the default run takes about 20 s per backend (single, Cluster 3+3, Redlock
-//! over 3 masters); `REDLOCK_SOAK=1` about 200 s per backend (Redlock over 5 masters).
+//! over 3 masters, primary + replica); `REDLOCK_SOAK=1` about 220 s per backend (Redlock
+//! over 5 masters).
 //! Every run prints its seed; `REDLOCK_NEMESIS_SEED=<seed>` replays the same random
 //! choices (operations, durations, faults; the interleaving itself still depends on
 //! timing):
@@ -626,7 +651,7 @@ async fn acquire(
 
 /// A random operation on a held lock; `None` when it is no longer held by this client.
 async fn operate(
-    mut h: Held,
+    h: Held,
     rng: &mut fastrand::Rng,
     log: &mut ClientLog,
     end: Instant,
@@ -654,53 +679,7 @@ async fn operate(
             Some(h)
         }
         // Extend, longer or (much) shorter than the current ttl; some cancelled mid-flight.
-        4..=6 => {
-            // Much longer (x3-x5): the next renewal, at ttl/3, then comes after the old
-            // ttl ran out, so a renewal that raced the extend with the old ttl shows.
-            let ttl = match rng.u8(..6) {
-                0 => between(rng, h.ttl, (h.ttl * 2).min(MAX_EXTEND)),
-                1..=2 => between(rng, h.ttl * 3, h.ttl * 5).min(MAX_EXTEND),
-                3 => between(rng, Duration::from_millis(100), h.ttl),
-                _ => between(rng, Duration::from_millis(10), h.ttl / 4),
-            };
-            // Some cancelled right after the request left (a loopback round trip takes
-            // about a millisecond), some while a delayed request or reply is in flight.
-            let cancel_after = match rng.u8(..4) {
-                0 => Some(between(
-                    rng,
-                    Duration::from_micros(100),
-                    Duration::from_millis(2),
-                )),
-                1 => Some(between(
-                    rng,
-                    Duration::from_millis(2),
-                    Duration::from_millis(60),
-                )),
-                _ => None,
-            };
-            let guard = &h.guard;
-            let result = match cancel_after {
-                Some(limit) => {
-                    log.sampled(rng, &h, tokio::time::timeout(limit, guard.extend(ttl)))
-                        .await
-                }
-                None => Ok(log.sampled(rng, &h, guard.extend(ttl)).await),
-            };
-            let detail = format!(" ({:?} -> {ttl:?})", h.ttl);
-            let shorter = ttl < h.ttl;
-            match result {
-                Ok(Ok(())) => {
-                    log.note(call, "extend ok", Some(&h), start, &detail);
-                    h.ttl = ttl;
-                }
-                Ok(Err(_)) => log.note(call, "extend error", Some(&h), start, &detail),
-                Err(_) => log.note(call, "extend cancelled", Some(&h), start, &detail),
-            }
-            if let Some(step) = log.trace.last_mut() {
-                step.shorter = Some(shorter);
-            }
-            Some(h)
-        }
+        4..=6 => extend(h, rng, log, start).await,
         // Release.
         7 | 8 => {
             log.sample(&h);
@@ -734,6 +713,62 @@ async fn operate(
             None
         }
     }
+}
+
+/// Extends `h`, longer or (much) shorter than its current ttl; some extends cancelled
+/// mid-flight. The lock stays with the client (`Some`).
+async fn extend(
+    mut h: Held,
+    rng: &mut fastrand::Rng,
+    log: &mut ClientLog,
+    start: u64,
+) -> Option<Held> {
+    let call = h.call;
+    // Much longer (x3-x5): the next renewal, at ttl/3, then comes after the old
+    // ttl ran out, so a renewal that raced the extend with the old ttl shows.
+    let ttl = match rng.u8(..6) {
+        0 => between(rng, h.ttl, (h.ttl * 2).min(MAX_EXTEND)),
+        1..=2 => between(rng, h.ttl * 3, h.ttl * 5).min(MAX_EXTEND),
+        3 => between(rng, Duration::from_millis(100), h.ttl),
+        _ => between(rng, Duration::from_millis(10), h.ttl / 4),
+    };
+    // Some cancelled right after the request left (a loopback round trip takes
+    // about a millisecond), some while a delayed request or reply is in flight.
+    let cancel_after = match rng.u8(..4) {
+        0 => Some(between(
+            rng,
+            Duration::from_micros(100),
+            Duration::from_millis(2),
+        )),
+        1 => Some(between(
+            rng,
+            Duration::from_millis(2),
+            Duration::from_millis(60),
+        )),
+        _ => None,
+    };
+    let guard = &h.guard;
+    let result = match cancel_after {
+        Some(limit) => {
+            log.sampled(rng, &h, tokio::time::timeout(limit, guard.extend(ttl)))
+                .await
+        }
+        None => Ok(log.sampled(rng, &h, guard.extend(ttl)).await),
+    };
+    let detail = format!(" ({:?} -> {ttl:?})", h.ttl);
+    let shorter = ttl < h.ttl;
+    match result {
+        Ok(Ok(())) => {
+            log.note(call, "extend ok", Some(&h), start, &detail);
+            h.ttl = ttl;
+        }
+        Ok(Err(_)) => log.note(call, "extend error", Some(&h), start, &detail),
+        Err(_) => log.note(call, "extend cancelled", Some(&h), start, &detail),
+    }
+    if let Some(step) = log.trace.last_mut() {
+        step.shorter = Some(shorter);
+    }
+    Some(h)
 }
 
 /// Starts a longer `extend` on `h`, drops its future after one poll or up to 2 ms (the
