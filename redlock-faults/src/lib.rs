@@ -13,6 +13,9 @@
 //! * [`belief`]: the randomized nemesis's checker: every grant and the last instant its
 //!   holder's `is_held()` answered true; reports overlaps of belief and fencing-order
 //!   violations, conservatively.
+//! * [`liveness`]: the nemesis's wake-up checker: from polls of each key's state on the
+//!   server, the waiters and the calm spells, the worst gap between a key becoming
+//!   grantable and a waiter being granted; reports gaps over a bound, conservatively.
 //! * [`protocol`]: the line protocol between the tests and the `fault-holder` process.
 //!
 //! Not published; not an API.
@@ -21,5 +24,6 @@
 pub mod belief;
 pub mod clock;
 pub mod history;
+pub mod liveness;
 pub mod protocol;
 pub mod resource;

@@ -58,6 +58,8 @@ struct Control {
     to_client: Fault,
     /// Bumped by `reset_all`: every connection opened under an older epoch is reset.
     epoch: u64,
+    /// Where new connections go ([`ChaosProxy::retarget`] changes it).
+    upstream: SocketAddr,
 }
 
 impl Control {
@@ -106,7 +108,6 @@ impl Control {
 #[derive(Debug)]
 pub struct ChaosProxy {
     addr: SocketAddr,
-    upstream: SocketAddr,
     control: watch::Sender<Control>,
     live: Arc<AtomicUsize>,
     task: JoinHandle<()>,
@@ -128,12 +129,12 @@ impl ChaosProxy {
             to_server: Fault::Pass,
             to_client: Fault::Pass,
             epoch: 0,
+            upstream,
         });
         let live = Arc::new(AtomicUsize::new(0));
-        let task = tokio::spawn(accept_loop(listener, upstream, rx, Arc::clone(&live)));
+        let task = tokio::spawn(accept_loop(listener, rx, Arc::clone(&live)));
         Ok(ChaosProxy {
             addr,
-            upstream,
             control,
             live,
             task,
@@ -150,9 +151,19 @@ impl ChaosProxy {
         format!("redis://{}", self.addr)
     }
 
-    /// The server behind the proxy.
+    /// The server behind the proxy (new connections go there).
     pub fn upstream(&self) -> SocketAddr {
-        self.upstream
+        self.control.borrow().upstream
+    }
+
+    /// Sends new connections to `upstream` from now on and resets every live one (a
+    /// virtual IP moved to another server, as after a promotion): clients reconnect
+    /// through the same address and reach the new server.
+    pub fn retarget(&self, upstream: SocketAddr) {
+        self.control.send_modify(|c| {
+            c.upstream = upstream;
+            c.epoch += 1;
+        });
     }
 
     /// Switches both directions to `fault`, for new and existing connections (see
@@ -220,7 +231,6 @@ impl Drop for ChaosProxy {
 /// aborting this task aborts them all.
 async fn accept_loop(
     listener: TcpListener,
-    upstream: SocketAddr,
     control: watch::Receiver<Control>,
     live: Arc<AtomicUsize>,
 ) {
@@ -234,6 +244,7 @@ async fn accept_loop(
                         drop(client);
                         continue;
                     }
+                    let upstream = control.borrow().upstream;
                     let task = proxy_conn(client, upstream, control.clone(), Arc::clone(&live));
                     conns.spawn(task);
                 }

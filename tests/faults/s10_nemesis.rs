@@ -26,6 +26,21 @@
 //!   most 400 ms, below the node timeout: a failover would lose locks by design, see the
 //!   table in docs/guarantees.md).
 //!
+//! * on a primary + replica set ([`replicated`], every acquisition with `min_replicas(1)`,
+//!   so readers and permits, for which that option is an `InvalidOption`, are exclusive
+//!   locks there): the replica frozen, the replication link (a proxy) blackholed or cut,
+//!   during extends and renewals; and a failover (one certain in the second round): the
+//!   primary killed or frozen, the replica promoted with `REPLICAOF NO ONE`, the
+//!   clients' address moved to it (see [`replicated`] for why not Sentinel).
+//!
+//! Besides: one in eight acquisitions (a reader one in three) has no watchdog and may
+//! leave by expiry; an extend is sometimes dropped right after it was sent (one poll, or
+//! up to 2 ms) and the guard released or dropped at once (a `hold_at_least` keep must not
+//! be re-armed by it); and each round has a **calm spell** of 3 s with no fault at all,
+//! in which acquisitions favour long ttls (2–5 s) and long waits (2–4 s) and nothing but
+//! a waiter takes a key (no `lock_all`, single attempts or cancelled acquires), so that
+//! a waiter not woken shows as a long gap.
+//!
 //! Every client samples `is_held()` every 1–5 ms while it holds a lock (also while an
 //! operation is in flight), and right before and after each operation, reading the clock
 //! *before* the call. Every grant is recorded with what it holds (a `MultiGuard` as one
@@ -34,12 +49,22 @@
 //! overlap other readers', never an exclusive holder's; at most `n` permit holders of a
 //! key believing at once) and fencing-order violations (invariant 2; on Redlock, readers or
 //! permits granted at the same moment may share a token); see there for why it has no
-//! false positives. The test prints per backend: rounds, operations by call and outcome,
-//! faults by kind, grants by kind, violations (the first few in detail, with the seed),
-//! and fails when there is any violation or when a kind was never granted.
+//! false positives.
+//!
+//! Liveness: a poller reads every key's state on the server every 4 ms ([`poll`]), and
+//! [`redlock_faults::liveness`] measures, in the calm spells, how long a key stayed
+//! grantable while a waiter that began in the spell waited for it (see there for why
+//! faults, `hold_at_least` keeps, waits that ran out and writers' intents cause no false
+//! positive); a gap over `WAKE_BOUND` (1 s) fails the run.
+//!
+//! The test prints per backend: rounds, operations by call and outcome, faults by kind,
+//! grants by kind, violations (the first few in detail, with the seed), waits watched,
+//! gaps judged and the worst wake-up gap (explained), and fails when there is any
+//! violation, a gap over the bound, no wait watched, or a kind never granted.
 //!
 //! Run sizes: the default run takes about 20 s per backend (single, Cluster 3+3, Redlock
-//! over 3 masters); `REDLOCK_SOAK=1` about 200 s per backend (Redlock over 5 masters).
+//! over 3 masters, primary + replica); `REDLOCK_SOAK=1` about 220 s per backend (Redlock
+//! over 5 masters).
 //! Every run prints its seed; `REDLOCK_NEMESIS_SEED=<seed>` replays the same random
 //! choices (operations, durations, faults; the interleaving itself still depends on
 //! timing):
@@ -57,10 +82,16 @@ use std::time::Duration;
 use redlock::{LockError, LockGuard, LockManager, LockOptions, MultiGuard};
 use redlock_faults::belief::{self, Grant, Hold, Tokens, Violation};
 use redlock_faults::clock::now_ns;
+use redlock_faults::liveness::{self, Calm, Liveness, Waiter};
 use redlock_testkit::{ChaosProxy, Direction, Fault, RedisCluster, RedisServer, RedisSet};
 use tokio::time::Instant;
 
 use crate::support::{require_redis, soak, unique, HEAVY};
+
+mod poll;
+mod replicated;
+
+use replicated::Replicated;
 
 /// Clients (managers) per backend, each with its own proxies.
 const CLIENTS: usize = 5;
@@ -73,7 +104,19 @@ const PERMITS: [u32; 2] = [2, 3];
 /// The longest ttl an extend sets.
 const MAX_EXTEND: Duration = Duration::from_secs(3);
 /// Length of one round.
-const ROUND: Duration = Duration::from_secs(5);
+const ROUND: Duration = Duration::from_secs(6);
+/// Length of each round's calm spell (no fault at all), in which wake-ups are judged.
+const CALM: Duration = Duration::from_millis(3_000);
+/// How long into a calm spell wake-up gaps and waiters start counting: above the
+/// response timeout, so that no request of a fault is still pending (see
+/// [`redlock_faults::liveness`]).
+const SETTLE: Duration = Duration::from_secs(1);
+/// The longest wake-up gap allowed in a calm spell: a few round trips plus the retry
+/// jitter (Redlock's is at most 50 ms, a failed attempt's backoff at most 500 ms)
+/// leave it generous.
+const WAKE_BOUND: Duration = Duration::from_secs(1);
+/// Poll samples further apart than this do not continue one gap.
+const MAX_SAMPLE_GAP: Duration = Duration::from_millis(50);
 /// Operations per client per round, at most (the round's time bounds it first).
 const MAX_OPS: usize = 5_000;
 /// Faults per round, at most.
@@ -88,6 +131,9 @@ enum Kind {
     Single,
     Cluster,
     Redlock,
+    /// A primary and a replica, every acquisition with `min_replicas(1)` (see
+    /// [`replicated`]).
+    Replicated,
 }
 
 /// The servers of one backend, owned by the nemesis while a round runs.
@@ -97,10 +143,12 @@ enum Servers {
     /// which the testkit's slot-map helpers do not know).
     Cluster(RedisCluster, Vec<usize>),
     Redlock(RedisSet),
+    /// The clients' nodes are the primary alone.
+    Replicated(Replicated),
 }
 
 impl Servers {
-    fn start(kind: Kind) -> Servers {
+    async fn start(kind: Kind) -> Servers {
         match kind {
             Kind::Single => Servers::Single(RedisServer::start()),
             Kind::Cluster => {
@@ -109,14 +157,17 @@ impl Servers {
                 Servers::Cluster(c, masters)
             }
             Kind::Redlock => Servers::Redlock(RedisSet::start(if soak() { 5 } else { 3 })),
+            Kind::Replicated => Servers::Replicated(Replicated::start().await),
         }
     }
 
+    /// The nodes the clients use (a replicated set's primary).
     fn nodes(&self) -> &[RedisServer] {
         match self {
             Servers::Single(s) => std::slice::from_ref(s),
             Servers::Cluster(c, _) => c.nodes(),
             Servers::Redlock(r) => r.nodes(),
+            Servers::Replicated(r) => std::slice::from_ref(r.primary()),
         }
     }
 
@@ -125,6 +176,20 @@ impl Servers {
             Servers::Single(s) => s,
             Servers::Cluster(c, _) => c.node_mut(i),
             Servers::Redlock(r) => r.node_mut(i),
+            Servers::Replicated(r) => r.primary_mut(),
+        }
+    }
+
+    /// What the liveness poller asks, and where.
+    fn poll_plan(&self) -> poll::Plan {
+        match self {
+            Servers::Cluster(c, masters) => {
+                poll::Plan::Owner(masters.iter().map(|&i| c.nodes()[i].addr()).collect())
+            }
+            Servers::Replicated(r) => poll::Plan::Everywhere(r.poll_targets()),
+            _ => poll::Plan::Everywhere(Arc::new(std::sync::Mutex::new(
+                self.nodes().iter().map(RedisServer::addr).collect(),
+            ))),
         }
     }
 
@@ -177,6 +242,11 @@ struct Keys {
     locks: Vec<String>,
     /// Taken by `permit(key, n)`, each with its `n`.
     permits: Vec<(String, u32)>,
+    /// Whether every acquisition asks for `min_replicas(1)` (the replicated backend).
+    min_replicas: bool,
+    /// Set while the round's calm spell lasts: acquisitions then favour long ttls and
+    /// long waits, so that a missed wake-up shows as a gap over the bound.
+    calm: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// What a client holds: one lock, or the keys of a `lock_all`.
@@ -229,6 +299,8 @@ struct Held {
     grants: Vec<usize>,
     ttl: Duration,
     call: &'static str,
+    /// Its `hold_at_least`, if any.
+    at_least: Option<Duration>,
 }
 
 /// One step of a client or of the nemesis, for the report of a violation.
@@ -257,6 +329,8 @@ struct ClientLog {
     ops: Counts,
     /// The operations on held locks (and the grants), in order.
     trace: Vec<Step>,
+    /// Its single-key acquire calls with a wait, for the liveness checker.
+    waits: Vec<Waiter>,
 }
 
 impl ClientLog {
@@ -270,6 +344,24 @@ impl ClientLog {
                 end: now_ns(),
                 what: format!("{call}: {name}{detail}"),
                 shorter: None,
+            });
+        }
+    }
+
+    /// Records a single-key acquire call with a wait that started at `sent` and ends now
+    /// (a reader's under its key's reader series, see [`poll`]).
+    fn waited(&mut self, id: usize, ask: &Ask<'_>, wait: Duration, sent: u64) {
+        if let (Some(key), false) = (ask.key(), wait.is_zero()) {
+            let key = match ask {
+                Ask::Read(_) => poll::reader_series(key),
+                _ => key.to_owned(),
+            };
+            self.waits.push(Waiter {
+                client: id,
+                manager: id / TASKS,
+                key,
+                sent,
+                end: now_ns(),
             });
         }
     }
@@ -348,9 +440,18 @@ enum Ask<'k> {
 impl Ask<'_> {
     /// A random ask over `keys`: exclusive 40 % (a quarter of it `write`), read 20 %,
     /// permit 20 %, `lock_all` 20 % (over 2 keys, a quarter of the time 3).
+    /// With `min_replicas` (an `InvalidOption` for readers and permits) a read is a
+    /// write and a permit a lock.
     fn random<'k>(keys: &'k Keys, rng: &mut fastrand::Rng) -> Ask<'k> {
         let key = keys.locks[rng.usize(..keys.locks.len())].as_str();
-        match rng.u8(..10) {
+        let choice = rng.u8(..10);
+        if keys.min_replicas && (4..=7).contains(&choice) {
+            return Ask::Exclusive {
+                key,
+                write: choice < 6,
+            };
+        }
+        match choice {
             0..=3 => Ask::Exclusive {
                 key,
                 write: rng.u8(..4) == 0,
@@ -377,6 +478,14 @@ impl Ask<'_> {
             Ask::Read(_) => "read",
             Ask::Permit(..) => "permit",
             Ask::All(_) => "lock_all",
+        }
+    }
+
+    /// The key of a single-key ask (`None` for `lock_all`).
+    fn key(&self) -> Option<&str> {
+        match self {
+            Ask::Exclusive { key, .. } | Ask::Read(key) | Ask::Permit(key, _) => Some(key),
+            Ask::All(_) => None,
         }
     }
 
@@ -412,44 +521,80 @@ async fn acquire(
     rng: &mut fastrand::Rng,
     log: &mut ClientLog,
 ) -> Option<Held> {
-    let ask = Ask::random(keys, rng);
+    let calm = keys.calm.load(std::sync::atomic::Ordering::Relaxed);
+    let mut ask = Ask::random(keys, rng);
+    // In the calm spell a key is taken only by a waiter of it: no `lock_all` (its
+    // attempts hold free keys for a moment), no single attempts, no cancelled acquire,
+    // each of which would take a key a waiter failed to be woken for, and hide that.
+    if let (true, Ask::All(all)) = (calm, &ask) {
+        ask = Ask::Exclusive {
+            key: all[0],
+            write: false,
+        };
+    }
     let call = ask.call();
     // Mostly short ttls: the watchdog renews every ttl/3 (100-300 ms), racing extends.
+    // In the calm spell most are long: a waiter that missed a wake-up then sleeps until
+    // an expiry it was told, usually more than the liveness bound away.
     let ttl = match rng.u8(..4) {
+        _ if calm && rng.u8(..4) != 0 => {
+            between(rng, Duration::from_secs(2), Duration::from_secs(5))
+        }
         0 => between(rng, Duration::from_millis(900), Duration::from_secs(2)),
         1 => between(rng, Duration::from_millis(600), Duration::from_millis(900)),
         _ => between(rng, Duration::from_millis(300), Duration::from_millis(600)),
     };
-    // Half are single attempts, repeated every few ms: they catch a lock that expired
-    // early (waiters sleep until the ttl they last saw, or a release).
+    // Four in ten are single attempts, repeated every few ms: they catch a lock that
+    // expired early (waiters sleep until the ttl they last saw, or a release).
     // A `lock_all` always waits a little: all its keys are seldom free at one instant.
+    // Three in ten wait long: the waiters the liveness checker judges (still waiting a
+    // second after a key they want became grantable).
     let wait = if matches!(ask, Ask::All(_)) {
         between(rng, Duration::from_millis(100), Duration::from_millis(800))
-    } else if rng.bool() {
-        Duration::ZERO
     } else {
-        between(rng, Duration::ZERO, Duration::from_millis(600))
+        match rng.u8(..10) {
+            // In the calm spell, only long waits.
+            _ if calm => between(rng, Duration::from_secs(2), Duration::from_secs(4)),
+            0..=3 => Duration::ZERO,
+            4..=6 => between(
+                rng,
+                Duration::from_millis(1_200),
+                Duration::from_millis(2_500),
+            ),
+            _ => between(rng, Duration::ZERO, Duration::from_millis(600)),
+        }
     };
     let mut opts = LockOptions::new().ttl(ttl).wait(wait);
+    if keys.min_replicas {
+        opts = opts.min_replicas(1);
+    }
+    // One in eight is not renewed (a reader one in three): held past its ttl, it leaves
+    // by expiry, maybe after a shortening extend, while others wait for the key.
+    let watchdog = rng.u8(..if matches!(ask, Ask::Read(_)) { 3 } else { 8 }) != 0;
+    if !watchdog {
+        opts = opts.watchdog(false);
+    }
     // Some keep the key after an early release (ShedLock's lockAtLeastFor).
     let at_least = (rng.u8(..8) == 0)
         .then(|| between(rng, Duration::from_millis(1), Duration::from_millis(600)));
     if let Some(d) = at_least {
         opts = opts.hold_at_least(d);
     }
-    let cancel_after = (rng.u8(..8) == 0)
+    let cancel_after = (rng.u8(..8) == 0 && !calm)
         .then(|| between(rng, Duration::from_millis(1), Duration::from_millis(50)));
     let sent = now_ns();
     let result = match cancel_after {
         Some(limit) => match tokio::time::timeout(limit, ask.run(locks, opts)).await {
             Ok(r) => r,
             Err(_) => {
+                log.waited(id, &ask, wait, sent);
                 log.note(call, "cancelled", None, sent, "");
                 return None;
             }
         },
         None => ask.run(locks, opts).await,
     };
+    log.waited(id, &ask, wait, sent);
     let returned = now_ns();
     match result {
         Ok(guard) => {
@@ -464,10 +609,12 @@ async fn acquire(
                 grants,
                 ttl,
                 call,
+                at_least,
             };
+            let renewed = if watchdog { "" } else { ", no watchdog" };
             let detail = match at_least {
-                Some(d) => format!(" (ttl {ttl:?}, hold_at_least {d:?})"),
-                None => format!(" (ttl {ttl:?})"),
+                Some(d) => format!(" (ttl {ttl:?}, hold_at_least {d:?}{renewed})"),
+                None => format!(" (ttl {ttl:?}{renewed})"),
             };
             let name = if at_least.is_some() {
                 "ok, hold_at_least"
@@ -490,8 +637,11 @@ async fn acquire(
             }
             None
         }
-        Err(_) => {
-            log.note(call, "error", None, sent, "");
+        Err(e) => {
+            // "error ReplicasUnavailable": the variant's name.
+            let debug = format!("{e:?}");
+            let variant = debug.split([' ', '{', '(']).next().unwrap_or("?");
+            log.note(call, &format!("error {variant}"), None, sent, "");
             // A failing backend: do not spin.
             tokio::time::sleep(Duration::from_millis(5)).await;
             None
@@ -501,14 +651,14 @@ async fn acquire(
 
 /// A random operation on a held lock; `None` when it is no longer held by this client.
 async fn operate(
-    mut h: Held,
+    h: Held,
     rng: &mut fastrand::Rng,
     log: &mut ClientLog,
     end: Instant,
 ) -> Option<Held> {
     let start = now_ns();
     let call = h.call;
-    match rng.u8(..10) {
+    match rng.u8(..12) {
         // Hold for a while (sampling): mostly short, some up to 1.5 ttl (outliving the
         // lease when renewals fail); never past the round's end.
         0..=3 => {
@@ -529,53 +679,7 @@ async fn operate(
             Some(h)
         }
         // Extend, longer or (much) shorter than the current ttl; some cancelled mid-flight.
-        4..=6 => {
-            // Much longer (x3-x5): the next renewal, at ttl/3, then comes after the old
-            // ttl ran out, so a renewal that raced the extend with the old ttl shows.
-            let ttl = match rng.u8(..6) {
-                0 => between(rng, h.ttl, (h.ttl * 2).min(MAX_EXTEND)),
-                1..=2 => between(rng, h.ttl * 3, h.ttl * 5).min(MAX_EXTEND),
-                3 => between(rng, Duration::from_millis(100), h.ttl),
-                _ => between(rng, Duration::from_millis(10), h.ttl / 4),
-            };
-            // Some cancelled right after the request left (a loopback round trip takes
-            // about a millisecond), some while a delayed request or reply is in flight.
-            let cancel_after = match rng.u8(..4) {
-                0 => Some(between(
-                    rng,
-                    Duration::from_micros(100),
-                    Duration::from_millis(2),
-                )),
-                1 => Some(between(
-                    rng,
-                    Duration::from_millis(2),
-                    Duration::from_millis(60),
-                )),
-                _ => None,
-            };
-            let guard = &h.guard;
-            let result = match cancel_after {
-                Some(limit) => {
-                    log.sampled(rng, &h, tokio::time::timeout(limit, guard.extend(ttl)))
-                        .await
-                }
-                None => Ok(log.sampled(rng, &h, guard.extend(ttl)).await),
-            };
-            let detail = format!(" ({:?} -> {ttl:?})", h.ttl);
-            let shorter = ttl < h.ttl;
-            match result {
-                Ok(Ok(())) => {
-                    log.note(call, "extend ok", Some(&h), start, &detail);
-                    h.ttl = ttl;
-                }
-                Ok(Err(_)) => log.note(call, "extend error", Some(&h), start, &detail),
-                Err(_) => log.note(call, "extend cancelled", Some(&h), start, &detail),
-            }
-            if let Some(step) = log.trace.last_mut() {
-                step.shorter = Some(shorter);
-            }
-            Some(h)
-        }
+        4..=6 => extend(h, rng, log, start).await,
         // Release.
         7 | 8 => {
             log.sample(&h);
@@ -597,20 +701,133 @@ async fn operate(
             None
         }
         // Drop (released in the background).
-        _ => {
+        9 => {
             log.sample(&h);
             log.note(call, "drop", Some(&h), start, "");
             drop(h.guard);
             None
         }
+        // An extend dropped right before the release or drop.
+        choice => {
+            extend_then_leave(h, rng, log, choice == 10).await;
+            None
+        }
     }
 }
 
-/// What the nemesis did: counts by kind, and each fault with its target and interval.
+/// Extends `h`, longer or (much) shorter than its current ttl; some extends cancelled
+/// mid-flight. The lock stays with the client (`Some`).
+async fn extend(
+    mut h: Held,
+    rng: &mut fastrand::Rng,
+    log: &mut ClientLog,
+    start: u64,
+) -> Option<Held> {
+    let call = h.call;
+    // Much longer (x3-x5): the next renewal, at ttl/3, then comes after the old
+    // ttl ran out, so a renewal that raced the extend with the old ttl shows.
+    let ttl = match rng.u8(..6) {
+        0 => between(rng, h.ttl, (h.ttl * 2).min(MAX_EXTEND)),
+        1..=2 => between(rng, h.ttl * 3, h.ttl * 5).min(MAX_EXTEND),
+        3 => between(rng, Duration::from_millis(100), h.ttl),
+        _ => between(rng, Duration::from_millis(10), h.ttl / 4),
+    };
+    // Some cancelled right after the request left (a loopback round trip takes
+    // about a millisecond), some while a delayed request or reply is in flight.
+    let cancel_after = match rng.u8(..4) {
+        0 => Some(between(
+            rng,
+            Duration::from_micros(100),
+            Duration::from_millis(2),
+        )),
+        1 => Some(between(
+            rng,
+            Duration::from_millis(2),
+            Duration::from_millis(60),
+        )),
+        _ => None,
+    };
+    let guard = &h.guard;
+    let result = match cancel_after {
+        Some(limit) => {
+            log.sampled(rng, &h, tokio::time::timeout(limit, guard.extend(ttl)))
+                .await
+        }
+        None => Ok(log.sampled(rng, &h, guard.extend(ttl)).await),
+    };
+    let detail = format!(" ({:?} -> {ttl:?})", h.ttl);
+    let shorter = ttl < h.ttl;
+    match result {
+        Ok(Ok(())) => {
+            log.note(call, "extend ok", Some(&h), start, &detail);
+            h.ttl = ttl;
+        }
+        Ok(Err(_)) => log.note(call, "extend error", Some(&h), start, &detail),
+        Err(_) => log.note(call, "extend cancelled", Some(&h), start, &detail),
+    }
+    if let Some(step) = log.trace.last_mut() {
+        step.shorter = Some(shorter);
+    }
+    Some(h)
+}
+
+/// Starts a longer `extend` on `h`, drops its future after one poll or up to 2 ms (the
+/// request usually left), then at once releases (`release`) or drops the guard: the
+/// extend, applied after the release, must re-arm nothing (a `hold_at_least` keep
+/// included, issue 23's finding 2), and the release must still wake the waiters.
+async fn extend_then_leave(h: Held, rng: &mut fastrand::Rng, log: &mut ClientLog, release: bool) {
+    let start = now_ns();
+    let call = h.call;
+    let ttl = between(rng, h.ttl, (h.ttl * 3).min(MAX_EXTEND));
+    log.sample(&h);
+    let polled_once = rng.bool();
+    let outcome = if polled_once {
+        use futures::FutureExt as _;
+        h.guard.extend(ttl).now_or_never().map(|r| r.is_ok())
+    } else {
+        let limit = between(rng, Duration::from_micros(50), Duration::from_millis(2));
+        tokio::time::timeout(limit, h.guard.extend(ttl))
+            .await
+            .ok()
+            .map(|r| r.is_ok())
+    };
+    log.sample(&h);
+    let extend = match outcome {
+        None => "cancelled",
+        Some(true) => "ok",
+        Some(false) => "error",
+    };
+    let kept = h
+        .at_least
+        .map_or(String::new(), |d| format!(", hold_at_least {d:?}"));
+    let detail = format!(" ({:?} -> {ttl:?}{kept})", h.ttl);
+    let locks = h.guard.locks();
+    let name = if release {
+        match h.guard.release().await {
+            Ok(()) => format!("extend {extend}, release ok"),
+            Err(_) => format!("extend {extend}, release error"),
+        }
+    } else {
+        drop(h.guard);
+        format!("extend {extend}, drop")
+    };
+    bump(&mut log.ops, &format!("{call}: {name}"));
+    log.trace.push(Step {
+        locks,
+        start,
+        end: now_ns(),
+        what: format!("{call}: {name}{detail}"),
+        shorter: Some(false),
+    });
+}
+
+/// What the nemesis did: counts by kind, and each fault with its target and interval;
+/// and its calm spells.
 #[derive(Default)]
 struct FaultLog {
     counts: Counts,
     trace: Vec<Step>,
+    calm: Vec<Calm>,
 }
 
 impl FaultLog {
@@ -626,133 +843,253 @@ impl FaultLog {
     }
 }
 
-/// The nemesis: random faults for random durations until `end`; every fault is healed
-/// (which also clears that manager's weather) before the next one and before it returns.
+/// The round's calm spell: when the nemesis starts it, how long it lasts, and the flag
+/// the weather obeys (changed under its lock, so no weather starts inside the spell).
+struct CalmGate {
+    due: Instant,
+    len: Duration,
+    on: std::sync::Mutex<bool>,
+    /// What the clients read ([`Keys::calm`]).
+    flag: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// The nemesis: random faults for random durations until `end`, and one calm spell (no
+/// fault at all) when `gate` is due; every fault is healed (which also clears that
+/// manager's weather) before the next one and before it returns. `failover` makes the
+/// first fault of a replicated set a failover.
 async fn nemesis(
     servers: &mut Servers,
     proxies: &[Vec<Arc<ChaosProxy>>],
     rng: &mut fastrand::Rng,
-    end: Instant,
+    (end, gate, mut failover): (Instant, &CalmGate, bool),
     faults: &mut FaultLog,
 ) {
+    let mut calmed = false;
     for _ in 0..MAX_FAULTS {
         let gap = between(rng, Duration::from_millis(20), Duration::from_millis(300));
         tokio::time::sleep(gap).await;
         if Instant::now() >= end {
             break;
         }
+        // No fault may still be in effect when the spell is due.
+        if !calmed && Instant::now() + Duration::from_millis(900) >= gate.due {
+            calm_spell(servers, proxies, gate, end, faults).await;
+            calmed = true;
+            continue;
+        }
         let start = now_ns();
         let len = between(rng, Duration::from_millis(100), Duration::from_millis(800));
-        let choice = if proxies.is_empty() {
-            rng.u8(6..9)
-        } else {
-            rng.u8(..9)
+        let choice = match servers {
+            Servers::Replicated(_) if failover => 11,
+            Servers::Replicated(_) => rng.u8(..12),
+            _ if proxies.is_empty() => rng.u8(6..9),
+            _ => rng.u8(..9),
         };
         match choice {
-            0..=5 => {
-                // One client's proxies: to one node, or to all of them.
-                let c = rng.usize(..proxies.len());
-                let client = &proxies[c];
-                let (chosen, target): (Vec<&Arc<ChaosProxy>>, String) = if rng.bool() {
-                    (
-                        client.iter().collect(),
-                        format!("{}, all nodes", who(proxies, c)),
-                    )
-                } else {
-                    let n = rng.usize(..client.len());
-                    (vec![&client[n]], format!("{}, node {n}", who(proxies, c)))
-                };
-                let direction = [Direction::ToServer, Direction::ToClient][rng.usize(..2)];
-                let (name, detail) = match choice {
-                    0 => {
-                        let d = between(rng, Duration::from_millis(10), Duration::from_millis(300));
-                        chosen.iter().for_each(|p| p.set(Fault::Delay(d)));
-                        tokio::time::sleep(len).await;
-                        ("delay both ways", format!("{d:?}"))
-                    }
-                    1 => {
-                        let d = between(rng, Duration::from_millis(10), Duration::from_millis(400));
-                        chosen
-                            .iter()
-                            .for_each(|p| p.set_direction(direction, Fault::Delay(d)));
-                        tokio::time::sleep(len).await;
-                        let name = if direction == Direction::ToServer {
-                            "delay requests"
-                        } else {
-                            "delay replies"
-                        };
-                        (name, format!("{d:?}"))
-                    }
-                    2 => {
-                        chosen
-                            .iter()
-                            .for_each(|p| p.set_direction(direction, Fault::Blackhole));
-                        tokio::time::sleep(len).await;
-                        let name = if direction == Direction::ToServer {
-                            "blackhole requests"
-                        } else {
-                            "blackhole replies"
-                        };
-                        (name, String::new())
-                    }
-                    3 => {
-                        // Requests applied, replies lost.
-                        chosen
-                            .iter()
-                            .for_each(|p| p.set_direction(Direction::ToClient, Fault::Blackhole));
-                        tokio::time::sleep(len.min(Duration::from_millis(300))).await;
-                        chosen.iter().for_each(|p| p.reset_all());
-                        ("blackhole replies, then cut", String::new())
-                    }
-                    4 => {
-                        chosen.iter().for_each(|p| p.reset_all());
-                        ("cut", String::new())
-                    }
-                    _ => {
-                        chosen.iter().for_each(|p| p.set(Fault::Refuse));
-                        tokio::time::sleep(len).await;
-                        ("refuse", String::new())
-                    }
-                };
-                chosen.iter().for_each(|p| p.heal());
-                let target = if detail.is_empty() {
-                    format!("({target})")
-                } else {
-                    format!("{detail} ({target})")
-                };
-                faults.note(name, start, &target);
-            }
-            6 | 7 => {
-                let node = rng.usize(..servers.nodes().len());
-                let port = servers.nodes()[node].port();
-                let name = if choice == 6 {
-                    let _ = client_kill(port, None).await;
-                    "CLIENT KILL TYPE normal"
-                } else {
-                    let _ = client_kill(port, Some(rng.u64(..))).await;
-                    "CLIENT KILL ADDR"
-                };
-                faults.note(name, start, &format!("(node {node})"));
-            }
+            0..=5 => proxy_fault(proxies, rng, choice, len, start, faults).await,
+            6..=8 => server_fault(servers, rng, choice, len, start, faults).await,
             _ => {
-                let candidates = servers.pausable();
-                let node = candidates[rng.usize(..candidates.len())];
-                let len = len.min(servers.max_pause());
-                servers.node_mut(node).pause();
-                tokio::time::sleep(len).await;
-                servers.node_mut(node).resume();
-                faults.note("SIGSTOP", start, &format!("(node {node})"));
+                if let Servers::Replicated(set) = servers {
+                    replica_fault(set, proxies, rng, (choice, len, start), faults).await;
+                }
+                failover = false;
             }
         }
     }
 }
 
-/// Changes the weather (see [`weather`]) of a random manager every 50-400 ms until `end`.
+/// The calm spell: heals every proxy (the clients' weather included) and the
+/// replication link, stops the weather, waits `gate.len` (or until `end`), and records
+/// the spell.
+async fn calm_spell(
+    servers: &Servers,
+    proxies: &[Vec<Arc<ChaosProxy>>],
+    gate: &CalmGate,
+    end: Instant,
+    faults: &mut FaultLog,
+) {
+    let start = {
+        let mut on = gate
+            .on
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *on = true;
+        gate.flag.store(true, std::sync::atomic::Ordering::Relaxed);
+        proxies.iter().flatten().for_each(|p| p.heal());
+        if let Servers::Replicated(set) = servers {
+            set.link().heal();
+        }
+        now_ns()
+    };
+    tokio::time::sleep_until((Instant::now() + gate.len).min(end)).await;
+    let mut on = gate
+        .on
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    *on = false;
+    gate.flag.store(false, std::sync::atomic::Ordering::Relaxed);
+    faults.calm.push(Calm {
+        start,
+        end: now_ns(),
+    });
+}
+
+/// A fault on one client's proxies (to one node, or to all of them): delay, blackhole,
+/// cut, refuse (`choice` 0-5), for `len`.
+async fn proxy_fault(
+    proxies: &[Vec<Arc<ChaosProxy>>],
+    rng: &mut fastrand::Rng,
+    choice: u8,
+    len: Duration,
+    start: u64,
+    faults: &mut FaultLog,
+) {
+    let c = rng.usize(..proxies.len());
+    let client = &proxies[c];
+    let (chosen, target): (Vec<&Arc<ChaosProxy>>, String) = if rng.bool() {
+        (
+            client.iter().collect(),
+            format!("{}, all nodes", who(proxies, c)),
+        )
+    } else {
+        let n = rng.usize(..client.len());
+        (vec![&client[n]], format!("{}, node {n}", who(proxies, c)))
+    };
+    let direction = [Direction::ToServer, Direction::ToClient][rng.usize(..2)];
+    let (name, detail) = match choice {
+        0 => {
+            let d = between(rng, Duration::from_millis(10), Duration::from_millis(300));
+            chosen.iter().for_each(|p| p.set(Fault::Delay(d)));
+            tokio::time::sleep(len).await;
+            ("delay both ways", format!("{d:?}"))
+        }
+        1 => {
+            let d = between(rng, Duration::from_millis(10), Duration::from_millis(400));
+            chosen
+                .iter()
+                .for_each(|p| p.set_direction(direction, Fault::Delay(d)));
+            tokio::time::sleep(len).await;
+            let name = if direction == Direction::ToServer {
+                "delay requests"
+            } else {
+                "delay replies"
+            };
+            (name, format!("{d:?}"))
+        }
+        2 => {
+            chosen
+                .iter()
+                .for_each(|p| p.set_direction(direction, Fault::Blackhole));
+            tokio::time::sleep(len).await;
+            let name = if direction == Direction::ToServer {
+                "blackhole requests"
+            } else {
+                "blackhole replies"
+            };
+            (name, String::new())
+        }
+        3 => {
+            // Requests applied, replies lost.
+            chosen
+                .iter()
+                .for_each(|p| p.set_direction(Direction::ToClient, Fault::Blackhole));
+            tokio::time::sleep(len.min(Duration::from_millis(300))).await;
+            chosen.iter().for_each(|p| p.reset_all());
+            ("blackhole replies, then cut", String::new())
+        }
+        4 => {
+            chosen.iter().for_each(|p| p.reset_all());
+            ("cut", String::new())
+        }
+        _ => {
+            chosen.iter().for_each(|p| p.set(Fault::Refuse));
+            tokio::time::sleep(len).await;
+            ("refuse", String::new())
+        }
+    };
+    chosen.iter().for_each(|p| p.heal());
+    let target = if detail.is_empty() {
+        format!("({target})")
+    } else {
+        format!("{detail} ({target})")
+    };
+    faults.note(name, start, &target);
+}
+
+/// A fault on a server the clients use: `CLIENT KILL TYPE normal` (6), `CLIENT KILL
+/// ADDR` of a random connection (7), SIGSTOP for `len` (8).
+async fn server_fault(
+    servers: &mut Servers,
+    rng: &mut fastrand::Rng,
+    choice: u8,
+    len: Duration,
+    start: u64,
+    faults: &mut FaultLog,
+) {
+    if choice == 8 {
+        let candidates = servers.pausable();
+        let node = candidates[rng.usize(..candidates.len())];
+        let len = len.min(servers.max_pause());
+        servers.node_mut(node).pause();
+        tokio::time::sleep(len).await;
+        servers.node_mut(node).resume();
+        faults.note("SIGSTOP", start, &format!("(node {node})"));
+        return;
+    }
+    let node = rng.usize(..servers.nodes().len());
+    let port = servers.nodes()[node].port();
+    let name = if choice == 6 {
+        let _ = client_kill(port, None).await;
+        "CLIENT KILL TYPE normal"
+    } else {
+        let _ = client_kill(port, Some(rng.u64(..))).await;
+        "CLIENT KILL ADDR"
+    };
+    faults.note(name, start, &format!("(node {node})"));
+}
+
+/// A fault of the replicated set: the replica frozen for `len` (9), the replication
+/// link blackholed for `len` or cut (10), a failover (11).
+async fn replica_fault(
+    set: &mut Replicated,
+    proxies: &[Vec<Arc<ChaosProxy>>],
+    rng: &mut fastrand::Rng,
+    (choice, len, start): (u8, Duration, u64),
+    faults: &mut FaultLog,
+) {
+    match choice {
+        9 => {
+            set.replica_mut().pause();
+            tokio::time::sleep(len).await;
+            set.replica_mut().resume();
+            faults.note("replica SIGSTOP", start, "");
+        }
+        10 if rng.bool() => {
+            set.link().set(Fault::Blackhole);
+            tokio::time::sleep(len).await;
+            set.link().heal();
+            faults.note("replication link blackholed", start, "");
+        }
+        10 => {
+            set.link().reset_all();
+            faults.note("replication link cut", start, "");
+        }
+        _ => {
+            let freeze = rng.bool();
+            let settle = between(rng, Duration::ZERO, Duration::from_millis(200));
+            let what = set.failover(proxies, freeze, settle).await;
+            faults.note("failover", start, &format!("({what})"));
+        }
+    }
+}
+
+/// Changes the weather (see [`weather`]) of a random manager every 50-400 ms until `end`,
+/// except in the calm spell.
 async fn weather_loop(
     proxies: &[Vec<Arc<ChaosProxy>>],
     max_delay: Duration,
     rng: &mut fastrand::Rng,
-    end: Instant,
+    (end, gate): (Instant, &CalmGate),
     faults: &mut FaultLog,
 ) {
     if proxies.is_empty() {
@@ -769,7 +1106,16 @@ async fn weather_loop(
             break;
         }
         let start = now_ns();
-        let target = weather(proxies, max_delay, rng);
+        let target = {
+            let on = gate
+                .on
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if *on {
+                continue;
+            }
+            weather(proxies, max_delay, rng)
+        };
         faults.note("weather", start, &target);
     }
 }
@@ -910,6 +1256,7 @@ async fn manager(kind: Kind, urls: &[String]) -> LockManager {
         Kind::Single => b.single(&urls[0]),
         Kind::Cluster => b.cluster(urls),
         Kind::Redlock => b.redlock(urls),
+        Kind::Replicated => b.single(&urls[0]),
     };
     b.build().await.expect("manager builds")
 }
@@ -927,6 +1274,14 @@ struct Report {
     details: Vec<String>,
     /// Per grant that kept believing (or got a bad token): its suspect's kind.
     suspects: Counts,
+    /// The wake-up gaps judged.
+    liveness: Liveness,
+    /// Poll samples taken.
+    polls: usize,
+    /// The first few wake-up gaps over the bound, explained.
+    gap_details: Vec<String>,
+    /// The worst wake-up gap, explained.
+    worst_gap: String,
 }
 
 /// The believing holder's last extend before the other grant returned (the usual
@@ -1023,38 +1378,139 @@ fn explain(
     out
 }
 
-async fn run(kind: Kind) {
-    let _heavy = HEAVY.lock().await;
-    let seed = seed();
-    println!("s10 nemesis {kind:?}: seed {seed} (REDLOCK_NEMESIS_SEED={seed} replays it)");
-    let mut rng = fastrand::Rng::with_seed(seed);
-    let mut servers = Servers::start(kind);
-    let nodes: Vec<std::net::SocketAddr> = servers.nodes().iter().map(RedisServer::addr).collect();
-    // Per client, one proxy per node; a Cluster has one shared proxy per node, announced
-    // by the node itself (per-client proxies would be bypassed by discovery and redirects).
-    let mut proxies: Vec<Vec<Arc<ChaosProxy>>> = Vec::new();
-    let mut shared_urls = Vec::new();
-    if kind == Kind::Cluster {
-        let (shared, urls) = announce_proxies(&servers).await;
-        proxies.push(shared);
-        shared_urls = urls;
-    }
-    let mut managers = Vec::new();
-    for _ in 0..CLIENTS {
-        let urls: Vec<String> = if kind == Kind::Cluster {
-            shared_urls.clone()
-        } else {
-            let mut mine = Vec::new();
-            for addr in &nodes {
-                mine.push(Arc::new(ChaosProxy::start(*addr).await.expect("proxy")));
-            }
-            let urls = mine.iter().map(|p| p.url()).collect();
-            proxies.push(mine);
-            urls
-        };
-        managers.push(manager(kind, &urls).await);
-    }
+/// The servers, their proxies and the managers of one backend's run.
+struct Setup {
+    servers: Servers,
+    /// Per manager, one proxy per node (a Cluster: one shared set).
+    proxies: Vec<Vec<Arc<ChaosProxy>>>,
+    managers: Vec<LockManager>,
+}
 
+impl Setup {
+    /// Starts the servers, the proxies and the managers of `kind`.
+    async fn start(kind: Kind) -> Setup {
+        let servers = Servers::start(kind).await;
+        let nodes: Vec<std::net::SocketAddr> =
+            servers.nodes().iter().map(RedisServer::addr).collect();
+        // Per client, one proxy per node; a Cluster has one shared proxy per node,
+        // announced by the node itself (per-client proxies would be bypassed by discovery
+        // and redirects).
+        let mut proxies: Vec<Vec<Arc<ChaosProxy>>> = Vec::new();
+        let mut shared_urls = Vec::new();
+        if kind == Kind::Cluster {
+            let (shared, urls) = announce_proxies(&servers).await;
+            proxies.push(shared);
+            shared_urls = urls;
+        }
+        let mut managers = Vec::new();
+        for _ in 0..CLIENTS {
+            let urls: Vec<String> = if kind == Kind::Cluster {
+                shared_urls.clone()
+            } else {
+                let mut mine = Vec::new();
+                for addr in &nodes {
+                    mine.push(Arc::new(ChaosProxy::start(*addr).await.expect("proxy")));
+                }
+                let urls = mine.iter().map(|p| p.url()).collect();
+                proxies.push(mine);
+                urls
+            };
+            managers.push(manager(kind, &urls).await);
+        }
+        Setup {
+            servers,
+            proxies,
+            managers,
+        }
+    }
+}
+
+/// The keys of round `round` (every other round the lock keys share one hash slot, and
+/// its fencing counter: a Cluster's `lock_all` is then one script, else one key after
+/// the other).
+fn round_keys(round: usize, min_replicas: bool) -> Keys {
+    let slot = unique("nemesis");
+    Keys {
+        locks: (0..KEYS)
+            .map(|k| {
+                if round % 2 == 1 {
+                    format!("{{{slot}}}:{k}")
+                } else {
+                    format!("{{{}}}", unique(&format!("nemesis{k}")))
+                }
+            })
+            .collect(),
+        permits: PERMITS
+            .iter()
+            .enumerate()
+            .map(|(k, &n)| (format!("{{{}}}", unique(&format!("permits{k}"))), n))
+            .collect(),
+        min_replicas,
+        calm: Arc::default(),
+    }
+}
+
+/// What the liveness poller watches in a round: every key, permit keys judged by count
+/// except on Redlock (where a permit is one of `n` places, judged free only when all
+/// are).
+fn poll_keys(keys: &Keys, kind: Kind) -> Vec<poll::PollKey> {
+    let locks = keys.locks.iter().map(|k| poll::PollKey {
+        key: k.clone(),
+        permits: None,
+    });
+    let permits = keys.permits.iter().map(|(k, n)| poll::PollKey {
+        key: k.clone(),
+        permits: (kind != Kind::Redlock).then_some(*n),
+    });
+    locks.chain(permits).collect()
+}
+
+/// What the clients of one round recorded.
+struct RoundLogs {
+    grants: Vec<Grant>,
+    traces: Vec<Vec<Step>>,
+    waits: Vec<Waiter>,
+}
+
+/// Runs one round: the clients, the nemesis (with its calm spell), the weather and the
+/// poller, until `ROUND` is over; adds the counts to `report`.
+async fn play_round(
+    kind: Kind,
+    setup: &mut Setup,
+    (round, rng): (usize, &mut fastrand::Rng),
+    report: &mut Report,
+) -> (
+    RoundLogs,
+    FaultLog,
+    BTreeMap<String, Vec<redlock_faults::liveness::Sample>>,
+) {
+    let keys = Arc::new(round_keys(round, kind == Kind::Replicated));
+    let now = Instant::now();
+    let end = now + ROUND;
+    let gate = CalmGate {
+        due: now + between(rng, Duration::from_millis(1_000), ROUND - CALM),
+        len: CALM,
+        on: std::sync::Mutex::new(false),
+        flag: Arc::clone(&keys.calm),
+    };
+    let poller = tokio::spawn(poll::run(
+        setup.servers.poll_plan(),
+        poll_keys(&keys, kind),
+        end,
+    ));
+    // Client `id` is task `id % TASKS` of manager `id / TASKS`.
+    let tasks: Vec<_> = (0..CLIENTS * TASKS)
+        .map(|id| {
+            let client_seed = rng.u64(..);
+            tokio::spawn(client(
+                id,
+                setup.managers[id / TASKS].clone(),
+                Arc::clone(&keys),
+                fastrand::Rng::with_seed(client_seed),
+                end,
+            ))
+        })
+        .collect();
     // Redlock's per-node timeout is ttl/10 (30-200 ms here): a longer weather would
     // only make its requests fail.
     let max_delay = if kind == Kind::Redlock {
@@ -1062,114 +1518,263 @@ async fn run(kind: Kind) {
     } else {
         Duration::from_millis(150)
     };
+    let mut nemesis_rng = fastrand::Rng::with_seed(rng.u64(..));
+    let mut weather_rng = fastrand::Rng::with_seed(rng.u64(..));
+    let (mut faults, mut weather) = (FaultLog::default(), FaultLog::default());
+    // One failover is certain in the second round of a replicated set (the others are
+    // random).
+    let failover = round == 1;
+    let (servers, proxies) = (&mut setup.servers, &setup.proxies);
+    tokio::join!(
+        nemesis(
+            servers,
+            proxies,
+            &mut nemesis_rng,
+            (end, &gate, failover),
+            &mut faults
+        ),
+        weather_loop(
+            proxies,
+            max_delay,
+            &mut weather_rng,
+            (end, &gate),
+            &mut weather
+        ),
+    );
+    faults.trace.extend(weather.trace);
+    faults.trace.sort_by_key(|f| f.start);
+    for (name, n) in faults.counts.iter().chain(&weather.counts) {
+        *report.faults.entry(name.clone()).or_default() += n;
+    }
+    let mut logs = RoundLogs {
+        grants: Vec::new(),
+        traces: Vec::new(),
+        waits: Vec::new(),
+    };
+    for task in tasks {
+        // Bounded: every client op is bounded by its wait, timeouts and the round's end.
+        let log = tokio::time::timeout(Duration::from_secs(30), task)
+            .await
+            .expect("client task ends")
+            .expect("client task did not panic");
+        for (name, n) in log.ops {
+            *report.ops.entry(name).or_default() += n;
+        }
+        logs.grants.extend(log.grants);
+        logs.traces.push(log.trace);
+        logs.waits.extend(log.waits);
+    }
+    let samples = tokio::time::timeout(Duration::from_secs(10), poller)
+        .await
+        .expect("the poller ends")
+        .expect("the poller did not panic");
+    (logs, faults, samples)
+}
+
+/// Checks one round's beliefs and fencing tokens; adds the violations (the first few
+/// explained) to `report`.
+fn check_safety(
+    kind: Kind,
+    logs: &RoundLogs,
+    faults: &FaultLog,
+    (seed, round): (u64, usize),
+    report: &mut Report,
+) {
+    let (grants, traces) = (&logs.grants, &logs.traces);
+    for g in grants {
+        bump(&mut report.grants, &g.hold.to_string());
+    }
+    let tokens = if kind == Kind::Redlock {
+        Tokens::SharedMayRepeat
+    } else {
+        Tokens::Unique
+    };
+    let found = belief::check(grants, tokens);
+    if !found.is_empty() {
+        println!(
+            "s10 nemesis {kind:?}: round {round}: {} violation(s)",
+            found.len()
+        );
+    }
+    // One explanation per believing (or out-of-order) grant: its later partners
+    // usually share one cause.
+    let mut explained = std::collections::HashSet::new();
+    for v in &found {
+        let grants = v.grants();
+        let (first, last) = (grants[0], grants[grants.len() - 1]);
+        if !explained.insert((first.key.clone(), first.token)) {
+            continue;
+        }
+        let kind = match v {
+            Violation::Fencing { .. } => "fencing",
+            _ => suspect(first, last, traces).0,
+        };
+        // The first few, and the first of every kind of suspect.
+        let first_of_kind = !report.suspects.contains_key(kind);
+        bump(&mut report.suspects, kind);
+        if report.details.len() < SHOWN || first_of_kind {
+            report
+                .details
+                .push(explain(v, traces, &faults.trace, seed, round));
+        }
+    }
+    report.violations.extend(found);
+}
+
+/// Checks one round's wake-ups ([`redlock_faults::liveness`]); adds the findings (the
+/// first few gaps over the bound explained) to `report`.
+fn check_liveness(
+    logs: &RoundLogs,
+    faults: &FaultLog,
+    samples: &BTreeMap<String, Vec<redlock_faults::liveness::Sample>>,
+    (seed, round): (u64, usize),
+    report: &mut Report,
+) {
+    let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+    let rules = liveness::Rules {
+        bound: nanos(WAKE_BOUND),
+        settle: nanos(SETTLE),
+        max_sample_gap: nanos(MAX_SAMPLE_GAP),
+    };
+    // A grant of a key ends a gap of either of its series.
+    let returned: Vec<(String, u64)> = logs
+        .grants
+        .iter()
+        .flat_map(|g| {
+            [
+                (g.key.clone(), g.returned),
+                (poll::reader_series(&g.key), g.returned),
+            ]
+        })
+        .collect();
+    let found = liveness::check(samples, &returned, &logs.waits, &faults.calm, rules);
+    report.polls += samples.values().map(Vec::len).sum::<usize>();
+    if let Some(worst) = &found.worst {
+        if report
+            .liveness
+            .worst
+            .as_ref()
+            .is_none_or(|w| worst.len() > w.len())
+        {
+            report.worst_gap = explain_gap(worst, logs, faults, (seed, round));
+        }
+    }
+    for gap in &found.violations {
+        if report.gap_details.len() < SHOWN {
+            report
+                .gap_details
+                .push(explain_gap(gap, logs, faults, (seed, round)));
+        }
+    }
+    report.liveness.merge(found);
+}
+
+/// A wake-up gap with what the clients did on its key around it (ms from its start).
+fn explain_gap(
+    gap: &liveness::Gap,
+    logs: &RoundLogs,
+    faults: &FaultLog,
+    (seed, round): (u64, usize),
+) -> String {
+    use std::fmt::Write as _;
+
+    let ms = |t: u64| redlock_faults::clock::ms(gap.from, t);
+    let mut out = format!("  seed {seed}, round {round}: wake-up gap: {gap}\n");
+    let near =
+        |start: u64, end: u64| end.saturating_add(3_000_000_000) >= gap.from && start <= gap.to;
+    for w in logs
+        .waits
+        .iter()
+        .filter(|w| w.key == gap.key && near(w.sent, w.end))
+    {
+        let _ = writeln!(
+            out,
+            "      {:8.1} .. {:8.1} ms  client {} (manager {}) waits",
+            ms(w.sent),
+            ms(w.end),
+            w.client,
+            w.manager
+        );
+    }
+    for (client, steps) in logs.traces.iter().enumerate() {
+        for st in steps
+            .iter()
+            .filter(|st| st.locks.iter().any(|(k, _)| *k == gap.key))
+        {
+            if near(st.start, st.end) {
+                let _ = writeln!(
+                    out,
+                    "      {:8.1} .. {:8.1} ms  client {client}: {}",
+                    ms(st.start),
+                    ms(st.end),
+                    st.what
+                );
+            }
+        }
+    }
+    for c in &faults.calm {
+        let _ = writeln!(
+            out,
+            "    calm spell {:.1} .. {:.1} ms",
+            ms(c.start),
+            ms(c.end)
+        );
+    }
+    out
+}
+
+async fn run(kind: Kind) {
+    let _heavy = HEAVY.lock().await;
+    let seed = seed();
+    println!("s10 nemesis {kind:?}: seed {seed} (REDLOCK_NEMESIS_SEED={seed} replays it)");
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut setup = Setup::start(kind).await;
     let rounds = if soak() { 36 } else { 3 };
     let mut report = Report::default();
     let started = std::time::Instant::now();
     for round in 0..rounds {
-        // Every other round the keys share one hash slot (and its fencing counter): a
-        // Cluster's `lock_all` is then one script, else one key after the other.
-        let slot = unique("nemesis");
-        let keys = Arc::new(Keys {
-            locks: (0..KEYS)
-                .map(|k| {
-                    if round % 2 == 1 {
-                        format!("{{{slot}}}:{k}")
-                    } else {
-                        format!("{{{}}}", unique(&format!("nemesis{k}")))
-                    }
-                })
-                .collect(),
-            permits: PERMITS
-                .iter()
-                .enumerate()
-                .map(|(k, &n)| (format!("{{{}}}", unique(&format!("permits{k}"))), n))
-                .collect(),
-        });
-        let end = Instant::now() + ROUND;
-        // Client `id` is task `id % TASKS` of manager `id / TASKS`.
-        let tasks: Vec<_> = (0..CLIENTS * TASKS)
-            .map(|id| {
-                let client_seed = rng.u64(..);
-                tokio::spawn(client(
-                    id,
-                    managers[id / TASKS].clone(),
-                    Arc::clone(&keys),
-                    fastrand::Rng::with_seed(client_seed),
-                    end,
-                ))
-            })
-            .collect();
-        let mut nemesis_rng = fastrand::Rng::with_seed(rng.u64(..));
-        let mut weather_rng = fastrand::Rng::with_seed(rng.u64(..));
-        let mut faults = FaultLog::default();
-        let mut weather = FaultLog::default();
-        tokio::join!(
-            nemesis(&mut servers, &proxies, &mut nemesis_rng, end, &mut faults),
-            weather_loop(&proxies, max_delay, &mut weather_rng, end, &mut weather),
-        );
-        faults.trace.extend(weather.trace);
-        faults.trace.sort_by_key(|f| f.start);
-        for (name, n) in faults.counts.into_iter().chain(weather.counts) {
-            *report.faults.entry(name).or_default() += n;
-        }
-        let mut grants = Vec::new();
-        let mut traces = Vec::new();
-        for task in tasks {
-            // Bounded: every client op is bounded by its wait, timeouts and the round's end.
-            let log = tokio::time::timeout(Duration::from_secs(30), task)
-                .await
-                .expect("client task ends")
-                .expect("client task did not panic");
-            for (name, n) in log.ops {
-                *report.ops.entry(name).or_default() += n;
-            }
-            grants.extend(log.grants);
-            traces.push(log.trace);
-        }
-        for g in &grants {
-            bump(&mut report.grants, &g.hold.to_string());
-        }
-        let tokens = if kind == Kind::Redlock {
-            Tokens::SharedMayRepeat
-        } else {
-            Tokens::Unique
-        };
-        let found = belief::check(&grants, tokens);
-        if !found.is_empty() {
-            println!(
-                "s10 nemesis {kind:?}: round {round}: {} violation(s)",
-                found.len()
-            );
-        }
-        // One explanation per believing (or out-of-order) grant: its later partners
-        // usually share one cause.
-        let mut explained = std::collections::HashSet::new();
-        for v in &found {
-            let grants = v.grants();
-            let (first, last) = (grants[0], grants[grants.len() - 1]);
-            if !explained.insert((first.key.clone(), first.token)) {
-                continue;
-            }
-            let kind = match v {
-                Violation::Fencing { .. } => "fencing",
-                _ => suspect(first, last, &traces).0,
-            };
-            // The first few, and the first of every kind of suspect.
-            let first_of_kind = !report.suspects.contains_key(kind);
-            bump(&mut report.suspects, kind);
-            if report.details.len() < SHOWN || first_of_kind {
-                report
-                    .details
-                    .push(explain(v, &traces, &faults.trace, seed, round));
-            }
-        }
-        report.violations.extend(found);
+        let (logs, faults, samples) =
+            play_round(kind, &mut setup, (round, &mut rng), &mut report).await;
+        check_safety(kind, &logs, &faults, (seed, round), &mut report);
+        check_liveness(&logs, &faults, &samples, (seed, round), &mut report);
         report.rounds += 1;
         // Let dropped guards be released before the next round's keys (they differ anyway).
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    drop(managers);
+    drop(setup.managers);
+    print_report(kind, seed, &report, started.elapsed());
+    assert!(
+        report.violations.is_empty(),
+        "s10 nemesis {kind:?}: {} violation(s) of the safety invariants (seed {seed}; first: {})",
+        report.violations.len(),
+        report.violations[0]
+    );
+    assert!(
+        report.liveness.violations.is_empty(),
+        "s10 nemesis {kind:?}: {} wake-up gap(s) over {WAKE_BOUND:?} in calm spells (seed {seed}; first: {})",
+        report.liveness.violations.len(),
+        report.liveness.violations[0]
+    );
+    assert!(
+        report.liveness.watched > 0,
+        "s10 nemesis {kind:?}: no wait was watched in a calm spell: the run did not check liveness"
+    );
+    let kinds: &[&str] = if kind == Kind::Replicated {
+        &["exclusive"]
+    } else {
+        &["exclusive", "read", "permit of 2", "permit of 3"]
+    };
+    for hold in kinds {
+        assert!(
+            report.grants.contains_key(*hold),
+            "s10 nemesis {kind:?}: no {hold} lock was ever granted: the run did not check that kind"
+        );
+    }
+}
 
+/// Prints what one backend's run saw: rounds, operations, faults, grants, violations,
+/// wake-up gaps.
+fn print_report(kind: Kind, seed: u64, report: &Report, took: Duration) {
     let total: u64 = report.ops.values().sum();
     let faults: u64 = report.faults.values().sum();
     let grants: u64 = report.grants.values().sum();
@@ -1178,7 +1783,7 @@ async fn run(kind: Kind) {
          {KEYS} keys + permit keys of {PERMITS:?}/round; {total} operations; {faults} faults {:?}; \
          {grants} grants {:?}; {} violations",
         report.rounds,
-        started.elapsed().as_secs_f64(),
+        took.as_secs_f64(),
         report.faults,
         report.grants,
         report.violations.len(),
@@ -1195,25 +1800,29 @@ async fn run(kind: Kind) {
             ops.values().sum::<u64>()
         );
     }
+    let l = &report.liveness;
+    println!(
+        "s10 nemesis {kind:?}: wake-ups: {} waits watched and {} gaps judged in calm spells ({} polls), worst gap {:.1} ms{}, {} over {WAKE_BOUND:?}",
+        l.watched,
+        l.judged,
+        report.polls,
+        l.worst_ms(),
+        l.worst.as_ref().map_or(String::new(), |g| format!(" ({g})")),
+        l.violations.len(),
+    );
     if !report.suspects.is_empty() {
         println!(
             "s10 nemesis {kind:?}: grants involved in violations, by the holder's last extend: {:?}",
             report.suspects
         );
     }
-    for d in &report.details {
+    for d in report.details.iter().chain(&report.gap_details) {
         println!("{d}");
     }
-    assert!(
-        report.violations.is_empty(),
-        "s10 nemesis {kind:?}: {} violation(s) of the safety invariants (seed {seed}; first: {})",
-        report.violations.len(),
-        report.violations[0]
-    );
-    for hold in ["exclusive", "read", "permit of 2", "permit of 3"] {
-        assert!(
-            report.grants.contains_key(hold),
-            "s10 nemesis {kind:?}: no {hold} lock was ever granted: the run did not check that kind"
+    if report.liveness.violations.is_empty() && !report.worst_gap.is_empty() {
+        println!(
+            "s10 nemesis {kind:?}: the worst wake-up gap:\n{}",
+            report.worst_gap
         );
     }
 }
@@ -1234,4 +1843,10 @@ async fn nemesis_cluster() {
 async fn nemesis_redlock() {
     require_redis!();
     run(Kind::Redlock).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nemesis_replicated() {
+    require_redis!();
+    run(Kind::Replicated).await;
 }
