@@ -617,14 +617,17 @@ async fn bad_sentinel_settings_are_clear_errors() {
 /// locked at once): it is reported lost at its next renewal, and `min_replicas` refuses
 /// it (the promoted replica no longer acknowledges the old master's writes). The held
 /// lock's renewals count once the demoted master, now the new master's replica,
-/// acknowledges them: its ttl leaves room for the demotion and the resync.
+/// acknowledges them (the Sentinels demote it when they next look at it, up to ~10 s on
+/// a loaded machine): its 30 s ttl leaves room for that, and the test waits until its
+/// expiry on the new master was set after the switch-over.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_planned_failover_is_followed_at_once() {
+    const HELD_TTL: Duration = Duration::from_secs(30);
     let _one = ONE_SET.lock().await;
     let sent = start();
     let locks = manager(&sent).await;
     let held = locks
-        .lock_with("stock_{planned}", replicated(Duration::from_secs(12)))
+        .lock_with("stock_{planned}", replicated(HELD_TTL))
         .await
         .unwrap();
     let old_port = sent.master().port();
@@ -636,6 +639,7 @@ async fn a_planned_failover_is_followed_at_once() {
             sent.current_master_addr().1 != old_port
         });
     assert!(switched, "no switch-over: {}", sent.describe());
+    let switched_at = Instant::now();
     // The announcement reaches the manager at once (it listens to the Sentinel that led
     // the switch-over); well before the other Sentinels are told, a lock is on the new
     // master, while the old one still takes writes.
@@ -650,13 +654,22 @@ async fn a_planned_failover_is_followed_at_once() {
     let new = current_master(&sent);
     assert_ne!(new.port(), old_port);
     assert!(new.exists("lock:stock_{after}"), "not on the new master");
-    // Past the held lock's ttl: renewed on the new master meanwhile.
-    tokio::time::sleep(Duration::from_secs(13)).await;
+    // Renewed on the new master: its expiry there was set after the switch-over.
+    let renewed_there = tokio::task::block_in_place(|| {
+        redlock_testkit::wait_until(Duration::from_secs(40), Duration::from_millis(100), || {
+            let since = HELD_TTL.saturating_sub(switched_at.elapsed()).as_millis();
+            i128::from(new.pttl("lock:stock_{planned}")) > since as i128 + 1_000
+        })
+    });
+    assert!(
+        renewed_there,
+        "not renewed on the new master: {}",
+        sent.describe()
+    );
     assert!(
         held.is_held(),
         "the lock held across the switch-over was given up"
     );
-    assert!(new.exists("lock:stock_{planned}"));
     fresh.release().await.unwrap();
     held.release().await.unwrap();
 }
