@@ -56,6 +56,7 @@ struct Global {
         long,
         global = true,
         env = "REDIS_URL",
+        hide_env_values = true,
         default_value = "redis://127.0.0.1:6379"
     )]
     url: Vec<String>,

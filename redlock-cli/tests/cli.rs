@@ -572,3 +572,42 @@ async fn the_documented_operator_acl_is_enough() {
     assert_eq!(denials(&server, "releaser"), Vec::<String>::new());
     watch.child.kill().await.unwrap();
 }
+
+/// Issue 24, item 9: `--help` printed the password of `$REDIS_URL` (clap shows
+/// environment values). No output of any subcommand shows it: help, or the error of a
+/// server that cannot be reached, with the URL from the environment or from `--url`.
+#[tokio::test]
+async fn no_output_shows_the_password() {
+    const SECRET: &str = "s3cret-pw";
+    let url = format!("redis://operator:{SECRET}@127.0.0.1:1");
+    let runs: [&[&str]; 9] = [
+        &["--help"],
+        &["list", "--help"],
+        &["inspect", "--help"],
+        &["release", "--help"],
+        &["watch", "--help"],
+        &["list"],
+        &["inspect", "lock:x"],
+        &["release", "lock:x", "--yes"],
+        &["watch", "lock:x", "--for", "1s"],
+    ];
+    for args in runs {
+        for from_env in [true, false] {
+            let mut cmd = environment(Command::new(env!("CARGO_BIN_EXE_redlock")));
+            if from_env {
+                cmd.env("REDIS_URL", &url);
+            } else {
+                cmd.arg("--url").arg(&url);
+            }
+            let out = tokio::time::timeout(Duration::from_secs(20), cmd.args(args).output())
+                .await
+                .expect("the command ends")
+                .expect("the command runs");
+            let printed = String::from_utf8_lossy(&[out.stdout, out.stderr].concat()).into_owned();
+            assert!(
+                !printed.contains(SECRET),
+                "{args:?} (URL from the environment: {from_env}) printed the password:\n{printed}"
+            );
+        }
+    }
+}
