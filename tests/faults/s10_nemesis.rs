@@ -115,18 +115,6 @@ const SETTLE: Duration = Duration::from_secs(1);
 /// jitter (Redlock's is at most 50 ms, a failed attempt's backoff at most 500 ms)
 /// leave it generous.
 const WAKE_BOUND: Duration = Duration::from_secs(1);
-/// Backends with a known missed wake-up, not fixed yet: their gaps over [`WAKE_BOUND`]
-/// are printed with every detail and fail the soak (`REDLOCK_SOAK=1`), not the default
-/// run, so that a known, reported bug does not make CI fail at random.
-///
-/// Cluster: the first soak of the liveness check (seed 16583615571038614529, rounds 16,
-/// 31 and 32 of 36) saw a release's wake-up not reach a waiter in another manager in a
-/// calm spell, at least 1 s after the last fault (gaps of 1.3–2.0 s, on an exclusive
-/// key, a reader series and a permit key): the waiter slept until the expiry it had been
-/// told. The likely place is the sharded subscriber's view of its channels after a
-/// killed or cut connection (`backend/cluster.rs`, `ShardSubscriber`); issue 23 stays
-/// open for it.
-const KNOWN_MISSED_WAKE_UPS: &[Kind] = &[Kind::Cluster];
 /// Poll samples further apart than this do not continue one gap.
 const MAX_SAMPLE_GAP: Duration = Duration::from_millis(50);
 /// Operations per client per round, at most (the round's time bounds it first).
@@ -1761,16 +1749,8 @@ async fn run(kind: Kind) {
         report.violations.len(),
         report.violations[0]
     );
-    let known = KNOWN_MISSED_WAKE_UPS.contains(&kind) && !soak();
-    if known && !report.liveness.violations.is_empty() {
-        println!(
-            "s10 nemesis {kind:?}: {} wake-up gap(s) over {WAKE_BOUND:?}: a known missed \
-             wake-up (KNOWN_MISSED_WAKE_UPS), reported, failing only the soak",
-            report.liveness.violations.len()
-        );
-    }
     assert!(
-        known || report.liveness.violations.is_empty(),
+        report.liveness.violations.is_empty(),
         "s10 nemesis {kind:?}: {} wake-up gap(s) over {WAKE_BOUND:?} in calm spells (seed {seed}; first: {})",
         report.liveness.violations.len(),
         report.liveness.violations[0]

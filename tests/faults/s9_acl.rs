@@ -73,6 +73,7 @@ const ACL_CLUSTER_COMMANDS: &[&str] = &[
     "+ping",
     "+wait",
     "+cluster|slots",
+    "+client|info",
     "+info",
     "+time",
     "+zadd",

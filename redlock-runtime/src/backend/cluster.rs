@@ -83,6 +83,11 @@ const CLIENT_RETRIES: u32 = 3;
 const RESUBSCRIBE_BACKOFF: (Duration, Duration) =
     (Duration::from_millis(50), Duration::from_secs(1));
 
+/// How often the subscriber compares the shard channels it believes confirmed on each
+/// node with the count the node reports for its connection (see [`ShardSubscriber`]).
+/// A channel lost without a word is heard again within about this plus a round trip.
+const AUDIT_EVERY: Duration = Duration::from_millis(250);
+
 /// How long a fetched slot map groups renewals before it is fetched again.
 const SLOT_MAP_AGE: Duration = Duration::from_secs(10);
 
@@ -541,32 +546,7 @@ impl ClusterBackend {
         if let Some(map) = cached.filter(|m| m.fetched.elapsed() < SLOT_MAP_AGE) {
             return Some(map);
         }
-        let reply = self
-            .con
-            .clone()
-            .route_command(
-                redis::cmd("CLUSTER").arg("SLOTS").to_owned(),
-                RoutingInfo::SingleNode(SingleNodeRoutingInfo::RandomPrimary),
-            )
-            .await;
-        let map = match reply.map(SlotMap::parse) {
-            Ok(Some(map)) => Arc::new(map),
-            Ok(None) => {
-                tracing::debug!(
-                    backend = "cluster",
-                    "unexpected CLUSTER SLOTS reply; renewing slot by slot"
-                );
-                return None;
-            }
-            Err(e) => {
-                tracing::debug!(
-                    backend = "cluster",
-                    error = %chain(&e),
-                    "CLUSTER SLOTS failed; renewing slot by slot"
-                );
-                return None;
-            }
-        };
+        let map = Arc::new(fetch_slot_map(&self.con, "renewing slot by slot").await?);
         *self.cached_slot_map() = Some(map.clone());
         Some(map)
     }
@@ -842,6 +822,33 @@ impl Store for ClusterBackend {
     }
 }
 
+/// The slot map, from `CLUSTER SLOTS` on a random primary; `None` (logged, with what
+/// the caller does `instead`) when it cannot be had.
+async fn fetch_slot_map(con: &ClusterConnection, instead: &str) -> Option<SlotMap> {
+    let reply = con
+        .clone()
+        .route_command(
+            redis::cmd("CLUSTER").arg("SLOTS").to_owned(),
+            RoutingInfo::SingleNode(SingleNodeRoutingInfo::RandomPrimary),
+        )
+        .await;
+    match reply.map(SlotMap::parse) {
+        Ok(Some(map)) => Some(map),
+        Ok(None) => {
+            tracing::debug!(backend = "cluster", "unexpected CLUSTER SLOTS reply; {instead}");
+            None
+        }
+        Err(e) => {
+            tracing::debug!(
+                backend = "cluster",
+                error = %chain(&e),
+                "CLUSTER SLOTS failed; {instead}"
+            );
+            None
+        }
+    }
+}
+
 /// The route to the master of `key`'s slot.
 fn master_of(key: &str) -> SingleNodeRoutingInfo {
     SingleNodeRoutingInfo::SpecificNode(Route::with_key(key, SlotAddr::Master))
@@ -874,8 +881,20 @@ fn builder(infos: &[ConnectionInfo], timeouts: Timeouts) -> ClusterClientBuilder
 /// [`listening`](Self::listening): their heads poll), wakes the waiters at once and hands
 /// the channels to the resubscriber, which subscribes each one on its own (never several
 /// slots in one command), retrying with backoff while the slot has no reachable owner,
-/// and confirms the channel and wakes its waiters again once it is back. Both tasks end
-/// with the subscriber.
+/// and confirms the channel and wakes its waiters again once it is back.
+///
+/// Not every loss is announced. redis-rs may replace a node's connection without a
+/// `Disconnection` push (a failed health check during a slot refresh, a node that left
+/// the slot map while frozen), and its own resubscription of that node's channels, one
+/// `SSUBSCRIBE` across slots, fails with `CROSSSLOT`; a server's `sunsubscribe` push
+/// that arrives while an `SSUBSCRIBE` is in flight is taken for that command's reply
+/// (issue 23: Cluster waiters in a calm spell slept 1.3-2.0 s past a release). So a
+/// third task, the auditor, asks every [`AUDIT_EVERY`] each master that should serve a
+/// confirmed channel how many shard channels the subscriber's connection to it holds
+/// (`CLIENT INFO`'s `ssub`, one request per master); fewer than the subscriber believes
+/// confirmed there marks that master's channels lost, wakes their heads and hands them to
+/// the resubscriber (`SSUBSCRIBE` is idempotent, so one lost channel costs the others of
+/// its master nothing but a repeated request). The tasks end with the subscriber.
 pub(crate) struct ShardSubscriber {
     inner: Arc<SubInner>,
 }
@@ -908,6 +927,7 @@ impl ShardSubscriber {
             timeout,
         });
         tokio::spawn(dispatch(pushes, Arc::downgrade(&inner), wake.clone()));
+        tokio::spawn(auditor(Arc::downgrade(&inner), wake.clone()));
         tokio::spawn(resubscriber(rx, Arc::downgrade(&inner), wake));
         Self { inner }
     }
@@ -1016,6 +1036,56 @@ impl SubInner {
             .is_some()
     }
 
+    /// The channels the server confirmed and that were not lost since.
+    fn confirmed(&self) -> Vec<String> {
+        self.interest()
+            .iter()
+            .filter(|(_, i)| i.is_confirmed())
+            .map(|(c, _)| c.clone())
+            .collect()
+    }
+
+    /// Compares `channels` (confirmed, all served by one master as far as the slot map
+    /// knows) with the shard channels the connection to that master holds; the channels
+    /// marked lost when it holds fewer. An unanswered or unreadable `CLIENT INFO` proves
+    /// nothing (a failing node's losses are announced by its `Disconnection`).
+    async fn audit(&self, channels: Vec<String>) -> Vec<String> {
+        let Some(first) = channels.first() else {
+            return Vec::new();
+        };
+        let mut con = self.con.clone();
+        let ask = con.route_command(
+            redis::cmd("CLIENT").arg("INFO").to_owned(),
+            RoutingInfo::SingleNode(master_of(first)),
+        );
+        let Ok(Ok(info)) = tokio::time::timeout(self.timeout, ask).await else {
+            return Vec::new();
+        };
+        let Some(held) = shard_subscriptions(&info) else {
+            return Vec::new();
+        };
+        // Counted after the reply: a channel dropped meanwhile may already be gone from
+        // the server; one confirmed meanwhile only adds to `held`.
+        let still: Vec<String> = {
+            let interest = self.interest();
+            channels
+                .into_iter()
+                .filter(|c| interest.get(c).is_some_and(Interest::is_confirmed))
+                .collect()
+        };
+        if held >= still.len() {
+            return Vec::new();
+        }
+        tracing::debug!(
+            backend = "cluster",
+            held,
+            believed = still.len(),
+            "the subscriber's connection holds fewer shard channels than it believes \
+             confirmed; resubscribing them"
+        );
+        still.into_iter().filter(|c| self.lose(c)).collect()
+    }
+
     /// Marks every channel unsubscribed on the server (the connection dropped).
     fn lose_all(&self) {
         self.interest().values_mut().for_each(Interest::lose);
@@ -1101,6 +1171,53 @@ async fn dispatch(
                 }
             },
             _ => {}
+        }
+    }
+}
+
+/// The `ssub` count of a `CLIENT INFO` reply: the shard channels the connection holds.
+fn shard_subscriptions(info: &Value) -> Option<usize> {
+    let text: String = redis::from_redis_value_ref(info).ok()?;
+    text.split_whitespace()
+        .find_map(|field| field.strip_prefix("ssub="))
+        .and_then(|n| n.parse().ok())
+}
+
+/// Every [`AUDIT_EVERY`], while some channel is confirmed: groups the confirmed
+/// channels by master (the slot map, fetched again when older than [`SLOT_MAP_AGE`];
+/// without one, by slot), audits the groups concurrently, and wakes and resubscribes
+/// the channels found lost.
+async fn auditor(inner: Weak<SubInner>, wake: Wake) {
+    let mut map: Option<SlotMap> = None;
+    // Ends when the subscriber is dropped or its waiters are gone.
+    loop {
+        tokio::time::sleep(AUDIT_EVERY).await;
+        let Some(sub) = inner.upgrade() else {
+            return;
+        };
+        if wake.is_gone() {
+            return;
+        }
+        let confirmed = sub.confirmed();
+        if confirmed.is_empty() {
+            continue;
+        }
+        if map.as_ref().is_none_or(|m| m.fetched.elapsed() >= SLOT_MAP_AGE) {
+            map = fetch_slot_map(&sub.con, "auditing by slot").await;
+        }
+        let mut groups: HashMap<u32, Vec<String>> = HashMap::new();
+        for channel in confirmed {
+            let slot = key_slot(&channel);
+            let group = match map.as_ref().and_then(|m| m.master(slot)) {
+                Some(master) => u32::from(master),
+                None => u32::from(u16::MAX) + 1 + u32::from(slot),
+            };
+            groups.entry(group).or_default().push(channel);
+        }
+        let lost = join_all(groups.into_values().map(|g| sub.audit(g))).await;
+        for channel in lost.into_iter().flatten() {
+            wake.wake(&channel);
+            let _ = sub.resubscribe.send(channel);
         }
     }
 }
@@ -1255,6 +1372,77 @@ mod tests {
         assert_eq!(sub.inner.interest().len(), 0);
         assert_eq!(shard_numsub(&cluster, key).await, 0);
         assert_eq!(sub.inner.ops.len(), 0);
+    }
+
+    /// Issue 23's missed wake-ups on Cluster (soak seed 16583615571038614529: waiters in
+    /// a calm spell slept 1.3-2.0 s past a release): the subscriber believed channels
+    /// confirmed that the server no longer served on its connection, lost without a
+    /// word (a connection redis-rs replaced with no `Disconnection` push and whose
+    /// resubscription failed with `CROSSSLOT`, or a `sunsubscribe` push taken for an
+    /// `SSUBSCRIBE`'s reply), and their heads slept until the expiry they were told. The
+    /// test leaves that state behind directly, whatever made it, beside a channel that
+    /// is really subscribed on the same master: the auditor must find the master's
+    /// connection holding fewer channels than believed, and subscribe both again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_channel_lost_without_a_word_is_subscribed_again_by_the_audit() {
+        let cluster = tokio::task::spawn_blocking(|| RedisCluster::start(3, 0))
+            .await
+            .unwrap();
+        let waiters = Arc::new(Waiters::new(16, Box::new(|_| {})));
+        let timeouts = Timeouts {
+            connect: Duration::from_secs(3),
+            response: Duration::from_secs(1),
+        };
+        let backend = ClusterBackend::connect(
+            ClusterNodes::urls(&cluster.urls()),
+            timeouts,
+            Wake::new(&waiters),
+        )
+        .await
+        .unwrap();
+        let sub = backend.subscriber();
+        // Two channels in two slots of one master.
+        let master = cluster.master_for_key("lock:audited_{0}");
+        let keys: Vec<String> = (0..200)
+            .map(|i| format!("lock:audited_{{{i}}}"))
+            .filter(|k| cluster.master_for_key(k) == master)
+            .take(2)
+            .collect();
+        let (heard, unheard) = (&keys[0], &keys[1]);
+        sub.subscribe(heard, true).await.unwrap();
+        assert_eq!(shard_numsub(&cluster, heard).await, 1);
+        {
+            let mut interest = sub.inner.interest();
+            let entry = interest.entry(unheard.clone()).or_default();
+            entry.add(true);
+            entry.confirm();
+        }
+        assert!(sub.listening(unheard));
+        assert_eq!(shard_numsub(&cluster, unheard).await, 0);
+
+        let since = Instant::now();
+        while shard_numsub(&cluster, unheard).await == 0 && since.elapsed() < Duration::from_secs(3)
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(
+            shard_numsub(&cluster, unheard).await,
+            1,
+            "a channel believed confirmed but not subscribed on the server stayed unheard for {:?}",
+            since.elapsed()
+        );
+        let back = Instant::now();
+        while !keys.iter().all(|k| sub.listening(k)) && back.elapsed() < Duration::from_secs(3) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(keys.iter().all(|k| sub.listening(k)), "not confirmed again");
+        assert_eq!(shard_numsub(&cluster, heard).await, 1);
+        // Dropping the interests leaves nothing behind.
+        for k in &keys {
+            sub.unsubscribe(k).await.unwrap();
+            assert_eq!(shard_numsub(&cluster, k).await, 0);
+        }
+        assert_eq!(sub.interests(), 0);
     }
 
     /// With (un)subscriptions no longer serialised per connection, every head whose
