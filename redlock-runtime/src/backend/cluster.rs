@@ -1185,8 +1185,8 @@ fn shard_subscriptions(info: &Value) -> Option<usize> {
 
 /// Every [`AUDIT_EVERY`], while some channel is confirmed: groups the confirmed
 /// channels by master (the slot map, fetched again when older than [`SLOT_MAP_AGE`];
-/// without one, by slot), audits the groups concurrently, and wakes and resubscribes
-/// the channels found lost.
+/// without one, by slot; again at once after a loss), audits the groups concurrently,
+/// and wakes and resubscribes the channels found lost.
 async fn auditor(inner: Weak<SubInner>, wake: Wake) {
     let mut map: Option<SlotMap> = None;
     // Ends when the subscriber is dropped or its waiters are gone.
@@ -1214,8 +1214,17 @@ async fn auditor(inner: Weak<SubInner>, wake: Wake) {
             };
             groups.entry(group).or_default().push(channel);
         }
-        let lost = join_all(groups.into_values().map(|g| sub.audit(g))).await;
-        for channel in lost.into_iter().flatten() {
+        let lost: Vec<String> = join_all(groups.into_values().map(|g| sub.audit(g)))
+            .await
+            .into_iter()
+            .flatten()
+            .collect();
+        if !lost.is_empty() {
+            // A moved slot also looks like a loss (its channels were counted against
+            // the old master): the next audit groups by a fresh map.
+            map = None;
+        }
+        for channel in lost {
             wake.wake(&channel);
             let _ = sub.resubscribe.send(channel);
         }
