@@ -835,7 +835,10 @@ async fn fetch_slot_map(con: &ClusterConnection, instead: &str) -> Option<SlotMa
     match reply.map(SlotMap::parse) {
         Ok(Some(map)) => Some(map),
         Ok(None) => {
-            tracing::debug!(backend = "cluster", "unexpected CLUSTER SLOTS reply; {instead}");
+            tracing::debug!(
+                backend = "cluster",
+                "unexpected CLUSTER SLOTS reply; {instead}"
+            );
             None
         }
         Err(e) => {
@@ -1202,7 +1205,10 @@ async fn auditor(inner: Weak<SubInner>, wake: Wake) {
         if confirmed.is_empty() {
             continue;
         }
-        if map.as_ref().is_none_or(|m| m.fetched.elapsed() >= SLOT_MAP_AGE) {
+        if map
+            .as_ref()
+            .is_none_or(|m| m.fetched.elapsed() >= SLOT_MAP_AGE)
+        {
             map = fetch_slot_map(&sub.con, "auditing by slot").await;
         }
         let mut groups: HashMap<u32, Vec<String>> = HashMap::new();
