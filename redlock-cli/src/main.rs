@@ -196,17 +196,23 @@ async fn release(locks: &LockManager, key: &str, shown: &str, yes: bool, json: b
     let info = match locks.inspect(key).await {
         Ok(Some(info)) => info,
         Ok(None) => {
-            eprintln!("redlock: nothing holds {shown}");
+            eprintln!("redlock: nothing holds {}", output::shown(shown));
             return Exit::NotFound;
         }
         Err(e) => return failed(&e),
     };
     if !yes {
         if !std::io::stdin().is_terminal() {
-            eprintln!("redlock: not a terminal to confirm on; pass --yes to release {shown}");
+            eprintln!(
+                "redlock: not a terminal to confirm on; pass --yes to release {}",
+                output::shown(shown)
+            );
             return Exit::Usage;
         }
-        eprint!("{info}\nForce-release it? Its holder loses it. [y/N] ");
+        eprint!(
+            "{}\nForce-release it? Its holder loses it. [y/N] ",
+            output::shown(&info.to_string())
+        );
         let _ = std::io::stderr().flush();
         let mut answer = String::new();
         let _ = std::io::stdin().lock().read_line(&mut answer);
@@ -221,9 +227,11 @@ async fn release(locks: &LockManager, key: &str, shown: &str, yes: bool, json: b
     };
     let (user, host, pid) = output::operator();
     eprintln!(
-        "redlock: force-released {} (held by {}) by {user} on {host}, pid {pid}",
-        info.key,
-        output::owner(&info)
+        "redlock: force-released {} (held by {}) by {} on {}, pid {pid}",
+        output::shown(&info.key),
+        output::owner(&info),
+        output::shown(&user),
+        output::shown(&host)
     );
     output::released(&info, released, json);
     if released {
@@ -242,7 +250,7 @@ fn failed(e: &LockError) -> Exit {
         message.push_str(&s.to_string());
         source = s.source();
     }
-    eprintln!("redlock: {message}");
+    eprintln!("redlock: {}", output::shown(&message));
     match e {
         LockError::InvalidKey { .. } | LockError::InvalidOption { .. } => Exit::Usage,
         _ => Exit::Backend,

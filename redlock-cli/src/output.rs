@@ -24,6 +24,33 @@ pub(crate) fn to_json(info: &LockInfo) -> Value {
     })
 }
 
+/// `text` made safe for a terminal: control characters (a newline in a key would forge
+/// a table row, an ESC would reach the operator's terminal) and the Unicode controls
+/// that reorder or hide what is shown (bidirectional overrides, zero-width characters)
+/// are written as escapes (`\n`, `\u{1b}`, `\u{202e}`). `--json` prints every string
+/// exactly, escaped by JSON's rules.
+pub(crate) fn shown(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() || hides(c) {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Format characters that change how the text around them is shown.
+fn hides(c: char) -> bool {
+    matches!(c,
+        '\u{200b}'..='\u{200f}'
+        | '\u{202a}'..='\u{202e}'
+        | '\u{2060}'..='\u{2064}'
+        | '\u{2066}'..='\u{2069}'
+        | '\u{feff}')
+}
+
 fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
@@ -32,8 +59,8 @@ fn ms(d: Duration) -> u64 {
 /// older version).
 pub(crate) fn owner(info: &LockInfo) -> String {
     match (&info.host, info.pid) {
-        (Some(host), Some(pid)) => format!("{host}:{pid}"),
-        _ => format!("holder {}", info.holder),
+        (Some(host), Some(pid)) => format!("{}:{pid}", shown(host)),
+        _ => format!("holder {}", shown(&info.holder)),
     }
 }
 
@@ -69,7 +96,7 @@ pub(crate) fn list(found: &[LockInfo], json: bool) {
         .iter()
         .map(|i| {
             [
-                i.key.clone(),
+                shown(&i.key),
                 i.kind.to_string(),
                 i.holders.to_string(),
                 cell(i.ttl, "none"),
@@ -108,9 +135,9 @@ pub(crate) fn inspect(key: &str, info: Option<&LockInfo>, json: bool) {
     match (info, json) {
         (Some(i), true) => println!("{}", to_json(i)),
         (None, true) => println!("null"),
-        (None, false) => println!("{key}: not held"),
+        (None, false) => println!("{}: not held", shown(key)),
         (Some(i), false) => {
-            println!("key            {}", i.key);
+            println!("key            {}", shown(&i.key));
             println!("kind           {}", i.kind);
             println!("holders        {}", i.holders);
             println!("owner          {}", owner(i));
@@ -129,7 +156,7 @@ pub(crate) fn inspect(key: &str, info: Option<&LockInfo>, json: bool) {
                 .fencing_token
                 .map_or_else(|| "unknown".to_owned(), |f| f.to_string());
             println!("fencing token  {fence}");
-            println!("holder digest  {}", i.holder);
+            println!("holder digest  {}", shown(&i.holder));
         }
     }
 }
@@ -146,9 +173,9 @@ pub(crate) fn released(info: &LockInfo, released: bool, json: bool) {
         });
         println!("{out}");
     } else if released {
-        println!("released {}", info.key);
+        println!("released {}", shown(&info.key));
     } else {
-        println!("{}: already free", info.key);
+        println!("{}: already free", shown(&info.key));
     }
 }
 
@@ -163,4 +190,23 @@ pub(crate) fn operator() -> (String, String, u32) {
         .map(|h| h.trim().to_owned())
         .unwrap_or_else(|| "unknown".to_owned());
     (user, host, std::process::id())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shown;
+
+    #[test]
+    fn what_would_act_on_a_terminal_is_shown_escaped() {
+        assert_eq!(shown("lock:buy_{42}"), "lock:buy_{42}");
+        assert_eq!(shown("a\nb\tc\r"), "a\\nb\\tc\\r");
+        assert_eq!(shown("\u{1b}[2J"), "\\u{1b}[2J");
+        assert_eq!(shown("\u{7f}\u{9b}"), "\\u{7f}\\u{9b}");
+        assert_eq!(shown("x\u{202e}gpj.exe"), "x\\u{202e}gpj.exe");
+        assert_eq!(shown("zero\u{200b}width"), "zero\\u{200b}width");
+        assert_eq!(
+            shown("gr\u{fc}\u{df}e \u{1f512}"),
+            "gr\u{fc}\u{df}e \u{1f512}"
+        );
+    }
 }

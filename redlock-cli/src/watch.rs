@@ -16,7 +16,7 @@ use futures_util::StreamExt;
 use redlock::{redis, LockInfo, LockManager};
 use serde_json::json;
 
-use crate::output::{human, owner, to_json};
+use crate::output::{human, owner, shown, to_json};
 use crate::{failed, Exit};
 
 /// What happened to the lock between two looks.
@@ -83,7 +83,7 @@ fn print(event: Event, info: &LockInfo, json: bool) {
     println!(
         "{} {} {} ({}{fence}, {ttl}) {}",
         event.name(),
-        info.key,
+        shown(&info.key),
         info.kind,
         owner(info),
         match info.holders {
@@ -127,7 +127,7 @@ pub(crate) async fn run(
     if let Some(info) = &seen {
         print(Event::Granted, info, json);
     } else if !json {
-        println!("{full}: not held; watching");
+        println!("{}: not held; watching", shown(&full));
     }
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);

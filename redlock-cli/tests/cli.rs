@@ -144,6 +144,55 @@ async fn list_prints_a_table_and_json() {
     drop((a, b, readers));
 }
 
+/// Issue 24, item 10: a key with a newline forged a table row and one with an ESC reached
+/// the operator's terminal. Every text output (list, inspect, watch, release and its
+/// log line on stderr) shows them escaped; `--json` keeps the key exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn text_output_escapes_control_characters() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let locks = manager(&server).await;
+    let key = "row\nlock:forged_{1}\u{1b}[2J\u{202e}";
+    let full = format!("lock:{key}");
+    let escaped = "lock:row\\nlock:forged_{1}\\u{1b}[2J\\u{202e}";
+    let g = locks.lock(key).await.unwrap();
+
+    let raw = |out: &Output| {
+        let all = [&out.stdout[..], &out.stderr[..]].concat();
+        assert!(
+            !all.contains(&0x1b) && !String::from_utf8_lossy(&all).contains('\u{202e}'),
+            "a control character reached the terminal: {all:?}"
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let table = raw(&run(&url, &["list"]).await);
+    assert_eq!(table.lines().count(), 2, "a header and one lock:\n{table}");
+    assert!(
+        table.lines().nth(1).unwrap().starts_with(escaped),
+        "{table}"
+    );
+    let json: Value = serde_json::from_slice(&run(&url, &["--json", "list"]).await.stdout).unwrap();
+    assert_eq!(json[0]["key"], full.as_str());
+
+    let inspected = raw(&run(&url, &["inspect", &full]).await);
+    assert!(
+        inspected.lines().next().unwrap().ends_with(escaped),
+        "{inspected}"
+    );
+    let watched = raw(&run(&url, &["watch", &full, "--for", "300ms"]).await);
+    assert_eq!(watched.lines().count(), 1, "{watched}");
+    assert!(watched.contains(escaped), "{watched}");
+
+    let released = run(&url, &["release", "--yes", &full]).await;
+    assert_eq!(released.status.code(), Some(0), "{released:?}");
+    let said = raw(&released);
+    assert_eq!(said.trim(), format!("released {escaped}"));
+    assert!(String::from_utf8_lossy(&released.stderr).contains(escaped));
+    assert!(tokio::time::timeout(Duration::from_secs(10), g.lost())
+        .await
+        .is_ok());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inspect_shows_the_owner_or_exits_1() {
     let server = RedisServer::start();
