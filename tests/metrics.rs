@@ -163,12 +163,38 @@ async fn acquire_wait_hold_release_and_gauges_in_memory() {
     assert_eq!(seen.samples("redlock_wait_seconds", &wait).len(), 1);
     assert_eq!(seen.gauge("redlock_held", &[("kind", "exclusive")]), 1.0);
 
-    // One attempt on a held key, then a wait that runs out: two timeouts, each with a
-    // wait sample.
+    // Single attempts on a held key are `busy` (issue 24, item 3: a skip is not a
+    // timeout), with no wait sample; a wait that runs out is a timeout, with one.
     assert!(locks
         .lock_with("m_{1}", orders().wait(Duration::ZERO))
         .await
         .is_err());
+    assert!(locks
+        .try_lock_with("m_{1}", orders())
+        .await
+        .unwrap()
+        .is_none());
+    assert!(locks
+        .try_write_with("m_{1}", orders())
+        .await
+        .unwrap()
+        .is_none());
+    assert!(locks
+        .try_read_with("m_{1}", orders())
+        .await
+        .unwrap()
+        .is_none());
+    assert!(locks
+        .try_lock_all_with(["m_{1}", "m_{2}"], orders())
+        .await
+        .unwrap()
+        .is_none());
+    let busy = [
+        ("outcome", "busy"),
+        ("backend", "memory"),
+        ("name", "orders"),
+    ];
+    assert_eq!(seen.counter(ACQUIRE, &busy), 5);
     let err = locks
         .lock_with("m_{1}", orders().wait(Duration::from_millis(50)))
         .await
@@ -179,8 +205,8 @@ async fn acquire_wait_hold_release_and_gauges_in_memory() {
         ("backend", "memory"),
         ("name", "orders"),
     ];
-    assert_eq!(seen.counter(ACQUIRE, &timeout), 2);
-    assert_eq!(seen.samples("redlock_wait_seconds", &wait).len(), 3);
+    assert_eq!(seen.counter(ACQUIRE, &timeout), 1);
+    assert_eq!(seen.samples("redlock_wait_seconds", &wait).len(), 2);
 
     // A waiter fills the queue (redlock_waiters); the next caller is turned away.
     let waiter = {
@@ -249,6 +275,19 @@ async fn acquire_wait_hold_release_and_gauges_in_memory() {
         );
         assert_eq!(seen.gauge("redlock_held", &[("kind", kind)]), 0.0, "{kind}");
     }
+    // A full permit turns a single attempt away as `busy`.
+    let place = locks
+        .try_permit_with("skip_{1}", 1, orders())
+        .await
+        .unwrap();
+    assert!(place.is_some());
+    assert!(locks
+        .try_permit_with("skip_{1}", 1, orders())
+        .await
+        .unwrap()
+        .is_none());
+    let busy_permit = [("outcome", "busy"), ("kind", "permit"), ("name", "orders")];
+    assert_eq!(seen.counter(ACQUIRE, &busy_permit), 1);
 }
 
 #[tokio::test]

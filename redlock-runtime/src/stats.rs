@@ -3,7 +3,7 @@
 //!
 //! | name | kind | labels |
 //! |---|---|---|
-//! | `redlock_acquire_total` | counter | `outcome` (`acquired`, `timeout`, `queue_full`, `error`), `kind`, `backend`, `name` |
+//! | `redlock_acquire_total` | counter | `outcome` (`acquired`, `busy`, `timeout`, `queue_full`, `error`), `kind`, `backend`, `name` |
 //! | `redlock_release_total` | counter | `outcome` (`released`, `lost`, `error`) |
 //! | `redlock_renewals_total` | counter | `outcome` (`renewed`, `lost`, `error`) |
 //! | `redlock_lost_total` | counter | `reason` (`expired`, `taken`) |
@@ -14,8 +14,9 @@
 //!
 //! `kind` is `exclusive`, `read` or `permit`; `backend` is `memory`, `single`,
 //! `cluster` or `redlock`; `name` is [`LockOptions::name`](crate::LockOptions::name)
-//! (`""` when unset), never the key. An acquisition that was granted or timed out
-//! records a wait sample; each lock records one hold sample when it is released or lost.
+//! (`""` when unset), never the key. `busy` is a single attempt (`try_*`, or a zero
+//! `wait`) that found the key held; `timeout` a wait that ran out. An acquisition that
+//! was granted or timed out records a wait sample; each lock records one hold sample when it is released or lost.
 //!
 //! Without the feature every function here is empty and every type zero-sized, so the
 //! lock path pays nothing for them.
@@ -23,6 +24,7 @@
 use std::borrow::Cow;
 use std::time::Instant;
 
+use crate::options::Resolved;
 use crate::{LockError, LockKind};
 
 /// Why a lock was lost, for logs and `redlock_lost_total{reason}`.
@@ -74,11 +76,13 @@ pub(crate) enum Renewing {
     Error,
 }
 
-/// The `acquire_total` outcome of an acquisition's result.
+/// The `acquire_total` outcome of an acquisition's result (`once`: a single attempt,
+/// with no wait).
 #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
-fn outcome<T>(result: &Result<T, LockError>) -> &'static str {
+fn outcome<T>(result: &Result<T, LockError>, once: bool) -> &'static str {
     match result {
         Ok(_) => "acquired",
+        Err(LockError::Timeout { .. }) if once => "busy",
         Err(LockError::Timeout { .. }) => "timeout",
         Err(LockError::QueueFull { .. }) => "queue_full",
         Err(_) => "error",
@@ -109,16 +113,17 @@ mod on {
         }
     }
 
-    /// Counts an acquisition (started at `started`) and, when it was granted or timed
-    /// out, records how long it waited.
+    /// Counts an acquisition (with `opts`, started at `started`) and, when it was
+    /// granted or timed out, records how long it waited.
     pub(crate) fn acquisition<T>(
         result: &Result<T, LockError>,
         kind: LockKind,
         backend: &'static str,
-        name: &Name,
+        opts: &Resolved,
         started: Instant,
     ) {
-        let outcome = outcome(result);
+        let outcome = outcome(result, opts.wait.is_zero());
+        let name = &opts.name;
         let kind = kind_label(kind);
         counter!(
             "redlock_acquire_total",
@@ -224,7 +229,7 @@ mod on {
         _: &Result<T, LockError>,
         _: LockKind,
         _: &'static str,
-        _: &Name,
+        _: &Resolved,
         _: Instant,
     ) {
     }

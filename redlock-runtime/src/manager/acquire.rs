@@ -148,13 +148,7 @@ impl LockManager {
         }
         .instrument(span.clone())
         .await;
-        stats::acquisition(
-            &result,
-            mode.kind(),
-            self.backend_name(),
-            &opts.name,
-            started,
-        );
+        stats::acquisition(&result, mode.kind(), self.backend_name(), &opts, started);
         if let Ok(guard) = &result {
             span.record("fencing_token", guard.fencing_token());
             let waited = started.elapsed();
@@ -195,7 +189,7 @@ impl LockManager {
                             &granted,
                             LockKind::Exclusive,
                             self.backend_name(),
-                            &opts.name,
+                            &opts,
                             started,
                         );
                     }
@@ -206,7 +200,7 @@ impl LockManager {
                         &together,
                         LockKind::Exclusive,
                         self.backend_name(),
-                        &opts.name,
+                        &opts,
                         started,
                     );
                 }

@@ -9,7 +9,7 @@ use crate::{LockError, LockGuard, LockOptions, MultiGuard};
 
 /// `Ok(None)` for a [`LockError::Timeout`]: what the `try_` calls return when the key is
 /// held.
-fn optional<G>(result: Result<G, LockError>) -> Result<Option<G>, LockError> {
+pub(super) fn optional<G>(result: Result<G, LockError>) -> Result<Option<G>, LockError> {
     match result {
         Ok(guard) => Ok(Some(guard)),
         Err(LockError::Timeout { .. }) => Ok(None),
@@ -18,7 +18,7 @@ fn optional<G>(result: Result<G, LockError>) -> Result<Option<G>, LockError> {
 }
 
 /// `options` with a zero wait: one attempt.
-fn once(options: LockOptions) -> LockOptions {
+pub(super) fn once(options: LockOptions) -> LockOptions {
     options.wait(Duration::ZERO)
 }
 
@@ -73,6 +73,40 @@ impl LockManager {
     /// ```
     pub async fn try_read(&self, key: &str) -> Result<Option<LockGuard>, LockError> {
         optional(self.read_with(key, once(LockOptions::new())).await)
+    }
+
+    /// One attempt at [`read_with`](Self::read_with) (the options' `wait` is ignored):
+    /// `Ok(None)` when a writer holds the key or waits for it, counted as the metrics
+    /// outcome `busy`.
+    ///
+    /// # Errors
+    /// As [`read_with`](Self::read_with), without `Timeout` and `QueueFull`.
+    ///
+    /// # Cancel safety
+    /// As [`lock`](Self::lock).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use std::time::Duration;
+    ///
+    /// use redlock::{LockManager, LockOptions};
+    ///
+    /// let locks = LockManager::builder().in_memory().build().await?;
+    /// let short = LockOptions::new().ttl(Duration::from_secs(5));
+    /// let reader = locks.try_read_with("report_{7}", short.clone()).await?;
+    /// assert!(reader.is_some());
+    /// assert!(locks.try_write_with("report_{7}", short).await?.is_none());
+    /// # Ok(()) }
+    /// ```
+    pub async fn try_read_with(
+        &self,
+        key: &str,
+        options: LockOptions,
+    ) -> Result<Option<LockGuard>, LockError> {
+        optional(self.read_with(key, once(options)).await)
     }
 
     /// [`read`](Self::read) with per-call options.
@@ -156,6 +190,40 @@ impl LockManager {
         self.try_lock(key).await
     }
 
+    /// One attempt at [`write_with`](Self::write_with) (the options' `wait` is
+    /// ignored): `Ok(None)` when a writer or readers hold the key, counted as the
+    /// metrics outcome `busy`.
+    ///
+    /// # Errors
+    /// As [`write_with`](Self::write_with), without `Timeout` and `QueueFull`.
+    ///
+    /// # Cancel safety
+    /// As [`lock`](Self::lock).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use std::time::Duration;
+    ///
+    /// use redlock::{LockManager, LockOptions};
+    ///
+    /// let locks = LockManager::builder().in_memory().build().await?;
+    /// let refresh = LockOptions::new().ttl(Duration::from_secs(10));
+    /// let writer = locks.try_write_with("cache_{1}", refresh.clone()).await?;
+    /// assert!(writer.is_some());
+    /// assert!(locks.try_write_with("cache_{1}", refresh).await?.is_none());
+    /// # Ok(()) }
+    /// ```
+    pub async fn try_write_with(
+        &self,
+        key: &str,
+        options: LockOptions,
+    ) -> Result<Option<LockGuard>, LockError> {
+        self.try_lock_with(key, options).await
+    }
+
     /// [`write`](Self::write) with per-call options.
     ///
     /// # Errors
@@ -234,6 +302,42 @@ impl LockManager {
     /// ```
     pub async fn try_permit(&self, key: &str, n: u32) -> Result<Option<LockGuard>, LockError> {
         optional(self.permit_with(key, n, once(LockOptions::new())).await)
+    }
+
+    /// One attempt at [`permit_with`](Self::permit_with) (the options' `wait` is
+    /// ignored): `Ok(None)` when all `n` places are taken, counted as the metrics
+    /// outcome `busy`.
+    ///
+    /// # Errors
+    /// As [`permit_with`](Self::permit_with), without `Timeout` and `QueueFull`.
+    ///
+    /// # Cancel safety
+    /// As [`lock`](Self::lock).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use std::time::Duration;
+    ///
+    /// use redlock::{LockManager, LockOptions};
+    ///
+    /// let locks = LockManager::builder().in_memory().build().await?;
+    /// let export = LockOptions::new().ttl(Duration::from_secs(60));
+    /// let first = locks.try_permit_with("exports", 2, export.clone()).await?;
+    /// let second = locks.try_permit_with("exports", 2, export.clone()).await?;
+    /// assert!(first.is_some() && second.is_some());
+    /// assert!(locks.try_permit_with("exports", 2, export).await?.is_none());
+    /// # Ok(()) }
+    /// ```
+    pub async fn try_permit_with(
+        &self,
+        key: &str,
+        n: u32,
+        options: LockOptions,
+    ) -> Result<Option<LockGuard>, LockError> {
+        optional(self.permit_with(key, n, once(options)).await)
     }
 
     /// [`permit`](Self::permit) with per-call options.
@@ -329,6 +433,48 @@ impl LockManager {
         K: AsRef<str>,
     {
         optional(self.lock_all_with(keys, once(LockOptions::new())).await)
+    }
+
+    /// One attempt at [`lock_all_with`](Self::lock_all_with) (the options' `wait` is
+    /// ignored): `Ok(None)` when a key is held, counted as the metrics outcome `busy`;
+    /// no key is held then.
+    ///
+    /// # Errors
+    /// As [`lock_all_with`](Self::lock_all_with), without `Timeout` and `QueueFull`.
+    ///
+    /// # Cancel safety
+    /// As [`lock`](Self::lock).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use std::time::Duration;
+    ///
+    /// use redlock::{LockManager, LockOptions};
+    ///
+    /// let locks = LockManager::builder().in_memory().build().await?;
+    /// let transfer = LockOptions::new().ttl(Duration::from_secs(5));
+    /// let one = locks.lock("account_{17}").await?;
+    /// let both = locks
+    ///     .try_lock_all_with(["account_{42}", "account_{17}"], transfer)
+    ///     .await?;
+    /// assert!(both.is_none());
+    /// assert!(!locks.is_locked("account_{42}").await?); // nothing held meanwhile
+    /// # drop(one);
+    /// # Ok(()) }
+    /// ```
+    pub async fn try_lock_all_with<I, K>(
+        &self,
+        keys: I,
+        options: LockOptions,
+    ) -> Result<Option<MultiGuard>, LockError>
+    where
+        I: IntoIterator<Item = K>,
+        K: AsRef<str>,
+    {
+        optional(self.lock_all_with(keys, once(options)).await)
     }
 
     /// [`lock_all`](Self::lock_all) with per-call options, which apply to every key;

@@ -230,14 +230,46 @@ impl LockManager {
     /// # Ok(()) }
     /// ```
     pub async fn try_lock(&self, key: &str) -> Result<Option<LockGuard>, LockError> {
-        match self
-            .lock_with(key, LockOptions::new().wait(Duration::ZERO))
-            .await
-        {
-            Ok(guard) => Ok(Some(guard)),
-            Err(LockError::Timeout { .. }) => Ok(None),
-            Err(e) => Err(e),
-        }
+        self.try_lock_with(key, LockOptions::new()).await
+    }
+
+    /// One attempt with explicit options (their `wait` is ignored): `Ok(None)` when
+    /// someone else holds the lock, counted as the metrics outcome `busy`. With
+    /// [`hold_at_least`](LockOptions::hold_at_least) it is the "skip if it ran
+    /// elsewhere" pattern of scheduled jobs: the first instance runs the job, the others
+    /// skip it, and the lock outlives a quick run so that a late instance skips too.
+    ///
+    /// # Errors
+    /// As [`lock_with`](Self::lock_with), without `Timeout` and `QueueFull`.
+    ///
+    /// # Cancel safety
+    /// As [`lock`](Self::lock).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use std::time::Duration;
+    ///
+    /// use redlock::{LockManager, LockOptions};
+    ///
+    /// let locks = LockManager::builder().in_memory().build().await?;
+    /// let nightly = LockOptions::new().hold_at_least(Duration::from_secs(60));
+    /// if let Some(job) = locks.try_lock_with("nightly_report", nightly.clone()).await? {
+    ///     // ... the report runs here, once ...
+    ///     job.release().await?; // kept until a minute after it started
+    /// }
+    /// // Another instance, a second later: skipped.
+    /// assert!(locks.try_lock_with("nightly_report", nightly).await?.is_none());
+    /// # Ok(()) }
+    /// ```
+    pub async fn try_lock_with(
+        &self,
+        key: &str,
+        options: LockOptions,
+    ) -> Result<Option<LockGuard>, LockError> {
+        kinds::optional(self.lock_with(key, kinds::once(options)).await)
     }
 
     /// Acquires `key` with explicit options.
