@@ -19,8 +19,11 @@ use tracing_subscriber::Layer;
 #[derive(Debug, Clone)]
 struct Captured {
     level: tracing::Level,
+    target: String,
     message: String,
     fields: HashMap<String, String>,
+    /// The fields of the spans the event is in (names only), innermost first.
+    span_fields: Vec<String>,
 }
 
 impl Captured {
@@ -45,6 +48,10 @@ impl Capture {
     /// Installs the layer for this thread until the guard drops.
     fn install(&self) -> tracing::subscriber::DefaultGuard {
         tracing::subscriber::set_default(tracing_subscriber::registry().with(self.clone()))
+    }
+
+    fn all(&self) -> Vec<Captured> {
+        self.0.lock().unwrap().clone()
     }
 
     fn with_message(&self, message: &str) -> Vec<Captured> {
@@ -80,14 +87,64 @@ impl Visit for Fields<'_> {
     }
 }
 
-impl<S: tracing::Subscriber> Layer<S> for Capture {
-    fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
+/// The names of a span's fields that were given a value.
+struct SpanFields(Vec<String>);
+
+struct Names<'a>(&'a mut Vec<String>);
+
+impl Visit for Names<'_> {
+    fn record_debug(&mut self, field: &Field, _: &dyn fmt::Debug) {
+        self.0.push(field.name().to_owned());
+    }
+}
+
+impl<S> Layer<S> for Capture
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    fn on_new_span(
+        &self,
+        attrs: &tracing::span::Attributes<'_>,
+        id: &tracing::span::Id,
+        ctx: Context<'_, S>,
+    ) {
+        let mut names = Vec::new();
+        attrs.record(&mut Names(&mut names));
+        if let Some(span) = ctx.span(id) {
+            span.extensions_mut().insert(SpanFields(names));
+        }
+    }
+
+    fn on_record(
+        &self,
+        id: &tracing::span::Id,
+        values: &tracing::span::Record<'_>,
+        ctx: Context<'_, S>,
+    ) {
+        if let Some(span) = ctx.span(id) {
+            let mut ext = span.extensions_mut();
+            if let Some(SpanFields(names)) = ext.get_mut::<SpanFields>() {
+                values.record(&mut Names(names));
+            }
+        }
+    }
+
+    fn on_event(&self, event: &tracing::Event<'_>, ctx: Context<'_, S>) {
         let mut captured = Captured {
             level: *event.metadata().level(),
+            target: event.metadata().target().to_owned(),
             message: String::new(),
             fields: HashMap::new(),
+            span_fields: Vec::new(),
         };
         event.record(&mut Fields(&mut captured));
+        if let Some(scope) = ctx.event_scope(event) {
+            for span in scope {
+                if let Some(SpanFields(names)) = span.extensions().get::<SpanFields>() {
+                    captured.span_fields.extend(names.iter().cloned());
+                }
+            }
+        }
         self.0.lock().unwrap().push(captured);
     }
 }
@@ -205,4 +262,72 @@ async fn slow_acquisition_event_has_key_and_backend_and_a_configurable_threshold
         .unwrap();
     release.await.unwrap();
     assert_eq!(capture.with_message("slow lock acquisition").len(), 1);
+}
+
+/// Issue 24, item 6: events were under the target `redlock_runtime::…` (so the filter
+/// users wrote for the crate they depend on showed nothing), a healthy run logged
+/// nothing at debug, and events repeated their spans' fields. Every event is under the
+/// target `redlock`; each acquire and release logs a debug line with key, kind, fencing
+/// token and outcome; no event repeats a field of a span it is in.
+#[tokio::test]
+async fn every_event_is_under_the_redlock_target_with_a_line_per_acquire_and_release() {
+    let capture = Capture::default();
+    let _guard = capture.install();
+    let locks = LockManager::builder().in_memory().build().await.unwrap();
+    let exclusive = locks.lock("logged_{1}").await.unwrap();
+    assert!(locks.try_lock("logged_{1}").await.unwrap().is_none());
+    let reader = locks.read("logged_{2}").await.unwrap();
+    let permit = locks.permit("logged_{3}", 2).await.unwrap();
+    let tokens = [
+        ("lock:logged_{1}", "exclusive", exclusive.fencing_token()),
+        ("lock:logged_{2}", "read", reader.fencing_token()),
+        ("lock:logged_{3}", "permit", permit.fencing_token()),
+    ];
+    exclusive.release().await.unwrap();
+    reader.release().await.unwrap();
+    drop(permit); // released in the background
+    let until = Instant::now() + Duration::from_secs(5);
+    while capture.with_message("lock released").len() < 3 && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    let all = capture.all();
+    assert!(!all.is_empty());
+    for event in &all {
+        assert_eq!(event.target, "redlock", "{}", event.line());
+        let repeated: Vec<&String> = event
+            .span_fields
+            .iter()
+            .filter(|f| event.fields.contains_key(*f))
+            .collect();
+        assert!(
+            repeated.is_empty(),
+            "{} repeats its span's {repeated:?}",
+            event.line()
+        );
+    }
+    let acquired = capture.with_message("lock acquired");
+    let released = capture.with_message("lock released");
+    for (key, kind, token) in tokens {
+        for (lines, outcome) in [(&acquired, "acquired"), (&released, "released")] {
+            let line = lines
+                .iter()
+                .find(|e| e.field("key") == Some(key))
+                .unwrap_or_else(|| panic!("no {outcome} line for {key}: {all:#?}"));
+            assert_eq!(line.level, tracing::Level::DEBUG);
+            assert_eq!(line.field("kind"), Some(kind), "{}", line.line());
+            assert_eq!(line.field("outcome"), Some(outcome), "{}", line.line());
+            assert_eq!(
+                line.field("fencing_token"),
+                Some(token.to_string().as_str()),
+                "{}",
+                line.line()
+            );
+            assert_eq!(line.field("backend"), Some("memory"), "{}", line.line());
+        }
+    }
+    let busy = capture.with_message("lock not acquired");
+    assert_eq!(busy.len(), 1, "{busy:#?}");
+    assert_eq!(busy[0].field("outcome"), Some("busy"));
+    assert_eq!(busy[0].field("key"), Some("lock:logged_{1}"));
 }

@@ -192,11 +192,6 @@ impl LockKey {
             [prefix, "{", self.full.as_str(), "}", suffix].concat()
         }
     }
-
-    /// Gives back the full key string.
-    pub(crate) fn into_full(self) -> String {
-        self.full
-    }
 }
 
 /// Checks that every key under `prefix` can have its slot's counter under `prefix` too.

@@ -41,7 +41,7 @@ use tokio_util::sync::CancellationToken;
 use crate::backend::{LeaseRef, Renewal, ReplicaWait};
 use crate::key::LockKey;
 use crate::kind::Mode;
-use crate::stats::{self, Hold, Loss};
+use crate::stats::{self, Hold, Loss, Release};
 use crate::token::Token;
 
 static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
@@ -103,6 +103,21 @@ pub(crate) struct Lease {
 }
 
 impl Lease {
+    /// Books how a release of this lease ended: the metrics' count, and a debug line
+    /// with the key, kind, fencing token and outcome.
+    pub(crate) fn book_release(&self, backend: &'static str, outcome: Release) {
+        stats::release(outcome);
+        tracing::debug!(
+            target: "redlock",
+            key = self.key.full(),
+            kind = %self.mode.kind(),
+            backend,
+            fencing_token = self.fence,
+            outcome = outcome.name(),
+            "lock released"
+        );
+    }
+
     /// A lease acquired by a request sent at `sent`.
     pub(crate) fn new(
         id: u64,
@@ -275,6 +290,7 @@ impl Lease {
             self.hold.end();
             stats::lost(loss);
             tracing::warn!(
+                target: "redlock",
                 key = self.key.full(),
                 backend = self.backend,
                 fencing_token = self.fence,

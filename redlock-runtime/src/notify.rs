@@ -388,7 +388,7 @@ impl Subscriber {
                 return;
             }
             if let Err(e) = con.unsubscribe(&key).await {
-                tracing::debug!(key, backend, error = %chain(&e), "unsubscribe failed");
+                tracing::debug!(target: "redlock", key, backend, error = %chain(&e), "unsubscribe failed");
             }
         });
     }
@@ -416,6 +416,7 @@ pub(crate) fn push_handler(
             PushKind::Disconnection | PushKind::Subscribe if retired() => {}
             PushKind::Disconnection => {
                 tracing::debug!(
+                    target: "redlock",
                     backend,
                     "subscriber reconnecting: polling until resubscribed"
                 );

@@ -65,6 +65,17 @@ pub(crate) enum Release {
     Error,
 }
 
+impl Release {
+    /// The outcome's name, as in metrics and logs.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::Released => "released",
+            Self::Lost => "lost",
+            Self::Error => "error",
+        }
+    }
+}
+
 /// How one lock's renewal ended, for `redlock_renewals_total{outcome}`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Renewing {
@@ -77,9 +88,8 @@ pub(crate) enum Renewing {
 }
 
 /// The `acquire_total` outcome of an acquisition's result (`once`: a single attempt,
-/// with no wait).
-#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
-fn outcome<T>(result: &Result<T, LockError>, once: bool) -> &'static str {
+/// with no wait), as in metrics and logs.
+pub(crate) fn outcome<T>(result: &Result<T, LockError>, once: bool) -> &'static str {
     match result {
         Ok(_) => "acquired",
         Err(LockError::Timeout { .. }) if once => "busy",
@@ -141,12 +151,7 @@ mod on {
 
     /// Counts a release request's outcome.
     pub(crate) fn release(outcome: Release) {
-        let outcome = match outcome {
-            Release::Released => "released",
-            Release::Lost => "lost",
-            Release::Error => "error",
-        };
-        counter!("redlock_release_total", "outcome" => outcome).increment(1);
+        counter!("redlock_release_total", "outcome" => outcome.name()).increment(1);
     }
 
     /// Counts one lock's renewal outcome.

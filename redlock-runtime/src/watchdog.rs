@@ -374,7 +374,7 @@ async fn handle(shared: Arc<Shared>, job: Job) -> bool {
             if outcome == Release::Lost && !lease.was_lost() {
                 stats::lost(Loss::Taken);
             }
-            stats::release(outcome);
+            lease.book_release(shared.backend.name(), outcome);
         }
         Job::Abandon(key, token, mode) => {
             let lease = LeaseRef::new(&key, token, mode);
@@ -383,6 +383,7 @@ async fn handle(shared: Arc<Shared>, job: Job) -> bool {
         Job::Withdraw(key, waiter) => {
             if let Err(e) = shared.backend.withdraw(&key, waiter).await {
                 tracing::debug!(
+                    target: "redlock",
                     key = key.full(),
                     backend = shared.backend.name(),
                     error = %chain(&e),
@@ -393,6 +394,7 @@ async fn handle(shared: Arc<Shared>, job: Job) -> bool {
         Job::Unsubscribe(key) => {
             if let Err(e) = shared.backend.unsubscribe(&key).await {
                 tracing::debug!(
+                    target: "redlock",
                     key,
                     backend = shared.backend.name(),
                     error = %chain(&e),
@@ -421,7 +423,7 @@ async fn release(shared: &Shared, lease: LeaseRef<'_>, keep: impl Fn() -> Durati
         if let Some(pause) = pause {
             tokio::time::sleep(pause).await;
         }
-        let span = tracing::debug_span!("redlock.release", key = key.full(), backend);
+        let span = tracing::debug_span!(target: "redlock", "redlock.release");
         match shared.backend.release(lease, keep()).instrument(span).await {
             Ok(true) => {
                 shared.waiters.wake(key.full());
@@ -429,6 +431,7 @@ async fn release(shared: &Shared, lease: LeaseRef<'_>, keep: impl Fn() -> Durati
             }
             Ok(false) => return Release::Lost,
             Err(e) => tracing::debug!(
+                target: "redlock",
                 key = key.full(),
                 backend,
                 error = %chain(&e),
@@ -437,6 +440,7 @@ async fn release(shared: &Shared, lease: LeaseRef<'_>, keep: impl Fn() -> Durati
         }
     }
     tracing::warn!(
+        target: "redlock",
         key = key.full(),
         backend,
         "background release failed; the ttl will free the lock"
@@ -464,15 +468,12 @@ impl std::fmt::Display for Keys<'_> {
 async fn renew(shared: Arc<Shared>, due: Vec<Due>) -> bool {
     let sent = lease::now();
     let batch: Vec<Renewal<'_>> = due.iter().map(|d| d.lease.renewal(d.ttl)).collect();
-    let span = tracing::debug_span!(
-        "redlock.renew",
-        backend = shared.backend.name(),
-        locks = batch.len()
-    );
+    let span = tracing::debug_span!(target: "redlock", "redlock.renew", locks = batch.len());
     let outcomes = match shared.backend.renew(&batch).instrument(span).await {
         Ok(outcomes) => outcomes,
         Err(e) => {
             tracing::warn!(
+                target: "redlock",
                 keys = %Keys(&due),
                 locks = due.len(),
                 backend = shared.backend.name(),

@@ -402,6 +402,7 @@ impl ClusterBackend {
                 .collect()),
             Err(e) => {
                 tracing::debug!(
+                    target: "redlock",
                     backend = "cluster",
                     error = %chain(&e),
                     calls = calls.len(),
@@ -527,6 +528,7 @@ impl ClusterBackend {
             Some(e) if failed == total => Err(e),
             Some(e) => {
                 tracing::warn!(
+                    target: "redlock",
                     backend = "cluster",
                     failed,
                     of = total,
@@ -836,6 +838,7 @@ async fn fetch_slot_map(con: &ClusterConnection, instead: &str) -> Option<SlotMa
         Ok(Some(map)) => Some(map),
         Ok(None) => {
             tracing::debug!(
+                target: "redlock",
                 backend = "cluster",
                 "unexpected CLUSTER SLOTS reply; {instead}"
             );
@@ -843,6 +846,7 @@ async fn fetch_slot_map(con: &ClusterConnection, instead: &str) -> Option<SlotMa
         }
         Err(e) => {
             tracing::debug!(
+                target: "redlock",
                 backend = "cluster",
                 error = %chain(&e),
                 "CLUSTER SLOTS failed; {instead}"
@@ -1080,6 +1084,7 @@ impl SubInner {
             return Vec::new();
         }
         tracing::debug!(
+            target: "redlock",
             backend = "cluster",
             held,
             believed = still.len(),
@@ -1146,6 +1151,7 @@ async fn dispatch(
             }
             PushKind::Disconnection => {
                 tracing::debug!(
+                    target: "redlock",
                     backend = "cluster",
                     "cluster subscriber reconnecting: waking every waiter and resubscribing"
                 );
@@ -1158,6 +1164,7 @@ async fn dispatch(
                 Some(channel) => {
                     if inner.lose(&channel) {
                         tracing::debug!(
+                            target: "redlock",
                             key = channel,
                             backend = "cluster",
                             "shard channel unsubscribed by the server; resubscribing"
@@ -1274,6 +1281,7 @@ async fn resubscriber(
                 Ok(false) => {}
                 Err(e) => {
                     tracing::debug!(
+                        target: "redlock",
                         key = channel,
                         backend = "cluster",
                         error = %chain(&e),

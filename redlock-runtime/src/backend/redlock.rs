@@ -609,6 +609,7 @@ impl RedlockBackend {
     fn unavailable(&self, key: &LockKey, reached: usize, error: Option<&LockError>) -> LockError {
         if let Some(e) = error {
             tracing::debug!(
+                target: "redlock",
                 key = key.full(),
                 backend = "redlock",
                 error = %chain(e),
@@ -803,6 +804,7 @@ impl RedlockBackend {
                 async move {
                     if let Err(e) = zrem.query_async::<i64>(&mut con).await {
                         tracing::debug!(
+                            target: "redlock",
                             key,
                             backend = "redlock",
                             node = node.addr(),
@@ -921,6 +923,7 @@ impl RedlockBackend {
             Some(fence)
         } else {
             tracing::debug!(
+                target: "redlock",
                 key = key.full(),
                 backend = "redlock",
                 "redlock: too few nodes vouch for the fencing token"
@@ -1554,6 +1557,7 @@ impl RedlockBackend {
                     return Ok(Contest::Won(fences));
                 }
                 tracing::debug!(
+                    target: "redlock",
                     key = first.full(),
                     backend = "redlock",
                     elapsed = ?started.elapsed(),
@@ -2141,6 +2145,7 @@ async fn resubscribe(nodes: Arc<[SingleBackend]>, i: usize, channel: Arc<str>) {
         }
     }
     tracing::debug!(
+        target: "redlock",
         key = &*channel,
         backend = "redlock",
         node = node.addr(),
@@ -2265,6 +2270,7 @@ async fn release_until_confirmed(
         }
     }
     tracing::debug!(
+        target: "redlock",
         key = key.full(),
         backend = "redlock",
         node = node.addr(),

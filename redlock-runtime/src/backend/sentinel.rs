@@ -137,7 +137,7 @@ impl SentinelBackend {
         let channels = Arc::new(Channels::default());
         let candidates = ask_sentinels(&master, &sentinels, &node, timeouts).await?;
         let backend = connect_master(candidates, timeouts, &wake, &channels, 0).await?;
-        tracing::info!(master, addr = backend.addr(), "sentinel: master found");
+        tracing::info!(target: "redlock", master, addr = backend.addr(), "sentinel: master found");
         let (stop, stopped) = oneshot::channel();
         let inner = Arc::new(Inner {
             master,
@@ -207,6 +207,7 @@ impl Inner {
             Ok(Some(backend)) => self.move_to(*backend, &current, why),
             Ok(None) => {}
             Err(e) => tracing::debug!(
+                target: "redlock",
                 master = self.master,
                 why,
                 error = %chain(&e),
@@ -219,6 +220,7 @@ impl Inner {
     fn move_to(&self, backend: SingleBackend, old: &Master, why: &'static str) {
         let generation = old.generation + 1;
         tracing::warn!(
+            target: "redlock",
             master = self.master,
             from = old.backend.addr(),
             to = backend.addr(),
@@ -238,7 +240,7 @@ impl Inner {
             // Bounded by the connection's response timeout.
             tokio::spawn(async move {
                 if let Err(e) = master.backend.subscriber().send_subscribe(&key).await {
-                    tracing::debug!(key, backend = NAME, error = %chain(&e), "resubscribe failed");
+                    tracing::debug!(target: "redlock", key, backend = NAME, error = %chain(&e), "resubscribe failed");
                 }
             });
         }

@@ -555,6 +555,7 @@ where
                     return;
                 };
                 tracing::debug!(
+                    target: "redlock",
                     key,
                     backend,
                     error = %chain(e),
@@ -565,6 +566,7 @@ where
             }
             if outcome.is_err() {
                 tracing::debug!(
+                    target: "redlock",
                     key,
                     backend,
                     "undo of a WAIT acquire failed; the ttl will free the lock"
@@ -939,6 +941,7 @@ pub(crate) fn chunk_outcomes(
             .collect(),
         Some(flags) => {
             tracing::warn!(
+                target: "redlock",
                 backend,
                 locks = len,
                 answers = flags.len(),

@@ -26,6 +26,7 @@ fn release(guard: LockGuard) -> Release {
         match guard.release().await {
             Ok(()) => {}
             Err(LockError::Lost { .. }) => tracing::warn!(
+                target: "redlock",
                 key,
                 backend,
                 fencing_token,
@@ -33,6 +34,7 @@ fn release(guard: LockGuard) -> Release {
             ),
             // The ttl frees the lock.
             Err(error) => tracing::warn!(
+                target: "redlock",
                 key,
                 backend,
                 fencing_token,

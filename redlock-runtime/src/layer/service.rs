@@ -103,9 +103,9 @@ where
 fn rejected(key: Option<&str>, backend: &'static str, error: &LockError) {
     let status = error.status_code().as_u16();
     if error.is_retryable() || matches!(error, LockError::InvalidKey { .. }) {
-        tracing::debug!(key, backend, error = %chain(error), status, "request rejected: lock not acquired");
+        tracing::debug!(target: "redlock", key, backend, error = %chain(error), status, "request rejected: lock not acquired");
     } else {
-        tracing::warn!(key, backend, error = %chain(error), status, "request rejected: lock not acquired");
+        tracing::warn!(target: "redlock", key, backend, error = %chain(error), status, "request rejected: lock not acquired");
     }
 }
 

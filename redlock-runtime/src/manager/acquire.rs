@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tracing::{field, Instrument};
+use tracing::Instrument;
 
 use super::LockManager;
 use crate::backend::{jitter, Attempt, Claim, Intent, LeaseRef, ReplicaWait, Together};
@@ -107,13 +107,7 @@ impl LockManager {
         opts: Resolved,
     ) -> Result<LockGuard, LockError> {
         self.check_runtime()?;
-        let span = tracing::debug_span!(
-            "redlock.acquire",
-            key = key.full(),
-            kind = %mode.kind(),
-            backend = self.backend_name(),
-            fencing_token = field::Empty,
-        );
+        let span = tracing::debug_span!(target: "redlock", "redlock.acquire");
         let started = Instant::now();
         let result = async {
             let replicas = (opts.min_replicas > 0).then(|| ReplicaWait {
@@ -132,7 +126,7 @@ impl LockManager {
                     Ok(Outcome::Acquired(guard)) => return Ok(guard),
                     Ok(Outcome::Held(_)) if opts.wait.is_zero() => {
                         return Err(LockError::Timeout {
-                            key: key.into_full(),
+                            key: key.full().to_owned(),
                         })
                     }
                     // With time to wait, the wait loop tries again.
@@ -143,26 +137,51 @@ impl LockManager {
                     Err(e) => return Err(e),
                 }
             }
-            let wait = tracing::debug_span!("redlock.wait", key = key.full());
+            let wait = tracing::debug_span!(target: "redlock", "redlock.wait");
             self.wait_for(&request, first_error).instrument(wait).await
         }
         .instrument(span.clone())
         .await;
         stats::acquisition(&result, mode.kind(), self.backend_name(), &opts, started);
-        if let Ok(guard) = &result {
-            span.record("fencing_token", guard.fencing_token());
-            let waited = started.elapsed();
-            if waited > self.0.slow_acquisition {
-                tracing::info!(
+        let waited = started.elapsed();
+        let outcome = stats::outcome(&result, opts.wait.is_zero());
+        match &result {
+            Ok(guard) => {
+                tracing::debug!(
+                    target: "redlock",
                     parent: &span,
-                    key = guard.key(),
+                    key = key.full(),
                     kind = %mode.kind(),
                     backend = self.backend_name(),
                     fencing_token = guard.fencing_token(),
+                    outcome,
                     ?waited,
-                    "slow lock acquisition"
+                    "lock acquired"
                 );
+                if waited > self.0.slow_acquisition {
+                    tracing::info!(
+                        target: "redlock",
+                        parent: &span,
+                        key = key.full(),
+                        kind = %mode.kind(),
+                        backend = self.backend_name(),
+                        fencing_token = guard.fencing_token(),
+                        ?waited,
+                        "slow lock acquisition"
+                    );
+                }
             }
+            Err(e) => tracing::debug!(
+                target: "redlock",
+                parent: &span,
+                key = key.full(),
+                kind = %mode.kind(),
+                backend = self.backend_name(),
+                outcome,
+                error = %e,
+                ?waited,
+                "lock not acquired"
+            ),
         }
         result
     }
@@ -555,6 +574,7 @@ impl LockManager {
                         }
                         Ok(Err(e)) if again => {
                             tracing::debug!(
+                                target: "redlock",
                                 key = key.full(),
                                 backend = self.backend_name(),
                                 error = %chain(&e),
@@ -563,6 +583,7 @@ impl LockManager {
                         }
                         Ok(Err(e)) => {
                             tracing::warn!(
+                                target: "redlock",
                                 key = key.full(),
                                 backend = self.backend_name(),
                                 error = %chain(&e),
@@ -604,6 +625,7 @@ impl LockManager {
                 }
                 Err(e) if retried_while_waiting(&e) => {
                     tracing::debug!(
+                        target: "redlock",
                         key = key.full(),
                         backend = self.backend_name(),
                         error = %chain(&e),

@@ -495,6 +495,7 @@ async fn check_eviction(backend: &Backend, require: bool) -> Result<(), LockErro
                 )));
             }
             Ok(policy) => tracing::warn!(
+                target: "redlock",
                 node,
                 backend = backend.name(),
                 policy,
@@ -502,6 +503,7 @@ async fn check_eviction(backend: &Backend, require: bool) -> Result<(), LockErro
             ),
             Err(e) if require => return Err(e),
             Err(e) => tracing::warn!(
+                target: "redlock",
                 node,
                 backend = backend.name(),
                 error = %chain(&e),

@@ -228,6 +228,7 @@ impl LockGuard {
         }
         if let Err(e) = self.manager.release_lease(&self.lease).await {
             tracing::warn!(
+                target: "redlock",
                 key = self.key(),
                 backend = self.lease.backend,
                 fencing_token = self.lease.fence,
@@ -282,12 +283,7 @@ impl LockManager {
             lease,
             armed: true,
         };
-        let span = tracing::debug_span!(
-            "redlock.release",
-            key,
-            backend = self.backend_name(),
-            fencing_token = lease.fence
-        );
+        let span = tracing::debug_span!(target: "redlock", "redlock.release");
         let released = shared
             .backend
             .release(lease.lease_ref(), lease.keep())
@@ -298,7 +294,7 @@ impl LockManager {
         let released = match released {
             Ok(released) => released,
             Err(e) => {
-                stats::release(Release::Error);
+                lease.book_release(self.backend_name(), Release::Error);
                 return Err(e);
             }
         };
@@ -306,11 +302,12 @@ impl LockManager {
             // Lost unnoticed: the server no longer had our token.
             stats::lost(Loss::Taken);
         }
-        stats::release(if released {
+        let outcome = if released {
             Release::Released
         } else {
             Release::Lost
-        });
+        };
+        lease.book_release(self.backend_name(), outcome);
         match (released, was) {
             (true, Ok(())) => {
                 shared.waiters.wake(key);

@@ -443,6 +443,7 @@ impl LockManager {
         let key = LockKey::prefixed(&self.0.prefix, key)?;
         let held = self.0.shared.backend.force_unlock(&key).await?;
         tracing::warn!(
+            target: "redlock",
             key = key.full(),
             backend = self.backend_name(),
             held,
