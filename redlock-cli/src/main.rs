@@ -241,16 +241,10 @@ async fn release(locks: &LockManager, key: &str, shown: &str, yes: bool, json: b
     }
 }
 
-/// Reports a library error on stderr: its exit code (bad input is a usage error).
+/// Reports a library error on stderr, each cause once: its exit code (bad input is a
+/// usage error).
 fn failed(e: &LockError) -> Exit {
-    let mut message = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        message.push_str(": ");
-        message.push_str(&s.to_string());
-        source = s.source();
-    }
-    eprintln!("redlock: {}", output::shown(&message));
+    eprintln!("redlock: {}", output::shown(&e.report().to_string()));
     match e {
         LockError::InvalidKey { .. } | LockError::InvalidOption { .. } => Exit::Usage,
         _ => Exit::Backend,

@@ -402,6 +402,60 @@ async fn bad_input_exits_2_and_unreachable_redis_exits_3() {
     assert!(String::from_utf8_lossy(&out.stderr).starts_with("redlock: "));
 }
 
+/// Issue 24, item 5: a failed connect named no node, and the CLI printed the cause twice
+/// ("Connection refused (os error 111): Connection refused (os error 111)"). Every
+/// backend's connect error names the node(s) it tried (never the password) and prints
+/// each cause once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_errors_name_the_node_and_each_cause_once() {
+    let ports: Vec<u16> = (0..3).map(|_| redlock_testkit::free_port()).collect();
+    let urls: Vec<String> = ports
+        .iter()
+        .map(|p| format!("redis://user:hunter2@127.0.0.1:{p}"))
+        .collect();
+    let first = format!("127.0.0.1:{}", ports[0]);
+    let cases: Vec<(Vec<&str>, Vec<String>, String)> = vec![
+        (
+            vec![],
+            urls[..1].to_vec(),
+            format!("during connect on {first}: "),
+        ),
+        (
+            vec!["--cluster"],
+            urls[..2].to_vec(),
+            format!("during connect on {first}, 127.0.0.1:{}: ", ports[1]),
+        ),
+        (
+            vec!["--redlock"],
+            urls.clone(),
+            "during connect on 127.0.0.1:".to_owned(),
+        ),
+        (
+            vec!["--sentinel", "mymaster"],
+            urls[..1].to_vec(),
+            format!("during sentinel on {first}: "),
+        ),
+    ];
+    for (flag, urls, names) in cases {
+        let out = tokio::time::timeout(
+            Duration::from_secs(30),
+            redlock_on(&flag, &urls).arg("list").output(),
+        )
+        .await
+        .expect("the command finished")
+        .unwrap();
+        let said = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(3), "{flag:?}: {said}");
+        assert!(said.contains(&names), "{flag:?}: no {names:?} in {said}");
+        assert_eq!(
+            said.matches("Connection refused").count(),
+            1,
+            "{flag:?}: the cause not exactly once: {said}"
+        );
+        assert!(!said.contains("hunter2"), "{flag:?}: {said}");
+    }
+}
+
 /// Issue 16: on a Cluster, `list` scans every master (SCAN per node) and `release`
 /// reaches the key's master, waking its waiters by sharded pub/sub.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

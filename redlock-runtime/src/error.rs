@@ -85,11 +85,16 @@ pub enum LockError {
         /// What is wrong with it.
         reason: String,
     },
-    /// Redis failed or could not be reached.
-    #[error("redis backend failed during {operation}")]
+    /// Redis failed or could not be reached. [`report`](LockError::report) shows the
+    /// cause too.
+    #[error("redis backend failed during {operation}{}", on(node.as_deref()))]
     Backend {
         /// What the library was doing.
         operation: &'static str,
+        /// The server it was talking to (`host:port`, never credentials), when that says
+        /// something: a failed connection names its node (a Cluster's seeds, the
+        /// Sentinels asked).
+        node: Option<String>,
         /// The Redis error.
         #[source]
         source: redis::RedisError,
@@ -146,14 +151,61 @@ impl LockError {
         self.is_retryable().then_some(Duration::from_secs(1))
     }
 
+    /// The error with its whole cause chain, each cause once: `redis backend failed
+    /// during connect on 127.0.0.1:6390: Connection refused (os error 111)`. Its
+    /// `Display` alone says what failed, and [`source`](Error::source) gives the cause,
+    /// as the Rust API guidelines ask; print this where a person reads it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// use redlock::LockManager;
+    ///
+    /// let refused = LockManager::builder()
+    ///     .single("redis://127.0.0.1:1")
+    ///     .build()
+    ///     .await
+    ///     .unwrap_err();
+    /// let report = refused.report().to_string();
+    /// assert!(report.starts_with("redis backend failed during connect on 127.0.0.1:1: "));
+    /// # }
+    /// ```
+    pub fn report(&self) -> impl fmt::Display + '_ {
+        chain(self)
+    }
+
     pub(crate) fn backend(operation: &'static str) -> impl FnOnce(redis::RedisError) -> Self {
-        move |source| Self::Backend { operation, source }
+        move |source| Self::Backend {
+            operation,
+            node: None,
+            source,
+        }
+    }
+
+    /// Names the server a [`Backend`](Self::Backend) error came from, unless it already
+    /// does; other errors unchanged.
+    pub(crate) fn on_node(self, node: impl fmt::Display) -> Self {
+        match self {
+            Self::Backend {
+                operation,
+                node: None,
+                source,
+            } => Self::Backend {
+                operation,
+                node: Some(node.to_string()),
+                source,
+            },
+            other => other,
+        }
     }
 
     /// A script's reply (to `operation`) of a shape it never sends: `detail` says what came.
     pub(crate) fn unexpected_reply(operation: &'static str, detail: String) -> Self {
         Self::Backend {
             operation,
+            node: None,
             source: redis::RedisError::from((
                 redis::ErrorKind::UnexpectedReturnType,
                 "unexpected reply from the script",
@@ -166,6 +218,7 @@ impl LockError {
     pub(crate) fn timed_out(operation: &'static str, after: Duration) -> Self {
         Self::Backend {
             operation,
+            node: None,
             source: std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
                 format!("no answer within {after:?}"),
@@ -179,6 +232,11 @@ impl LockError {
             reason: reason.into(),
         }
     }
+}
+
+/// ` on <node>` when the node is known.
+fn on(node: Option<&str>) -> String {
+    node.map_or_else(String::new, |n| format!(" on {n}"))
 }
 
 /// An error with its [`source`](Error::source) chain, `: `-separated, for logs: `redis
@@ -232,5 +290,26 @@ mod tests {
         );
         let plain = LockError::NoManager;
         assert_eq!(chain(&plain).to_string(), plain.to_string());
+    }
+
+    /// Issue 24, item 5: a failed connect named no node.
+    #[test]
+    fn a_backend_error_names_its_node_once() {
+        let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused by peer");
+        let e = LockError::backend("connect")(refused.into())
+            .on_node("10.0.0.7:6379")
+            .on_node("ignored:1");
+        assert_eq!(
+            e.to_string(),
+            "redis backend failed during connect on 10.0.0.7:6379"
+        );
+        assert_eq!(
+            e.report().to_string(),
+            "redis backend failed during connect on 10.0.0.7:6379: refused by peer"
+        );
+        assert!(matches!(
+            LockError::NoManager.on_node("10.0.0.7:6379"),
+            LockError::NoManager
+        ));
     }
 }

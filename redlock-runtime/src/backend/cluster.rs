@@ -207,6 +207,21 @@ impl ClusterNodes {
     }
 }
 
+impl ClusterNodes {
+    /// The seed nodes, for errors: `host:port, host:port`, or `the application's
+    /// cluster client`.
+    fn seeds(&self) -> String {
+        match self {
+            Self::Infos(infos) => infos
+                .iter()
+                .map(|i| i.addr().to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            Self::Client(_) => "the application's cluster client".to_owned(),
+        }
+    }
+}
+
 #[cfg(test)]
 impl ClusterNodes {
     fn urls(urls: &[String]) -> Self {
@@ -262,7 +277,7 @@ impl ClusterBackend {
             Ok::<_, redis::RedisError>((con, sub_con))
         };
         // redis-rs #1953: the cluster connect can hang; the timeout bounds it.
-        let (con, mut sub_con) = timeouts.connecting(connect).await?;
+        let (con, mut sub_con) = timeouts.connecting(nodes.seeds(), connect).await?;
         if let ClusterNodes::Client(_) = nodes {
             // Refused locally (no request) unless the client speaks RESP3; harmless
             // otherwise (a pattern never subscribed).
@@ -338,7 +353,10 @@ impl ClusterBackend {
         }
         let response = self.timeouts.response + MAX_REPLICA_WAIT;
         self.timeouts
-            .connecting(self.nodes.connection(self.timeouts, response, None))
+            .connecting(
+                self.nodes.seeds(),
+                self.nodes.connection(self.timeouts, response, None),
+            )
             .await
     }
 

@@ -28,6 +28,7 @@ use crate::LockError;
 fn counter_error(key: &LockKey, what: &'static str) -> LockError {
     LockError::Backend {
         operation: "acquire",
+        node: None,
         source: redis::RedisError::from((
             redis::ErrorKind::Client,
             "in-memory fencing counter cannot issue a token",

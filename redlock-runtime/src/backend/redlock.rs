@@ -2210,6 +2210,7 @@ fn won_too_late(ttl: Duration, elapsed: Duration) -> LockError {
     );
     LockError::Backend {
         operation: "acquire",
+        node: None,
         source: source.into(),
     }
 }

@@ -310,7 +310,8 @@ async fn ask_sentinels(
                 unknown += 1;
                 problems.push(format!("{sentinel}: no master named {name:?}"));
             }
-            Err(e) => problems.push(format!("{sentinel}: {}", chain(&e))),
+            // The error names its Sentinel.
+            Err(e) => problems.push(chain(&e).to_string()),
         }
         // A majority has answered: the others get a moment more (one that just
         // failed over may be among them, the rest not yet told).
@@ -327,6 +328,7 @@ async fn ask_sentinels(
         }
         return Err(LockError::Backend {
             operation: "sentinel discovery",
+            node: None,
             source: (ErrorKind::Io, "no Sentinel answered", detail).into(),
         });
     }
@@ -372,6 +374,7 @@ async fn connect_master(
             Ok(role) => {
                 last_error = Some(LockError::Backend {
                     operation: "sentinel discovery",
+                    node: None,
                     source: (
                         ErrorKind::Client,
                         "the Sentinels' master is not a master",
@@ -385,6 +388,7 @@ async fn connect_master(
     }
     Err(last_error.unwrap_or_else(|| LockError::Backend {
         operation: "sentinel discovery",
+        node: None,
         source: (ErrorKind::Client, "no master to connect to").into(),
     }))
 }
@@ -420,12 +424,12 @@ impl Sentinel {
                 let config = AsyncConnectionConfig::new()
                     .set_connection_timeout(Some(timeouts.connect))
                     .set_response_timeout(Some(timeouts.response));
-                let client =
-                    Client::open(self.info.clone()).map_err(LockError::backend("sentinel"))?;
+                let at = |e| LockError::backend("sentinel")(e).on_node(self.info.addr());
+                let client = Client::open(self.info.clone()).map_err(at)?;
                 client
                     .get_multiplexed_async_connection_with_config(&config)
                     .await
-                    .map_err(LockError::backend("sentinel"))?
+                    .map_err(at)?
             }
         };
         let reply: redis::RedisResult<HashMap<String, String>> = redis::cmd("SENTINEL")
@@ -442,6 +446,7 @@ impl Sentinel {
                 *self.con.lock().unwrap_or_else(PoisonError::into_inner) = None;
                 return Err(LockError::Backend {
                     operation: "sentinel",
+                    node: Some(self.info.addr().to_string()),
                     source: e,
                 });
             }
@@ -459,6 +464,7 @@ impl Sentinel {
         })();
         parsed.map(Some).ok_or_else(|| LockError::Backend {
             operation: "sentinel",
+            node: Some(self.info.addr().to_string()),
             source: (
                 ErrorKind::Parse,
                 "SENTINEL MASTER reply without ip and port",

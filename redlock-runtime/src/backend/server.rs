@@ -4,6 +4,7 @@
 //! The single-server and cluster backends use it, so neither imports from the other
 //! (Redlock uses it through its nodes, which are single-server backends).
 
+use std::fmt;
 use std::future::Future;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
@@ -44,16 +45,17 @@ impl Timeouts {
             .set_max_delay(Duration::from_millis(500))
     }
 
-    /// Runs a connection step (opening connections, the first `PING`) within the
-    /// connect timeout.
+    /// Runs a connection step (opening connections, the first `PING`) to `node` within
+    /// the connect timeout; its error names `node`.
     pub(crate) async fn connecting<T>(
         &self,
+        node: impl fmt::Display,
         connect: impl Future<Output = redis::RedisResult<T>>,
     ) -> Result<T, LockError> {
         tokio::time::timeout(self.connect, connect)
             .await
-            .map_err(|_| LockError::timed_out("connect", self.connect))?
-            .map_err(LockError::backend("connect"))
+            .map_err(|_| LockError::timed_out("connect", self.connect).on_node(&node))?
+            .map_err(|e| LockError::backend("connect")(e).on_node(&node))
     }
 }
 
@@ -242,6 +244,7 @@ pub(crate) fn parse_eviction_policy(info: &str) -> Result<String, LockError> {
         .map(str::to_owned)
         .ok_or_else(|| LockError::Backend {
             operation: "info",
+            node: None,
             source: redis::RedisError::from((
                 redis::ErrorKind::UnexpectedReturnType,
                 "INFO memory has no maxmemory_policy field",
@@ -956,6 +959,7 @@ pub(crate) fn chunk_outcomes(
 pub(crate) fn unexpected(operation: &'static str, replies: usize) -> LockError {
     LockError::Backend {
         operation,
+        node: None,
         source: redis::RedisError::from((
             redis::ErrorKind::UnexpectedReturnType,
             "unexpected number of pipeline replies",

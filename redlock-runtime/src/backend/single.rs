@@ -74,9 +74,10 @@ impl SingleBackend {
             .redis_settings()
             .clone()
             .set_protocol(ProtocolVersion::RESP3);
-        let client = Client::open(info.clone()).map_err(LockError::backend("connect"))?;
-        let sub_client =
-            Client::open(info.set_redis_settings(resp3)).map_err(LockError::backend("connect"))?;
+        let node = info.addr().to_string();
+        let refused = |e| LockError::backend("connect")(e).on_node(&node);
+        let client = Client::open(info.clone()).map_err(refused)?;
+        let sub_client = Client::open(info.set_redis_settings(resp3)).map_err(refused)?;
 
         let handler = push_handler(wake, channels.clone(), generation, backend);
         let connect = async {
@@ -94,7 +95,7 @@ impl SingleBackend {
             redis::cmd("PING").exec_async(&mut con.clone()).await?;
             Ok::<_, redis::RedisError>((con, sub_con))
         };
-        let (con, sub_con) = timeouts.connecting(connect).await?;
+        let (con, sub_con) = timeouts.connecting(&node, connect).await?;
         Ok(Self {
             client,
             con,
@@ -122,7 +123,7 @@ impl SingleBackend {
         self.client
             .get_multiplexed_async_connection_with_config(&config)
             .await
-            .map_err(LockError::backend("connect"))
+            .map_err(|e| LockError::backend("connect")(e).on_node(self.addr()))
     }
 
     /// The server's address (no credentials), for messages.
@@ -160,6 +161,7 @@ impl SingleBackend {
             Some(Value::SimpleString(role)) => Ok(role.clone()),
             _ => Err(LockError::Backend {
                 operation: "role",
+                node: Some(self.addr()),
                 source: (redis::ErrorKind::Parse, "ROLE reply without a role").into(),
             }),
         }

@@ -255,6 +255,7 @@ mod tests {
             },
             LockError::Backend {
                 operation: "acquire",
+                node: None,
                 source: redis::RedisError::from((redis::ErrorKind::Io, "connection refused")),
             },
         ]
