@@ -691,6 +691,7 @@ fn error_of(kind: &str) -> LockError {
         },
         "backend" => LockError::Backend {
             operation: "acquire",
+            node: None,
             source: ::redis::RedisError::from((::redis::ErrorKind::Io, "connection refused")),
         },
         other => panic!("unknown kind {other}"),
