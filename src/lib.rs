@@ -41,7 +41,7 @@ pub use redlock_runtime::redis;
 // redlock-macros/src/distributed_lock.md; rustdoc inlines it here.
 #[cfg(feature = "macros")]
 #[cfg_attr(docsrs, doc(cfg(feature = "macros")))]
-pub use redlock_macros::distributed_lock;
+pub use redlock_macros::{distributed_lock, key};
 
 // Web integration (feature `tower`): `LockLayer`, key extractors, the HTTP error
 // mapping; inlined so the module's documentation (status codes) shows here.

@@ -48,6 +48,7 @@ macro_rules! on_every_backend {
 on_every_backend!(
     mutual_exclusion_across_managers,
     key_templates_become_hash_tagged_keys,
+    the_macro_and_the_guard_api_take_the_same_lock,
     guard_gives_increasing_fencing_tokens,
     reentrant_call_runs_inside_the_outer_lock,
     reentrancy_is_per_call_chain,
@@ -286,7 +287,7 @@ async fn key_templates_become_hash_tagged_keys<H: Harness>(h: &H) {
         order(&locks, "eu", &Order { id }).await.unwrap(),
         format!("lock:order:{{eu}}:{id}")
     );
-    assert_eq!(nightly(&locks).await.unwrap(), "lock:{nightly_report}");
+    assert_eq!(nightly(&locks).await.unwrap(), "lock:nightly_report");
     assert_eq!(
         generic(&locks, format!("{id}-x")).await.unwrap(),
         format!("lock:item_{{{id}-x}}")
@@ -294,6 +295,80 @@ async fn key_templates_become_hash_tagged_keys<H: Harness>(h: &H) {
     // An empty value would make an empty hash tag: an error, and the body never runs.
     let err = by_name(&locks, "").await.unwrap_err();
     assert!(matches!(err, LockError::InvalidKey { .. }), "{err}");
+}
+
+#[distributed_lock(key = "weekly_report", manager = locks, wait = "0s")]
+async fn weekly(locks: &LockManager, gate: Option<&Gate>) -> Result<(), LockError> {
+    if let Some(gate) = gate {
+        gate.pass().await;
+    }
+    Ok(())
+}
+
+#[distributed_lock(key = "restock_<goods_id>", manager = locks, wait = "0s")]
+async fn restock(locks: &LockManager, goods_id: u64, gate: Option<&Gate>) -> Result<(), LockError> {
+    if let Some(gate) = gate {
+        gate.pass().await;
+    }
+    Ok(())
+}
+
+/// Issue 24, item 1: `#[distributed_lock(key = "nightly_report")]` locked
+/// `lock:{nightly_report}` while `locks.lock("nightly_report")` locked
+/// `lock:nightly_report`, and both ran at once. One rule names both: a template without
+/// placeholders is used as written, and `key!` renders one with placeholders the way the
+/// attribute does. Each spelling held by hand makes the macro wait (here: a zero wait
+/// turned away), and the other way round.
+async fn the_macro_and_the_guard_api_take_the_same_lock<H: Harness>(h: &H) {
+    use redlock::key;
+
+    let locks = manager(h).await;
+    // By hand first: the macro is turned away until the hand lock is released.
+    let by_hand = locks.lock("weekly_report").await.unwrap();
+    let turned = weekly(&locks, None).await;
+    assert!(
+        matches!(turned, Err(LockError::Timeout { .. })),
+        "{turned:?}"
+    );
+    by_hand.release().await.unwrap();
+    weekly(&locks, None).await.unwrap();
+
+    let goods_id = fresh_id();
+    assert_eq!(
+        key!("restock_<goods_id>"),
+        format!("restock_{{{goods_id}}}")
+    );
+    let by_hand = locks.lock(&key!("restock_<goods_id>")).await.unwrap();
+    let turned = restock(&locks, goods_id, None).await;
+    assert!(
+        matches!(turned, Err(LockError::Timeout { .. })),
+        "{turned:?}"
+    );
+    by_hand.release().await.unwrap();
+
+    // The macro first: the hand lock finds the key held while the body runs.
+    for spelling in ["weekly_report".to_owned(), key!("restock_<goods_id>")] {
+        let gate = Gate::new();
+        let call = {
+            let (locks, gate, spelling) = (locks.clone(), gate.clone(), spelling.clone());
+            tokio::spawn(async move {
+                if spelling == "weekly_report" {
+                    weekly(&locks, Some(&gate)).await
+                } else {
+                    restock(&locks, goods_id, Some(&gate)).await
+                }
+            })
+        };
+        gate.entered.notified().await;
+        assert!(
+            locks.try_lock(&spelling).await.unwrap().is_none(),
+            "{spelling} free by hand while the macro's body runs"
+        );
+        gate.go.notify_one();
+        call.await.unwrap().unwrap();
+        let after = locks.try_lock(&spelling).await.unwrap();
+        assert!(after.is_some(), "{spelling} still held after the call");
+    }
 }
 
 /// The seed example: `buy_<goods_id>` with 42 is stored in Redis as `lock:buy_{42}`,

@@ -78,7 +78,7 @@ use proc_macro2::{Literal, Span, TokenStream};
 use quote::{quote, quote_spanned, ToTokens};
 use syn::spanned::Spanned;
 use syn::visit_mut::VisitMut;
-use syn::{parse_quote, AttrStyle, Attribute, ExprAsync, Ident, ItemFn, Path, Stmt, Type};
+use syn::{parse_quote, AttrStyle, Attribute, ExprAsync, Ident, ItemFn, LitStr, Path, Stmt, Type};
 
 use crate::async_trait::AsyncTraitBody;
 use crate::attr::{DurationLit, Mode, OnLost, Options};
@@ -503,4 +503,22 @@ fn erase_impl_trait(ty: &Type) -> Type {
     let mut ty = ty.clone();
     Eraser.visit_type_mut(&mut ty);
     ty
+}
+
+/// `key!("template")`: the template rendered from the variables in scope.
+pub(crate) fn key(input: TokenStream) -> TokenStream {
+    let lit: LitStr = match syn::parse2(input) {
+        Ok(lit) => lit,
+        Err(err) => return err.to_compile_error(),
+    };
+    let cx = Ctxt::new();
+    if lit.value().is_empty() {
+        cx.error_spanned_by(&lit, "empty key template");
+    }
+    let template = KeyTemplate::parse(&cx, &lit, &Scope::call_site());
+    if let Err(err) = cx.check() {
+        return err.to_compile_error();
+    }
+    let krate: Path = parse_quote!(::redlock);
+    template.map_or_else(TokenStream::new, |t| t.render(&krate))
 }

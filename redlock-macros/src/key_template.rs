@@ -9,9 +9,11 @@
 //!
 //! The hash tag rule: a template that contains `{...}` is used as written;
 //! otherwise the part from the start of the first placeholder to the end of the
-//! last one is wrapped in `{}` (`"buy_<goods_id>"` → `buy_{42}`), and a template
-//! without placeholders is wrapped whole. So every key of one template lands in
-//! one Redis Cluster slot per value, with the lock's companion keys beside it.
+//! last one is wrapped in `{}` (`"buy_<goods_id>"` → `buy_{42}`), so every key of
+//! one template lands in one Redis Cluster slot per value. A template without
+//! placeholders is used as written: `key = "nightly_report"` is the lock
+//! `locks.lock("nightly_report")` takes. `redlock::key!` renders a template with the
+//! same code, from the variables in scope, for code that takes the lock by hand.
 
 use std::collections::BTreeSet;
 
@@ -30,7 +32,8 @@ const PLACEHOLDER_HINT: usize = 20;
 
 /// The names a placeholder may start with.
 pub(crate) struct Scope {
-    fn_name: Ident,
+    /// `None` for `key!`, whose placeholders name any variable in scope.
+    fn_name: Option<Ident>,
     /// The span of the `self` token, if the function has a receiver.
     receiver: Option<Span>,
     bindings: Vec<Binding>,
@@ -58,7 +61,7 @@ impl Scope {
     /// were renamed `__argN` in the signature and destructured in the body.
     pub(crate) fn from_fn(func: &ItemFn, async_trait_block: Option<&Block>) -> Scope {
         let mut scope = Scope {
-            fn_name: func.sig.ident.clone(),
+            fn_name: Some(func.sig.ident.clone()),
             receiver: None,
             bindings: Vec::new(),
         };
@@ -109,6 +112,16 @@ impl Scope {
         scope
     }
 
+    /// The scope of `key!`: every name, `self` included, is looked up where the macro
+    /// is called.
+    pub(crate) fn call_site() -> Scope {
+        Scope {
+            fn_name: None,
+            receiver: Some(Span::call_site()),
+            bindings: Vec::new(),
+        }
+    }
+
     fn lookup(&self, name: &str) -> Option<&Binding> {
         self.bindings
             .iter()
@@ -128,14 +141,14 @@ impl Scope {
                 names.push(name);
             }
         }
+        let fn_name = self
+            .fn_name
+            .as_ref()
+            .map_or_else(String::new, Ident::to_string);
         if names.is_empty() {
-            format!("`{}` has no parameters", self.fn_name)
+            format!("`{fn_name}` has no parameters")
         } else {
-            format!(
-                "the parameters of `{}` are {}",
-                self.fn_name,
-                names.join(", ")
-            )
+            format!("the parameters of `{fn_name}` are {}", names.join(", "))
         }
     }
 }
@@ -351,15 +364,15 @@ impl KeyTemplate {
     }
 
     /// The key as a `format_args!` string with one `{}` per placeholder and the
-    /// hash tag added (`"buy_{{{}}}"`); without placeholders, the key itself
-    /// (`"{nightly_report}"`).
+    /// hash tag added (`"buy_{{{}}}"`); without placeholders, the key itself, as
+    /// written (`"nightly_report"`).
     fn format_string(&self) -> String {
         let first = self
             .pieces
             .iter()
             .position(|piece| matches!(piece, Piece::Placeholder(_)));
         let Some(first) = first else {
-            let mut key: String = self
+            return self
                 .pieces
                 .iter()
                 .map(|piece| match piece {
@@ -367,10 +380,6 @@ impl KeyTemplate {
                     Piece::Placeholder(_) => "",
                 })
                 .collect();
-            if !self.has_hash_tag {
-                key = format!("{{{key}}}");
-            }
-            return key;
         };
         let last = self
             .pieces
@@ -410,6 +419,19 @@ impl KeyTemplate {
             })
             .sum::<usize>()
             + if self.has_hash_tag { 0 } else { 2 }
+    }
+
+    /// `key!`'s expansion: the rendered key as a `String`, built by the same
+    /// [`write_to`](Self::write_to) the attribute's expansion uses.
+    pub(crate) fn render(&self, krate: &Path) -> TokenStream {
+        let buffer = Ident::new("__redlock_key", Span::mixed_site());
+        let hint = proc_macro2::Literal::usize_unsuffixed(self.capacity_hint());
+        let write = self.write_to(krate, &buffer);
+        quote_spanned! {Span::mixed_site()=> {
+            let mut #buffer = #krate::__private::std::string::String::with_capacity(#hint);
+            #write
+            #buffer
+        }}
     }
 
     /// The bindings the placeholders start from, `self` excepted, each once.
@@ -471,7 +493,10 @@ fn resolve(inner: &str, span: Span, scope: &Scope) -> syn::Result<Placeholder> {
                 span,
                 format_args!(
                     "unknown placeholder `<{inner}>`: `{}` has no `self` parameter",
-                    scope.fn_name
+                    scope
+                        .fn_name
+                        .as_ref()
+                        .map_or_else(String::new, Ident::to_string)
                 ),
             ));
         };
@@ -480,23 +505,30 @@ fn resolve(inner: &str, span: Span, scope: &Scope) -> syn::Result<Placeholder> {
     } else {
         // Keywords are allowed, for raw identifiers: `<type>` names `r#type`.
         let name = Ident::parse_any.parse_str(root).map_err(|_| invalid())?;
-        let name = name.unraw().to_string();
-        let Some(binding) = scope.lookup(&name) else {
-            return Err(syn::Error::new(
-                span,
-                format_args!(
-                    "unknown placeholder `<{inner}>`: no parameter named `{name}`; {}",
-                    scope.describe()
-                ),
-            ));
-        };
-        let mut ident = binding.ident.clone();
-        ident.set_span(span.resolved_at(binding.ident.span()));
-        let destructure = match &binding.source {
-            Source::InScope => None,
-            Source::Destructure { param, pat } => Some((param.clone(), pat.clone())),
-        };
-        (quote!(#ident), destructure, Some(binding.ident.clone()))
+        if scope.fn_name.is_none() {
+            // `key!`: the variable of that name where the macro is called.
+            let mut ident = name;
+            ident.set_span(span);
+            (quote!(#ident), None, Some(ident.clone()))
+        } else {
+            let name = name.unraw().to_string();
+            let Some(binding) = scope.lookup(&name) else {
+                return Err(syn::Error::new(
+                    span,
+                    format_args!(
+                        "unknown placeholder `<{inner}>`: no parameter named `{name}`; {}",
+                        scope.describe()
+                    ),
+                ));
+            };
+            let mut ident = binding.ident.clone();
+            ident.set_span(span.resolved_at(binding.ident.span()));
+            let destructure = match &binding.source {
+                Source::InScope => None,
+                Source::Destructure { param, pat } => Some((param.clone(), pat.clone())),
+            };
+            (quote!(#ident), destructure, Some(binding.ident.clone()))
+        }
     };
     for field in parts {
         let member = if !field.is_empty() && field.bytes().all(|b| b.is_ascii_digit()) {
@@ -587,10 +619,12 @@ mod tests {
     }
 
     #[test]
-    fn no_placeholder_wraps_everything() {
-        assert_eq!(format("nightly", BUY).as_deref(), Ok("{nightly}"));
+    fn no_placeholder_is_used_as_written() {
+        // Issue 24, item 1: `key = "nightly_report"` locked `lock:{nightly_report}`,
+        // while `locks.lock("nightly_report")` locks `lock:nightly_report`.
+        assert_eq!(format("nightly", BUY).as_deref(), Ok("nightly"));
         // A lone brace is no hash tag, and is not escaped in a plain key.
-        assert_eq!(format("a}b{", BUY).as_deref(), Ok("{a}b{}"));
+        assert_eq!(format("a}b{", BUY).as_deref(), Ok("a}b{"));
         assert_eq!(format("a}b{_<qty>", BUY).as_deref(), Ok("a}}b{{_{{{}}}"));
     }
 
