@@ -51,6 +51,29 @@ fn hides(c: char) -> bool {
         | '\u{feff}')
 }
 
+/// A time since the Unix epoch as `2026-11-26 18:16:35.123 UTC`.
+pub(crate) fn utc(since_epoch: Duration) -> String {
+    let secs = since_epoch.as_secs();
+    let (days, rest) = (secs / 86_400, secs % 86_400);
+    // Days to a civil date (proleptic Gregorian), after Howard Hinnant's `civil_from_days`.
+    let z = i64::try_from(days).unwrap_or(i64::MAX / 2) + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}.{:03} UTC",
+        rest / 3_600,
+        rest % 3_600 / 60,
+        rest % 60,
+        since_epoch.subsec_millis()
+    )
+}
+
 fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
@@ -145,10 +168,7 @@ pub(crate) fn inspect(key: &str, info: Option<&LockInfo>, json: bool) {
                 .acquired_at
                 .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
             {
-                println!(
-                    "acquired at    {} ms since the Unix epoch (server clock)",
-                    ms(at)
-                );
+                println!("acquired at    {} (server clock)", utc(at));
             }
             println!("held for       {}", cell(i.held_for, "unknown"));
             println!("ttl left       {}", cell(i.ttl, "no expiry"));
@@ -195,6 +215,26 @@ pub(crate) fn operator() -> (String, String, u32) {
 #[cfg(test)]
 mod tests {
     use super::shown;
+
+    #[test]
+    fn times_read_as_utc_dates() {
+        use std::time::Duration;
+
+        use super::utc;
+        assert_eq!(utc(Duration::ZERO), "1970-01-01 00:00:00.000 UTC");
+        assert_eq!(
+            utc(Duration::from_millis(1_795_717_395_123)),
+            "2026-11-26 18:23:15.123 UTC"
+        );
+        assert_eq!(
+            utc(Duration::from_secs(951_782_400)),
+            "2000-02-29 00:00:00.000 UTC"
+        );
+        assert_eq!(
+            utc(Duration::from_secs(4_107_542_399)),
+            "2100-02-28 23:59:59.000 UTC"
+        );
+    }
 
     #[test]
     fn what_would_act_on_a_terminal_is_shown_escaped() {

@@ -119,6 +119,13 @@ pub(crate) async fn run(
         Some(url) => notifications(url, &full).await,
         None => None,
     };
+    let note = blind_spot(notes.is_some(), locks.backend_name(), interval);
+    // The first line people read; beside a script's JSON, on stderr.
+    if json {
+        eprintln!("redlock: {note}");
+    } else {
+        println!("{note}");
+    }
     let mut seen = match locks.inspect(key).await {
         Ok(info) => info,
         Err(e) => return failed(&e),
@@ -155,6 +162,25 @@ pub(crate) async fn run(
             print(event, info, json);
         }
         (seen, at) = (now, Instant::now());
+    }
+}
+
+/// What the operator should know before the first event: what `watch` cannot see
+/// between two looks, and how to see it. Whether the server sends keyspace events is not
+/// asked (`CONFIG GET` is no operator's command: it reads passwords too).
+fn blind_spot(notified: bool, backend: &str, interval: Duration) -> String {
+    let every = human(interval);
+    if notified {
+        format!(
+            "releases show at once; a grant and expiry between two looks ({every} apart) \
+             show only if the server sends keyspace events \
+             (CONFIG SET notify-keyspace-events Kgx), or with a shorter --interval"
+        )
+    } else {
+        format!(
+            "looking every {every} ({backend}: no notifications): a lock held and freed \
+             between two looks is missed; a shorter --interval sees more"
+        )
     }
 }
 

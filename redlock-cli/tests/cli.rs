@@ -180,8 +180,12 @@ async fn text_output_escapes_control_characters() {
         "{inspected}"
     );
     let watched = raw(&run(&url, &["watch", &full, "--for", "300ms"]).await);
-    assert_eq!(watched.lines().count(), 1, "{watched}");
-    assert!(watched.contains(escaped), "{watched}");
+    // The note on what it cannot see, then the lock.
+    assert_eq!(watched.lines().count(), 2, "{watched}");
+    assert!(
+        watched.lines().nth(1).unwrap().contains(escaped),
+        "{watched}"
+    );
 
     let released = run(&url, &["release", "--yes", &full]).await;
     assert_eq!(released.status.code(), Some(0), "{released:?}");
@@ -210,6 +214,15 @@ async fn inspect_shows_the_owner_or_exits_1() {
     let text = stdout(&out);
     assert!(text.contains(&format!(":{}", std::process::id())), "{text}");
     assert!(text.contains(&format!("fencing token  {}", g.fencing_token())));
+    // Issue 24, item 12: a readable time, not milliseconds since the epoch.
+    let acquired = text
+        .lines()
+        .find(|l| l.starts_with("acquired at"))
+        .expect("an acquired-at line");
+    assert!(
+        acquired.contains(" UTC (server clock)") && acquired.contains("-"),
+        "{acquired}"
+    );
     // A key without the prefix gets it.
     let out = run(&url, &["--json", "inspect", "buy_{42}"]).await;
     let info: Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -359,6 +372,45 @@ async fn watch_reports_grants_releases_and_expiries() {
     assert_eq!(out.status.code(), Some(0));
     assert!(started.elapsed() < Duration::from_secs(10));
     assert!(stdout(&out).contains("not held"));
+}
+
+/// Issue 24, item 12: `watch` silently missed 5 of 5 short holds with keyspace events
+/// off. Its first line says what it cannot see and how to see it (on stderr beside
+/// JSON), on one server and where it can only poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_says_first_what_it_cannot_see() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let first_line = |out: &Output| stdout(out).lines().next().unwrap_or_default().to_owned();
+    let single = run(&url, &["watch", "lock:short_{1}", "--for", "200ms"]).await;
+    assert_eq!(single.status.code(), Some(0));
+    let line = first_line(&single);
+    assert!(
+        line.contains("100ms apart") && line.contains("notify-keyspace-events Kgx"),
+        "{line}"
+    );
+    let json = run(
+        &url,
+        &["--json", "watch", "lock:short_{1}", "--for", "200ms"],
+    )
+    .await;
+    assert!(stdout(&json).trim().is_empty(), "{json:?}");
+    assert!(String::from_utf8_lossy(&json.stderr).contains("notify-keyspace-events"));
+
+    let polled = tokio::time::timeout(
+        Duration::from_secs(30),
+        redlock_on(&["--redlock"], &[url.clone()])
+            .args(["watch", "lock:short_{1}", "--for", "1500ms"])
+            .output(),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let line = first_line(&polled);
+    assert!(
+        line.starts_with("looking every 1.0s (redlock: no notifications)"),
+        "{line}"
+    );
 }
 
 /// `watch` on a read lock: another reader joining is a grant, a reader leaving a
