@@ -79,6 +79,10 @@ pub enum LockError {
         /// Where it was used: `"from another runtime"` or `"outside any runtime"`.
         place: &'static str,
     },
+    /// The manager was shut down ([`LockManager::shutdown`](crate::LockManager::shutdown)):
+    /// it takes no new work.
+    #[error("the LockManager was shut down")]
+    ShutDown,
     /// An option or URL is out of range or malformed.
     #[error("invalid option: {reason}")]
     InvalidOption {
@@ -129,6 +133,7 @@ impl LockError {
             Self::InvalidKey { .. } => "invalid_key",
             Self::InvalidOption { .. } => "invalid_option",
             Self::WrongRuntime { .. } => "wrong_runtime",
+            Self::ShutDown => "shut_down",
             Self::Backend { .. } => "backend",
         }
     }

@@ -44,6 +44,14 @@ pub(crate) enum Job {
     Unsubscribe(String),
 }
 
+impl Job {
+    /// Whether the job is counted as pending work that `shutdown` waits for (every job
+    /// but an unsubscription, which frees nothing on the server).
+    pub(crate) fn is_counted(&self) -> bool {
+        !matches!(self, Self::Unsubscribe(_))
+    }
+}
+
 /// The watchdog's schedule of held leases, and how the task is woken for it.
 pub(crate) struct Watchdog {
     schedule: Mutex<Schedule>,
@@ -367,9 +375,18 @@ pub(crate) async fn run(shared: Arc<Shared>, mut jobs: mpsc::UnboundedReceiver<J
 }
 
 async fn handle(shared: Arc<Shared>, job: Job) -> bool {
+    let counted = job.is_counted();
+    do_job(&shared, job).await;
+    if counted {
+        shared.job_done();
+    }
+    false
+}
+
+async fn do_job(shared: &Shared, job: Job) {
     match job {
         Job::Release(lease) => {
-            let outcome = release(&shared, lease.lease_ref(), || lease.keep()).await;
+            let outcome = release(shared, lease.lease_ref(), || lease.keep()).await;
             // A lock found gone that nobody had declared lost was lost unnoticed.
             if outcome == Release::Lost && !lease.was_lost() {
                 stats::lost(Loss::Taken);
@@ -378,7 +395,7 @@ async fn handle(shared: Arc<Shared>, job: Job) -> bool {
         }
         Job::Abandon(key, token, mode) => {
             let lease = LeaseRef::new(&key, token, mode);
-            release(&shared, lease, || Duration::ZERO).await;
+            release(shared, lease, || Duration::ZERO).await;
         }
         Job::Withdraw(key, waiter) => {
             if let Err(e) = shared.backend.withdraw(&key, waiter).await {
@@ -403,7 +420,6 @@ async fn handle(shared: Arc<Shared>, job: Job) -> bool {
             }
         }
     }
-    false
 }
 
 /// Pauses between background release attempts: a dropped connection or a failover gets

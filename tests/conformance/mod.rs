@@ -796,6 +796,77 @@ pub async fn subscriber_reconnect_loses_no_wake_up<H: Harness>(
     );
 }
 
+/// Issue 24, item 4: a guard dropped just before the process exited stayed locked for
+/// its whole ttl. `shutdown` releases what every guard holds (watched or not, each
+/// kind, `lock_all`'s keys) and the releases of guards dropped just before, at once;
+/// a `hold_at_least` lock keeps its minimum hold; afterwards guards say they hold
+/// nothing and the manager refuses new work.
+pub async fn shutdown_frees_every_lock_at_once<H: Harness>(h: &H) {
+    let locks = manager(h).await;
+    let other = manager(h).await;
+    let [a, r, p, m1, m2, d, kept] = [
+        "sd_lock",
+        "sd_read",
+        "sd_permit",
+        "sd_all1",
+        "sd_all2",
+        "sd_dropped",
+        "sd_kept",
+    ]
+    .map(unique);
+    let long = || LockOptions::new().ttl(Duration::from_secs(60));
+    let exclusive = locks.lock_with(&a, long()).await.unwrap();
+    let reader = locks.read_with(&r, long().watchdog(false)).await.unwrap();
+    let permit = locks.permit_with(&p, 2, long()).await.unwrap();
+    let both = locks.lock_all_with([&m1, &m2], long()).await.unwrap();
+    let kept_guard = locks
+        .lock_with(&kept, long().hold_at_least(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    // Dropped just before the way out: its release is the background task's.
+    drop(locks.lock_with(&d, long()).await.unwrap());
+
+    locks.shutdown(Duration::from_secs(10)).await.unwrap();
+
+    assert!(!exclusive.is_held() && !reader.is_held() && !permit.is_held());
+    assert!(!kept_guard.is_held());
+    for key in [&a, &m1, &m2, &d] {
+        assert!(
+            other.try_lock(key).await.unwrap().is_some(),
+            "{key} still held after shutdown"
+        );
+    }
+    assert!(
+        other.try_write(&r).await.unwrap().is_some(),
+        "{r} still read"
+    );
+    let places = [
+        other.try_permit(&p, 2).await.unwrap(),
+        other.try_permit(&p, 2).await.unwrap(),
+    ];
+    assert!(places.iter().all(Option::is_some), "{p}'s place still held");
+    assert!(
+        other.try_lock(&kept).await.unwrap().is_none(),
+        "{kept}: hold_at_least ended by shutdown"
+    );
+
+    let clone = locks.clone();
+    assert!(matches!(
+        clone.lock("sd_after").await,
+        Err(LockError::ShutDown)
+    ));
+    assert!(matches!(
+        locks.try_read("sd_after").await,
+        Err(LockError::ShutDown)
+    ));
+    assert!(matches!(
+        exclusive.release().await,
+        Err(LockError::NotHeld { .. })
+    ));
+    locks.shutdown(Duration::from_secs(1)).await.unwrap();
+    drop((both, reader, permit, kept_guard));
+}
+
 /// One `#[tokio::test]` per behaviour, for the harness `$make` builds.
 #[macro_export]
 macro_rules! conformance_tests {
@@ -806,7 +877,8 @@ macro_rules! conformance_tests {
             fencing_across_expiry, fencing_unique_under_concurrency, queue_full,
             notified_handoff_is_fast, one_attempt_apis, extend_sets_ttl,
             expiry_without_watchdog, guards_are_not_reentrant, local_waiters_are_fifo,
-            bad_input_is_rejected, inspect_tells_who_holds_what, list_shows_held_locks_only);
+            bad_input_is_rejected, inspect_tells_who_holds_what, list_shows_held_locks_only,
+            shutdown_frees_every_lock_at_once);
     };
     (@each $make:expr; $($name:ident),*) => {
         $(

@@ -29,6 +29,7 @@ impl LockError {
             Self::QueueFull { .. }
             | Self::QuorumUnavailable { .. }
             | Self::ReplicasUnavailable { .. }
+            | Self::ShutDown
             | Self::Backend { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::Lost { .. } => StatusCode::CONFLICT,
             Self::InvalidKey { .. } => StatusCode::BAD_REQUEST,
@@ -233,6 +234,7 @@ mod tests {
         let key = || "lock:k_{1}".to_owned();
         vec![
             LockError::Timeout { key: key() },
+            LockError::ShutDown,
             LockError::QueueFull { key: key() },
             LockError::Lost { key: key() },
             LockError::NotHeld { key: key() },
@@ -267,7 +269,11 @@ mod tests {
             let res = error_response::<String>(&err);
             let expected = match err.kind() {
                 "timeout" => 423,
-                "queue_full" | "quorum_unavailable" | "replicas_unavailable" | "backend" => 503,
+                "queue_full"
+                | "quorum_unavailable"
+                | "replicas_unavailable"
+                | "shut_down"
+                | "backend" => 503,
                 "lost" => 409,
                 "invalid_key" => 400,
                 _ => 500,

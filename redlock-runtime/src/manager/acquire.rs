@@ -67,11 +67,8 @@ struct PendingAttempt<'a> {
 impl Drop for PendingAttempt<'_> {
     fn drop(&mut self) {
         if self.armed {
-            let _ = self
-                .manager
-                .0
-                .jobs
-                .send(Job::Abandon(self.key.clone(), self.token, self.mode));
+            self.manager
+                .send_job(Job::Abandon(self.key.clone(), self.token, self.mode));
         }
     }
 }
@@ -89,11 +86,8 @@ struct PendingIntent<'a> {
 impl Drop for PendingIntent<'_> {
     fn drop(&mut self) {
         if self.armed {
-            let _ = self
-                .manager
-                .0
-                .jobs
-                .send(Job::Withdraw(self.key.clone(), self.waiter));
+            self.manager
+                .send_job(Job::Withdraw(self.key.clone(), self.waiter));
         }
     }
 }
@@ -183,7 +177,11 @@ impl LockManager {
                 "lock not acquired"
             ),
         }
-        result
+        // Granted while `shutdown` ran: given back at once (in the background).
+        match result {
+            Ok(_) if self.0.shared.is_closed() => Err(LockError::ShutDown),
+            result => result,
+        }
     }
 
     /// Takes every key (sorted, distinct) exclusively: in one step where the backend
@@ -226,6 +224,7 @@ impl LockManager {
                 Err(_) => {}
             }
             match together {
+                Ok(Some(_)) if self.0.shared.is_closed() => return Err(LockError::ShutDown),
                 Ok(Some(guards)) => return Ok(guards),
                 Ok(None) => {}
                 Err(e) if opts.wait.is_zero() => return Err(e),
@@ -238,6 +237,9 @@ impl LockManager {
         let granted = lease::now();
         for guard in &guards {
             guard.lease().hold_from(granted, opts.hold_at_least);
+        }
+        if self.0.shared.is_closed() {
+            return Err(LockError::ShutDown);
         }
         Ok(MultiGuard::new(guards))
     }

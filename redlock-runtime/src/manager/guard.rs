@@ -42,6 +42,7 @@ pub struct LockGuard {
 
 impl LockGuard {
     pub(crate) fn new(lease: Arc<Lease>, manager: LockManager) -> Self {
+        manager.0.shared.hold(&lease);
         Self {
             lease,
             manager,
@@ -275,6 +276,7 @@ impl LockManager {
             });
         };
         shared.unwatch(lease.id);
+        shared.let_go(lease.id);
         // A release that fails or is cut short is retried in the background as the
         // lease's own release: with its `hold_at_least` keep, never as an abandoned
         // attempt (which deletes at once).
@@ -329,7 +331,8 @@ impl LockManager {
     pub(crate) fn release_in_background(&self, lease: &Arc<Lease>) {
         if lease.mark_released().is_some() {
             self.0.shared.unwatch(lease.id);
-            let _ = self.0.jobs.send(Job::Release(lease.clone()));
+            self.0.shared.let_go(lease.id);
+            self.send_job(Job::Release(lease.clone()));
         }
     }
 
@@ -400,7 +403,7 @@ struct PendingRelease<'a> {
 impl Drop for PendingRelease<'_> {
     fn drop(&mut self) {
         if self.armed {
-            let _ = self.manager.0.jobs.send(Job::Release(self.lease.clone()));
+            self.manager.send_job(Job::Release(self.lease.clone()));
         }
     }
 }

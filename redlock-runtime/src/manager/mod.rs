@@ -480,8 +480,95 @@ impl LockManager {
         Arc::ptr_eq(&self.0, &other.0)
     }
 
-    /// `Err(WrongRuntime)` unless called on the runtime that built the manager.
+    /// Hands a job to the background task, counted until it is done (see
+    /// [`shutdown`](Self::shutdown)).
+    pub(crate) fn send_job(&self, job: Job) {
+        let counted = job.is_counted();
+        if counted {
+            self.0.shared.job_sent();
+        }
+        if self.0.jobs.send(job).is_err() && counted {
+            self.0.shared.job_done();
+        }
+    }
+
+    /// Releases every lock this manager's guards hold and finishes the releases it was
+    /// doing in the background (of guards dropped just before), within `within`: what
+    /// a process calls on its way out, so that its locks are free at once rather than
+    /// at their ttl. A lock taken with
+    /// [`hold_at_least`](crate::LockOptions::hold_at_least) is kept until its minimum
+    /// hold, as by its own release. Afterwards every guard reports
+    /// [`is_held`](crate::LockGuard::is_held)` == false`, and the manager (and every
+    /// clone of it) refuses new work with [`LockError::ShutDown`]; a second call does
+    /// nothing more.
+    ///
+    /// # Errors
+    /// [`LockError::Backend`] (or another release error) when a release failed, and a
+    /// timed-out [`LockError::Backend`] when `within` ran out first: the locks not
+    /// released then are freed by their ttl. [`LockError::WrongRuntime`].
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves the manager shut down; releases cut short go on in the
+    /// background, and the ttl frees whatever they do not.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use std::time::Duration;
+    ///
+    /// use redlock::{LockError, LockManager};
+    ///
+    /// let locks = LockManager::builder().in_memory().build().await?;
+    /// let held = locks.lock("import").await?;
+    /// drop(locks.lock("export").await?); // released in the background
+    /// locks.shutdown(Duration::from_secs(5)).await?; // on the way out
+    /// assert!(!held.is_held());
+    /// assert!(matches!(locks.lock("import").await, Err(LockError::ShutDown)));
+    /// # Ok(()) }
+    /// ```
+    pub async fn shutdown(&self, within: Duration) -> Result<(), LockError> {
+        self.on_runtime()?;
+        let shared = &self.0.shared;
+        if !shared.close() {
+            return Ok(());
+        }
+        let leases = shared.leases();
+        let released =
+            futures_util::future::join_all(leases.iter().map(|lease| self.release_lease(lease)));
+        let done = async {
+            let results = released.await;
+            shared.drained().await;
+            results
+        };
+        let results = tokio::time::timeout(within, done)
+            .await
+            .map_err(|_| LockError::timed_out("shutdown", within))?;
+        tracing::debug!(
+            target: "redlock",
+            backend = self.backend_name(),
+            locks = leases.len(),
+            "lock manager shut down"
+        );
+        results
+            .into_iter()
+            .filter_map(Result::err)
+            .find(|e| !matches!(e, LockError::NotHeld { .. } | LockError::Lost { .. }))
+            .map_or(Ok(()), Err)
+    }
+
+    /// `Err(ShutDown)` once [`shutdown`](Self::shutdown) ran; `Err(WrongRuntime)` unless
+    /// called on the runtime that built the manager.
     pub(crate) fn check_runtime(&self) -> Result<(), LockError> {
+        if self.0.shared.is_closed() {
+            return Err(LockError::ShutDown);
+        }
+        self.on_runtime()
+    }
+
+    /// `Err(WrongRuntime)` unless called on the runtime that built the manager.
+    fn on_runtime(&self) -> Result<(), LockError> {
         match tokio::runtime::Handle::try_current() {
             Ok(handle) if handle.id() == self.0.runtime => Ok(()),
             Ok(_) => Err(LockError::WrongRuntime {
