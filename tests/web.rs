@@ -232,6 +232,7 @@ on_both_backends!(
     lock_lost_mid_request_still_responds,
     path_spellings_of_one_id_share_one_lock,
     unparsable_id_gets_400_and_skips_the_handler,
+    a_named_route_parameter_keys_every_route_alike,
 );
 
 // ---------------------------------------------------------------------------------------
@@ -413,6 +414,62 @@ async fn unparsable_id_gets_400_and_skips_the_handler(backend: Backend) {
         StatusCode::OK
     );
     assert_eq!(counter.value.load(Ordering::SeqCst), 1);
+}
+
+/// The key the request held, or `none`.
+async fn held_key(lock: Option<Extension<HeldLock>>) -> String {
+    lock.map_or_else(|| "none".to_owned(), |Extension(l)| l.key().to_owned())
+}
+
+/// Issue 24, item 2: `path_segment` counts segments, so a layer over a whole router
+/// locked `lock:goods_{42}` for `/jobs/42/run` and answered `/users/alice` with `400
+/// invalid_key`. `path_param` finds `{id}` in the route axum matched, wherever it sits
+/// (nested routers too); a route without it is a configuration error (`500`), never a
+/// wrong key, and so is a key function used outside a router.
+async fn a_named_route_parameter_keys_every_route_alike(backend: Backend) {
+    let locks = locks(backend, "named", 1024).await;
+    let by_id = || {
+        LockLayer::new(
+            locks.manager.clone(),
+            key::path_param::<u64>("id", "job_{}"),
+        )
+    };
+    let app = Router::new()
+        .route("/jobs/{id}/run", post(held_key))
+        .route("/teams/{team}/jobs/{id}/rename", post(held_key))
+        .route("/users/{name}", post(held_key))
+        .route_layer(by_id())
+        .nest(
+            "/v2",
+            Router::new()
+                .route("/jobs/{id}/run", post(held_key))
+                .route_layer(by_id()),
+        );
+    let addr = serve(app).await;
+    let client = client();
+    let full = "web:named:job_{42}";
+    for path in [
+        "/jobs/42/run",
+        "/jobs/042/run",
+        "/teams/7/jobs/42/rename",
+        "/v2/jobs/%34%32/run",
+    ] {
+        let reply = post_(&client, addr, path).await;
+        assert_eq!(reply.status, StatusCode::OK, "{path}: {reply:?}");
+        assert_eq!(reply.body, full, "{path}");
+    }
+    let misfit = serde_json::json!({"error": "invalid_option", "key": null});
+    let reply = post_(&client, addr, "/users/alice").await;
+    assert_eq!(reply.status, StatusCode::INTERNAL_SERVER_ERROR, "{reply:?}");
+    assert_eq!(reply.json(), misfit);
+    // Outside a router (no route matched yet): a configuration error too.
+    let outside = key::path_param::<u64>("id", "job_{}");
+    let request = Request::post("/jobs/42/run").body(()).unwrap();
+    let err = redlock::tower::KeyFn::key(&outside, &request).unwrap_err();
+    assert!(matches!(err, LockError::InvalidOption { .. }), "{err}");
+    let reply = post_(&client, addr, "/jobs/abc/run").await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{reply:?}");
+    assert!(!locks.manager.is_locked("job_{42}").await.unwrap());
 }
 
 async fn sleepy(Path(_id): Path<u64>) -> &'static str {

@@ -1,5 +1,6 @@
 //! Lock keys from requests: the [`KeyFn`] trait, and ready-made typed extractors for a
-//! path segment ([`path_segment`]) and a header ([`header`]).
+//! named route parameter (`path_param`, feature `axum`), a path segment by position
+//! ([`path_segment`]) and a header ([`header`]).
 //!
 //! # Lock the value the handler uses, not the text the client sent
 //!
@@ -225,6 +226,127 @@ impl<T> fmt::Debug for PathSegment<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PathSegment")
             .field("index", &self.index)
+            .field("template", &self.template)
+            .field("value", &type_name::<T>())
+            .finish()
+    }
+}
+
+/// The key function of `path_param`.
+#[cfg(feature = "axum")]
+pub struct PathParam<T> {
+    name: Box<str>,
+    template: Template,
+    // As in `PathSegment`.
+    value: PhantomData<fn() -> T>,
+}
+
+/// A key from the route parameter `name` (`{id}` in `/goods/{id}/buy`), found through
+/// the route axum matched, percent-decoded, parsed as a `T` and formatted back with
+/// `T`'s `Display` in place of `template`'s `{}`: `path_param::<u64>("id", "goods_{}")`
+/// locks `/goods/42/buy` and `/goods/042/buy` as `goods_{42}`, on every route that has
+/// an `{id}` wherever it sits. Decoding and parsing are as in [`path_segment`], which
+/// counts segments instead; a layer over routes whose parameters sit at different
+/// places needs this one.
+///
+/// - **A configuration error** (`500 Internal Server Error` with
+///   [`LockError::InvalidOption`], the inner service not called) when the matched route
+///   has no parameter `name` (a layer over a route it does not fit), when no route was
+///   matched yet (the layer wraps the router from outside instead of being added with
+///   `Router::route_layer` or `Router::layer`), or for a wildcard parameter (`{*rest}`):
+///   never a silently wrong key.
+/// - **Rejected** with [`LockError::InvalidKey`] (`400 Bad Request`) when the value does
+///   not decode to UTF-8 or does not parse as a `T`.
+///
+/// # Panics
+/// When `template` does not contain exactly one `{}` (found when the layer is built).
+///
+/// ```
+/// use axum::routing::post;
+/// use axum::Router;
+/// use redlock::tower::{key, LockLayer};
+/// # async fn run(_: axum::extract::Path<u64>) {}
+/// # async fn rename(_: axum::extract::Path<(String, u64)>) {}
+/// # fn app(locks: redlock::LockManager) -> Router {
+/// // One layer over two routes: `{id}` is the second segment of one, the third of the
+/// // other; both lock `job_{<id>}`.
+/// Router::new()
+///     .route("/jobs/{id}/run", post(run))
+///     .route("/teams/{team}/jobs/{id}/rename", post(rename))
+///     .route_layer(LockLayer::new(locks, key::path_param::<u64>("id", "job_{}")))
+/// # }
+/// ```
+#[cfg(feature = "axum")]
+pub fn path_param<T: FromStr + Display>(name: &str, template: &str) -> PathParam<T> {
+    PathParam {
+        name: name.into(),
+        template: Template::parse(template),
+        value: PhantomData,
+    }
+}
+
+#[cfg(feature = "axum")]
+impl<B, T: FromStr + Display> KeyFn<B> for PathParam<T> {
+    fn key(&self, request: &Request<B>) -> Result<Option<String>, LockError> {
+        let misfit =
+            |why: String| LockError::invalid_option(format!("path_param({:?}): {why}", self.name));
+        let Some(route) = request.extensions().get::<axum::extract::MatchedPath>() else {
+            return Err(misfit(
+                "no route matched yet: add the LockLayer to the router with \
+                 Router::route_layer, not around it"
+                    .to_owned(),
+            ));
+        };
+        let route = route.as_str();
+        let wanted = format!("{{{}}}", self.name);
+        let pattern: Vec<&str> = route.trim_start_matches('/').split('/').collect();
+        if pattern.iter().any(|p| p.starts_with("{*")) {
+            return Err(misfit(format!(
+                "route {route} has a wildcard parameter; use a key closure"
+            )));
+        }
+        let Some(at) = pattern.iter().position(|p| *p == wanted) else {
+            return Err(misfit(format!("route {route} has no {wanted} parameter")));
+        };
+        // Under `Router::nest` the layer sees the path without the nest's prefix, while
+        // the matched route has it: count from the end.
+        let path = request.uri().path();
+        let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+        let from_end = pattern.len() - at;
+        let Some(segment) = segments
+            .len()
+            .checked_sub(from_end)
+            .and_then(|i| segments.get(i))
+        else {
+            return Err(misfit(format!("path {path} does not fit route {route}")));
+        };
+        let what = || format!("route parameter {wanted}");
+        let Some(text) = percent_decode(segment) else {
+            return Err(invalid(format!(
+                "{} {segment:?} is not UTF-8 once percent-decoded",
+                what()
+            )));
+        };
+        self.template.render_parsed::<T>(&text, what).map(Some)
+    }
+}
+
+#[cfg(feature = "axum")]
+impl<T> Clone for PathParam<T> {
+    fn clone(&self) -> Self {
+        Self {
+            name: self.name.clone(),
+            template: self.template.clone(),
+            value: PhantomData,
+        }
+    }
+}
+
+#[cfg(feature = "axum")]
+impl<T> fmt::Debug for PathParam<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PathParam")
+            .field("name", &self.name)
             .field("template", &self.template)
             .field("value", &type_name::<T>())
             .finish()
