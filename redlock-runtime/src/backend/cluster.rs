@@ -1335,6 +1335,27 @@ mod tests {
     use super::*;
     use crate::waiters::Waiters;
 
+    /// A 3-master cluster and a backend on it, with the waiters its wake-ups go to (kept
+    /// alive: the subscriber's tasks end with them).
+    async fn cluster_backend() -> (RedisCluster, Arc<Waiters>, ClusterBackend) {
+        let cluster = tokio::task::spawn_blocking(|| RedisCluster::start(3, 0))
+            .await
+            .unwrap();
+        let waiters = Arc::new(Waiters::new(16, Box::new(|_| {})));
+        let timeouts = Timeouts {
+            connect: Duration::from_secs(3),
+            response: Duration::from_secs(1),
+        };
+        let backend = ClusterBackend::connect(
+            ClusterNodes::urls(&cluster.urls()),
+            timeouts,
+            Wake::new(&waiters),
+        )
+        .await
+        .unwrap();
+        (cluster, waiters, backend)
+    }
+
     /// How many connections the master of `channel`'s slot has subscribed to it.
     async fn shard_numsub(cluster: &RedisCluster, channel: &str) -> i64 {
         let node = cluster.node(cluster.master_for_key(channel));
@@ -1365,21 +1386,7 @@ mod tests {
     /// the order of that interleaving.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn subscription_cut_while_waiting_for_its_turn_still_counts_its_interest() {
-        let cluster = tokio::task::spawn_blocking(|| RedisCluster::start(3, 0))
-            .await
-            .unwrap();
-        let waiters = Arc::new(Waiters::new(16, Box::new(|_| {})));
-        let timeouts = Timeouts {
-            connect: Duration::from_secs(3),
-            response: Duration::from_secs(1),
-        };
-        let backend = ClusterBackend::connect(
-            ClusterNodes::urls(&cluster.urls()),
-            timeouts,
-            Wake::new(&waiters),
-        )
-        .await
-        .unwrap();
+        let (cluster, _waiters, backend) = cluster_backend().await;
         let sub = backend.subscriber();
         let key = "lock:cut_while_waiting_{1}";
 
@@ -1426,21 +1433,7 @@ mod tests {
     /// connection holding fewer channels than believed, and subscribe both again.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_channel_lost_without_a_word_is_subscribed_again_by_the_audit() {
-        let cluster = tokio::task::spawn_blocking(|| RedisCluster::start(3, 0))
-            .await
-            .unwrap();
-        let waiters = Arc::new(Waiters::new(16, Box::new(|_| {})));
-        let timeouts = Timeouts {
-            connect: Duration::from_secs(3),
-            response: Duration::from_secs(1),
-        };
-        let backend = ClusterBackend::connect(
-            ClusterNodes::urls(&cluster.urls()),
-            timeouts,
-            Wake::new(&waiters),
-        )
-        .await
-        .unwrap();
+        let (cluster, _waiters, backend) = cluster_backend().await;
         let sub = backend.subscriber();
         // Two channels in two slots of one master.
         let master = cluster.master_for_key("lock:audited_{0}");
@@ -1494,21 +1487,7 @@ mod tests {
     /// while its subscription is in flight. A lost channel is the resubscriber's.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn heads_asking_again_for_lost_channels_leave_them_to_the_resubscriber() {
-        let cluster = tokio::task::spawn_blocking(|| RedisCluster::start(3, 0))
-            .await
-            .unwrap();
-        let waiters = Arc::new(Waiters::new(16, Box::new(|_| {})));
-        let timeouts = Timeouts {
-            connect: Duration::from_secs(3),
-            response: Duration::from_secs(1),
-        };
-        let backend = ClusterBackend::connect(
-            ClusterNodes::urls(&cluster.urls()),
-            timeouts,
-            Wake::new(&waiters),
-        )
-        .await
-        .unwrap();
+        let (cluster, _waiters, backend) = cluster_backend().await;
         let sub = backend.subscriber();
         let keys: Vec<String> = (0..150).map(|i| format!("lock:lost_{{{i}}}")).collect();
         for r in join_all(keys.iter().map(|k| sub.subscribe(k, true))).await {
