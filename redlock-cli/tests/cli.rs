@@ -399,7 +399,7 @@ async fn watch_says_first_what_it_cannot_see() {
 
     let polled = tokio::time::timeout(
         Duration::from_secs(30),
-        redlock_on(&["--redlock"], &[url.clone()])
+        redlock_on(&["--redlock"], std::slice::from_ref(&url))
             .args(["watch", "lock:short_{1}", "--for", "1500ms"])
             .output(),
     )
