@@ -116,6 +116,33 @@ fn public_async_methods_have_examples() {
     assert!(bad.is_empty(), "no # Examples:\n{}", bad.join("\n"));
 }
 
+/// Issue 24, item 7: 7 of 32 public `async fn`s said what dropping their future does.
+/// Every one has a `# Cancel safety` section.
+#[test]
+fn public_async_methods_say_what_cancelling_does() {
+    let mut bad = Vec::new();
+    for (name, text) in runtime_sources() {
+        if name.ends_with("macro_support.rs") {
+            continue;
+        }
+        let lines: Vec<&str> = text.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            if !line.trim_start().starts_with("pub async fn ") {
+                continue;
+            }
+            let said = lines[..i]
+                .iter()
+                .rev()
+                .take_while(|l| is_doc(l) || l.trim_start().starts_with("#["))
+                .any(|l| l.trim() == "/// # Cancel safety");
+            if !said {
+                bad.push(format!("{name}:{}: {}", i + 1, line.trim()));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "no # Cancel safety:\n{}", bad.join("\n"));
+}
+
 /// The macros' documentation is written once, on the macros in redlock-macros; the
 /// facade's re-export adds none (rustdoc would show both texts, one after the other, on docs.rs).
 #[test]

@@ -53,6 +53,9 @@ impl MultiGuard {
 
     /// Resolves when any key is lost.
     ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future changes nothing.
+    ///
     /// # Examples
     ///
     /// ```
@@ -87,6 +90,10 @@ impl MultiGuard {
     /// Sets the remaining ttl of every key to `ttl`; `Err` when any key could not be
     /// extended (the first such error).
     ///
+    /// # Cancel safety
+    /// As [`LockGuard::extend`] for each key: dropping the future does not cancel the
+    /// requests, which complete in the background.
+    ///
     /// # Examples
     ///
     /// ```
@@ -111,6 +118,10 @@ impl MultiGuard {
 
     /// Releases every key; `Err` (the first error) when any was already lost or could
     /// not be released; the others are released all the same.
+    ///
+    /// # Cancel safety
+    /// As [`LockGuard::release`] for each key: a release cut short still happens in the
+    /// background.
     ///
     /// # Examples
     ///

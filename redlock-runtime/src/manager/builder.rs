@@ -345,6 +345,10 @@ impl LockManagerBuilder {
     /// [`LockError::Backend`] when a node cannot be reached within the connect timeout
     /// (or, under `require_noeviction(true)`, its policy cannot be read).
     ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future closes what it had opened; nothing is left on the
+    /// server.
+    ///
     /// # Examples
     ///
     /// ```

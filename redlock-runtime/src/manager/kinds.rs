@@ -34,6 +34,9 @@ impl LockManager {
     /// # Errors
     /// As [`lock`](Self::lock).
     ///
+    /// # Cancel safety
+    /// As [`lock`](Self::lock).
+    ///
     /// # Examples
     ///
     /// ```
@@ -56,6 +59,9 @@ impl LockManager {
     ///
     /// # Errors
     /// As [`try_lock`](Self::try_lock).
+    ///
+    /// # Cancel safety
+    /// As [`lock`](Self::lock).
     ///
     /// # Examples
     ///
@@ -115,6 +121,9 @@ impl LockManager {
     /// As [`lock_with`](Self::lock_with); `min_replicas` is an
     /// [`LockError::InvalidOption`] for a reader.
     ///
+    /// # Cancel safety
+    /// As [`lock`](Self::lock).
+    ///
     /// # Examples
     ///
     /// ```
@@ -145,6 +154,10 @@ impl LockManager {
     /// # Errors
     /// As [`lock`](Self::lock).
     ///
+    /// # Cancel safety
+    /// As [`lock`](Self::lock); a writer that stops waiting without the lock (its future
+    /// dropped too) withdraws its intent in the background.
+    ///
     /// # Examples
     ///
     /// ```
@@ -171,6 +184,9 @@ impl LockManager {
     ///
     /// # Errors
     /// As [`try_lock`](Self::try_lock).
+    ///
+    /// # Cancel safety
+    /// As [`lock`](Self::lock).
     ///
     /// # Examples
     ///
@@ -229,6 +245,9 @@ impl LockManager {
     /// # Errors
     /// As [`lock_with`](Self::lock_with).
     ///
+    /// # Cancel safety
+    /// As [`write`](Self::write).
+    ///
     /// # Examples
     ///
     /// ```
@@ -263,6 +282,9 @@ impl LockManager {
     /// # Errors
     /// As [`lock`](Self::lock); `n == 0` is [`LockError::InvalidOption`].
     ///
+    /// # Cancel safety
+    /// As [`lock`](Self::lock).
+    ///
     /// # Examples
     ///
     /// ```
@@ -285,6 +307,9 @@ impl LockManager {
     ///
     /// # Errors
     /// As [`try_lock`](Self::try_lock); `n == 0` is [`LockError::InvalidOption`].
+    ///
+    /// # Cancel safety
+    /// As [`lock`](Self::lock).
     ///
     /// # Examples
     ///
@@ -346,6 +371,9 @@ impl LockManager {
     /// As [`permit`](Self::permit); `min_replicas` is an [`LockError::InvalidOption`]
     /// for a permit.
     ///
+    /// # Cancel safety
+    /// As [`lock`](Self::lock).
+    ///
     /// # Examples
     ///
     /// ```
@@ -386,6 +414,10 @@ impl LockManager {
     /// As [`lock`](Self::lock); no key at all is [`LockError::InvalidKey`]. On an
     /// error, no key is left held.
     ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future at any point leaves no key held; keys a round had
+    /// taken are released in the background.
+    ///
     /// # Examples
     ///
     /// ```
@@ -412,6 +444,9 @@ impl LockManager {
     ///
     /// # Errors
     /// As [`try_lock`](Self::try_lock).
+    ///
+    /// # Cancel safety
+    /// As [`lock_all`](Self::lock_all).
     ///
     /// # Examples
     ///
@@ -481,6 +516,9 @@ impl LockManager {
     /// the wait bounds the whole call.
     ///
     /// # Errors
+    /// As [`lock_all`](Self::lock_all).
+    ///
+    /// # Cancel safety
     /// As [`lock_all`](Self::lock_all).
     ///
     /// # Examples

@@ -102,6 +102,9 @@ impl LockManager {
     /// # Errors
     /// As [`LockManagerBuilder::build`].
     ///
+    /// # Cancel safety
+    /// As [`build`](LockManagerBuilder::build).
+    ///
     /// # Examples
     ///
     /// ```no_run
@@ -320,6 +323,9 @@ impl LockManager {
     /// [`LockError::InvalidKey`], [`LockError::Backend`] (or
     /// [`LockError::QuorumUnavailable`] when too few Redlock nodes answered).
     ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
+    ///
     /// # Examples
     ///
     /// ```
@@ -351,6 +357,9 @@ impl LockManager {
     /// # Errors
     /// [`LockError::InvalidKey`], [`LockError::Backend`] (or
     /// [`LockError::QuorumUnavailable`] when too few Redlock nodes answered).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
     ///
     /// # Examples
     ///
@@ -390,6 +399,9 @@ impl LockManager {
     /// [`LockError::Backend`] when a node fails (on Redlock, when fewer than a quorum of
     /// nodes could be scanned: [`LockError::QuorumUnavailable`]).
     ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
+    ///
     /// # Examples
     ///
     /// ```
@@ -423,6 +435,10 @@ impl LockManager {
     ///
     /// # Errors
     /// [`LockError::InvalidKey`], [`LockError::Backend`].
+    ///
+    /// # Cancel safety
+    /// The request may have been applied when the future is dropped: the lock may be gone
+    /// or not. Calling it again is harmless.
     ///
     /// # Examples
     ///
