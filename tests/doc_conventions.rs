@@ -116,6 +116,44 @@ fn public_async_methods_have_examples() {
     assert!(bad.is_empty(), "no # Examples:\n{}", bad.join("\n"));
 }
 
+/// Issue 24, item 7: 36 of 81 public methods had an example. Every public function of the
+/// runtime (the facade re-exports them) shows one, unless it is hidden from the docs.
+#[test]
+fn public_functions_have_examples() {
+    let mut bad = Vec::new();
+    let mut seen = 0;
+    for (name, text) in runtime_sources() {
+        if name.ends_with("macro_support.rs") {
+            continue;
+        }
+        let lines: Vec<&str> = text.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            let t = line.trim_start();
+            if !(t.starts_with("pub fn ") || t.starts_with("pub async fn ")) {
+                continue;
+            }
+            let doc: Vec<&str> = lines[..i]
+                .iter()
+                .rev()
+                .take_while(|l| is_doc(l) || l.trim_start().starts_with("#["))
+                .map(|l| l.trim())
+                .collect();
+            if doc.contains(&"#[doc(hidden)]") {
+                continue;
+            }
+            seen += 1;
+            if !doc.iter().any(|l| l.starts_with("/// ```")) {
+                bad.push(format!("{name}:{}: {}", i + 1, t));
+            }
+        }
+    }
+    assert!(
+        seen >= 80,
+        "found only {seen} public functions: the scan is broken"
+    );
+    assert!(bad.is_empty(), "no example:\n{}", bad.join("\n"));
+}
+
 /// Issue 24, item 7: 7 of 32 public `async fn`s said what dropping their future does.
 /// Every one has a `# Cancel safety` section.
 #[test]

@@ -108,6 +108,13 @@ pub enum LockError {
 impl LockError {
     /// True when trying again later may succeed (a timeout, a full queue, a backend or
     /// quorum failure), false for errors in the caller's input or a lost lock.
+    ///
+    /// ```
+    /// use redlock::LockError;
+    ///
+    /// assert!(LockError::Timeout { key: "lock:buy_{42}".into() }.is_retryable());
+    /// assert!(!LockError::InvalidKey { reason: "empty".into() }.is_retryable());
+    /// ```
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
@@ -121,6 +128,13 @@ impl LockError {
 
     /// The variant's name in snake_case (`timeout`, `queue_full`, `lost`, ...), as used in
     /// logs and HTTP error bodies.
+    ///
+    /// ```
+    /// use redlock::LockError;
+    ///
+    /// assert_eq!(LockError::Timeout { key: "lock:buy_{42}".into() }.kind(), "timeout");
+    /// assert_eq!(LockError::ShutDown.kind(), "shut_down");
+    /// ```
     pub fn kind(&self) -> &'static str {
         match self {
             Self::Timeout { .. } => "timeout",
@@ -139,6 +153,14 @@ impl LockError {
     }
 
     /// The full lock key the error is about, when there is one.
+    ///
+    /// ```
+    /// use redlock::LockError;
+    ///
+    /// let err = LockError::Lost { key: "lock:buy_{42}".into() };
+    /// assert_eq!(err.key(), Some("lock:buy_{42}"));
+    /// assert_eq!(LockError::NoManager.key(), None);
+    /// ```
     pub fn key(&self) -> Option<&str> {
         match self {
             Self::Timeout { key }
@@ -152,6 +174,16 @@ impl LockError {
     }
 
     /// A hint for clients on when to try again (used for HTTP `Retry-After`).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// use redlock::LockError;
+    ///
+    /// let busy = LockError::QueueFull { key: "lock:buy_{42}".into() };
+    /// assert_eq!(busy.retry_after(), Some(Duration::from_secs(1)));
+    /// assert_eq!(LockError::NoManager.retry_after(), None);
+    /// ```
     pub fn retry_after(&self) -> Option<Duration> {
         self.is_retryable().then_some(Duration::from_secs(1))
     }

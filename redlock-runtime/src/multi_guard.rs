@@ -37,16 +37,52 @@ impl MultiGuard {
     }
 
     /// The full keys (prefix included), in sorted order.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use redlock::LockManager;
+    ///
+    /// let locks = LockManager::builder().in_memory().build().await?;
+    /// let both = locks.lock_all(["account_{42}", "account_{17}"]).await?;
+    /// assert_eq!(both.keys(), ["lock:account_{17}", "lock:account_{42}"]); // sorted
+    /// both.release().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn keys(&self) -> Vec<&str> {
         self.guards.iter().map(LockGuard::key).collect()
     }
 
     /// One fencing token per key, in the order of [`keys`](Self::keys).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use redlock::LockManager;
+    ///
+    /// let locks = LockManager::builder().in_memory().build().await?;
+    /// let both = locks.lock_all(["account_{42}", "account_{17}"]).await?;
+    /// assert_eq!(both.fencing_tokens().len(), 2); // one per key, in the keys' order
+    /// both.release().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn fencing_tokens(&self) -> Vec<u64> {
         self.guards.iter().map(LockGuard::fencing_token).collect()
     }
 
     /// Whether every key is still held (see [`LockGuard::is_held`]).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use redlock::LockManager;
+    ///
+    /// let locks = LockManager::builder().in_memory().build().await?;
+    /// let both = locks.lock_all(["account_{42}", "account_{17}"]).await?;
+    /// assert!(both.is_held());
+    /// both.release().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn is_held(&self) -> bool {
         self.guards.iter().all(LockGuard::is_held)
     }

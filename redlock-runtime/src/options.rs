@@ -36,24 +36,83 @@ pub struct LockOptions {
 
 impl LockOptions {
     /// Options that take every value from the manager.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use redlock::{LockManager, LockOptions};
+    ///
+    /// let locks = LockManager::builder().in_memory().build().await?;
+    /// // The manager's ttl (30 s) and wait (10 s), renewed by the watchdog.
+    /// let guard = locks.lock_with("buy_{42}", LockOptions::new()).await?;
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn new() -> Self {
         Self::default()
     }
 
     /// How long the lock lives without renewal (1 ms ..= 30 days; on Redlock at least
     /// 5 ms, see [`MIN_TTL`]).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use std::time::Duration;
+    ///
+    /// use redlock::{LockManager, LockOptions};
+    ///
+    /// let locks = LockManager::builder().in_memory().build().await?;
+    /// let opts = LockOptions::new().ttl(Duration::from_secs(5));
+    /// let guard = locks.lock_with("report_{7}", opts).await?;
+    /// assert!(guard.valid_until() <= std::time::Instant::now() + Duration::from_secs(5));
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = Some(ttl);
         self
     }
 
     /// How long to wait for a held lock; `Duration::ZERO` makes one attempt.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use std::time::Duration;
+    ///
+    /// use redlock::{LockError, LockManager, LockOptions};
+    ///
+    /// let locks = LockManager::builder().in_memory().build().await?;
+    /// let _held = locks.lock("buy_{42}").await?;
+    /// let opts = LockOptions::new().wait(Duration::from_millis(20));
+    /// let late = locks.lock_with("buy_{42}", opts).await;
+    /// assert!(matches!(late, Err(LockError::Timeout { .. })));
+    /// # Ok(()) }
+    /// ```
     pub fn wait(mut self, wait: Duration) -> Self {
         self.wait = Some(wait);
         self
     }
 
     /// Whether the watchdog renews the lock while the guard lives (default `true`).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use std::time::Duration;
+    ///
+    /// use redlock::{LockManager, LockOptions};
+    ///
+    /// let locks = LockManager::builder().in_memory().build().await?;
+    /// // Not renewed: it simply expires after 50 ms.
+    /// let opts = LockOptions::new().ttl(Duration::from_millis(50)).watchdog(false);
+    /// let guard = locks.lock_with("cache_{1}", opts).await?;
+    /// tokio::time::sleep(Duration::from_millis(100)).await;
+    /// assert!(!locks.is_locked("cache_{1}").await?);
+    /// # drop(guard);
+    /// # Ok(()) }
+    /// ```
     pub fn watchdog(mut self, on: bool) -> Self {
         self.watchdog = Some(on);
         self
@@ -62,6 +121,16 @@ impl LockOptions {
     /// After acquiring, `WAIT` until `n` replicas acknowledged the write, bounded by
     /// min(ttl/10, 1 s); fewer acknowledgements release the lock and fail with
     /// [`LockError::ReplicasUnavailable`]. Single and cluster backends only.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// use redlock::LockOptions;
+    ///
+    /// // Granted only once a replica has the lock too (and so for every extend and renewal).
+    /// let opts = LockOptions::new().min_replicas(1).ttl(Duration::from_secs(10));
+    /// # let _ = opts;
+    /// ```
     pub fn min_replicas(mut self, n: u32) -> Self {
         self.min_replicas = Some(n);
         self

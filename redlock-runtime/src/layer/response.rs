@@ -162,16 +162,73 @@ impl HeldLock {
     }
 
     /// The full key, prefix included.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use http::{Request, Response};
+    /// use redlock::tower::{key, HeldLock, LockLayer};
+    /// use redlock::LockManager;
+    /// use tower::{service_fn, Layer, ServiceExt};
+    ///
+    /// let locks = LockManager::builder().in_memory().build().await?;
+    /// let layer = LockLayer::new(locks, key::path_segment::<u64>(1, "goods_{}"));
+    /// let svc = layer.layer(service_fn(|req: Request<String>| async move {
+    ///     let lock = req.extensions().get::<HeldLock>().expect("held while the request runs");
+    ///     assert_eq!(lock.key(), "lock:goods_{42}");
+    ///     Ok::<_, std::convert::Infallible>(Response::new(String::new()))
+    /// }));
+    /// svc.oneshot(Request::post("/goods/42/buy").body(String::new())?).await?;
+    /// # Ok(()) }
+    /// ```
     pub fn key(&self) -> &str {
         self.0.key()
     }
 
     /// The lock's fencing token; see [`LockGuard::fencing_token`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use http::{Request, Response};
+    /// use redlock::tower::{key, HeldLock, LockLayer};
+    /// use redlock::LockManager;
+    /// use tower::{service_fn, Layer, ServiceExt};
+    ///
+    /// let locks = LockManager::builder().in_memory().build().await?;
+    /// let layer = LockLayer::new(locks, key::path_segment::<u64>(1, "goods_{}"));
+    /// let svc = layer.layer(service_fn(|req: Request<String>| async move {
+    ///     let lock = req.extensions().get::<HeldLock>().expect("held while the request runs");
+    ///     assert!(lock.fencing_token() >= 1); // pass it to the storage with the write
+    ///     Ok::<_, std::convert::Infallible>(Response::new(String::new()))
+    /// }));
+    /// svc.oneshot(Request::post("/goods/42/buy").body(String::new())?).await?;
+    /// # Ok(()) }
+    /// ```
     pub fn fencing_token(&self) -> u64 {
         self.0.fencing_token()
     }
 
     /// Whether the lock is still held; see [`LockGuard::is_held`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use http::{Request, Response};
+    /// use redlock::tower::{key, HeldLock, LockLayer};
+    /// use redlock::LockManager;
+    /// use tower::{service_fn, Layer, ServiceExt};
+    ///
+    /// let locks = LockManager::builder().in_memory().build().await?;
+    /// let layer = LockLayer::new(locks, key::path_segment::<u64>(1, "goods_{}"));
+    /// let svc = layer.layer(service_fn(|req: Request<String>| async move {
+    ///     let lock = req.extensions().get::<HeldLock>().expect("held while the request runs");
+    ///     assert!(lock.is_held());
+    ///     Ok::<_, std::convert::Infallible>(Response::new(String::new()))
+    /// }));
+    /// svc.oneshot(Request::post("/goods/42/buy").body(String::new())?).await?;
+    /// # Ok(()) }
+    /// ```
     pub fn is_held(&self) -> bool {
         self.0.is_held()
     }

@@ -40,16 +40,67 @@ impl<S, K> LockService<S, K> {
     }
 
     /// The inner service.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use redlock::tower::{key, LockLayer};
+    /// use redlock::LockManager;
+    /// use tower::{service_fn, Layer};
+    ///
+    /// let locks = LockManager::builder().in_memory().build().await?;
+    /// let inner = service_fn(|_: http::Request<String>| async {
+    ///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+    /// });
+    /// let layer = LockLayer::new(locks, key::path_segment::<u64>(1, "goods_{}"));
+    /// let svc = layer.layer(inner);
+    /// let _inner = svc.get_ref();
+    /// # Ok(()) }
+    /// ```
     pub fn get_ref(&self) -> &S {
         &self.inner
     }
 
     /// The inner service, mutably.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use redlock::tower::{key, LockLayer};
+    /// use redlock::LockManager;
+    /// use tower::{service_fn, Layer};
+    ///
+    /// let locks = LockManager::builder().in_memory().build().await?;
+    /// let inner = service_fn(|_: http::Request<String>| async {
+    ///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+    /// });
+    /// let layer = LockLayer::new(locks, key::path_segment::<u64>(1, "goods_{}"));
+    /// let mut svc = layer.layer(inner);
+    /// let _inner = svc.get_mut();
+    /// # Ok(()) }
+    /// ```
     pub fn get_mut(&mut self) -> &mut S {
         &mut self.inner
     }
 
     /// The inner service, consuming the lock service.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use redlock::tower::{key, LockLayer};
+    /// use redlock::LockManager;
+    /// use tower::{service_fn, Layer};
+    ///
+    /// let locks = LockManager::builder().in_memory().build().await?;
+    /// let inner = service_fn(|_: http::Request<String>| async {
+    ///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+    /// });
+    /// let layer = LockLayer::new(locks, key::path_segment::<u64>(1, "goods_{}"));
+    /// let svc = layer.layer(inner);
+    /// let _inner = svc.into_inner();
+    /// # Ok(()) }
+    /// ```
     pub fn into_inner(self) -> S {
         self.inner
     }

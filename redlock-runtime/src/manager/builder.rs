@@ -152,6 +152,12 @@ impl LockManagerBuilder {
     /// (`rediss://` with the `tls` feature, `redis+unix:///path`) or a
     /// [`redis::ConnectionInfo`]; see [`IntoNode`]. A URL that does not parse is
     /// reported by [`build`](Self::build).
+    ///
+    /// ```
+    /// use redlock::LockManager;
+    ///
+    /// let builder = LockManager::builder().single("redis://127.0.0.1:6379/0");
+    /// ```
     pub fn single(mut self, node: impl IntoNode) -> Self {
         self.target = Some(Target::Single(
             node.into_node()
@@ -184,6 +190,12 @@ impl LockManagerBuilder {
     /// or [`redis::ConnectionInfo`]s; see [`IntoNode`]); the others are discovered.
     /// Every key a lock uses shares its hash tag, wake-ups use sharded pub/sub
     /// (Redis 7+), and `MOVED`/`ASK` and failovers are followed.
+    ///
+    /// ```
+    /// use redlock::LockManager;
+    ///
+    /// let builder = LockManager::builder().cluster(["redis://127.0.0.1:7000", "redis://127.0.0.1:7001"]);
+    /// ```
     pub fn cluster<I>(mut self, nodes: I) -> Self
     where
         I: IntoIterator,
@@ -222,6 +234,16 @@ impl LockManagerBuilder {
     /// repository's `docs/backends.md` for what its fencing tokens guarantee, and the
     /// delayed-restart rule. Every node must answer at `build`; later, up to
     /// N − (N/2+1) nodes may be down.
+    ///
+    /// ```
+    /// use redlock::LockManager;
+    ///
+    /// let builder = LockManager::builder().redlock([
+    ///     "redis://10.0.0.1:6379",
+    ///     "redis://10.0.0.2:6379",
+    ///     "redis://10.0.0.3:6379",
+    /// ]);
+    /// ```
     pub fn redlock<I>(mut self, nodes: I) -> Self
     where
         I: IntoIterator,
@@ -263,6 +285,16 @@ impl LockManagerBuilder {
 
     /// Redlock only: the bound on each node's reply (default 200 ms; for each lock at
     /// most its ttl/10), so a frozen node slows a request by at most this much.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// use redlock::LockManager;
+    ///
+    /// let builder = LockManager::builder()
+    ///     .redlock(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379", "redis://10.0.0.3:6379"])
+    ///     .redlock_node_timeout(Duration::from_millis(100));
+    /// ```
     pub fn redlock_node_timeout(mut self, timeout: Duration) -> Self {
         self.redlock_node_timeout = timeout;
         self
@@ -270,12 +302,37 @@ impl LockManagerBuilder {
 
     /// Process memory: no Redis, same semantics; all in-memory managers of a process
     /// share one store.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use redlock::LockManager;
+    ///
+    /// let a = LockManager::builder().in_memory().build().await?;
+    /// let b = LockManager::builder().in_memory().build().await?;
+    /// let held = a.lock("buy_{42}").await?;
+    /// assert!(b.try_lock("buy_{42}").await?.is_none()); // one store per process
+    /// held.release().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn in_memory(mut self) -> Self {
         self.target = Some(Target::Memory);
         self
     }
 
     /// The namespace put in front of every key (default `"lock:"`).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use redlock::LockManager;
+    ///
+    /// let locks = LockManager::builder().in_memory().prefix("shop:lock:").build().await?;
+    /// let guard = locks.lock("buy_{42}").await?;
+    /// assert_eq!(guard.key(), "shop:lock:buy_{42}");
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
         self
@@ -283,12 +340,47 @@ impl LockManagerBuilder {
 
     /// The ttl of locks whose options set none (default 30 s; 1 ms ..= 30 days, on
     /// Redlock 5 ms ..= 30 days, checked by [`build`](Self::build)).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use std::time::{Duration, Instant};
+    ///
+    /// use redlock::LockManager;
+    ///
+    /// let locks = LockManager::builder()
+    ///     .in_memory()
+    ///     .default_ttl(Duration::from_secs(5))
+    ///     .build()
+    ///     .await?;
+    /// let guard = locks.lock("buy_{42}").await?;
+    /// assert!(guard.valid_until() <= Instant::now() + Duration::from_secs(5));
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn default_ttl(mut self, ttl: Duration) -> Self {
         self.default_ttl = ttl;
         self
     }
 
     /// How long `lock` waits when the options set nothing (default 10 s).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use std::time::Duration;
+    ///
+    /// use redlock::{LockError, LockManager};
+    ///
+    /// let locks = LockManager::builder()
+    ///     .in_memory()
+    ///     .default_wait(Duration::from_millis(20))
+    ///     .build()
+    ///     .await?;
+    /// let _held = locks.lock("buy_{42}").await?;
+    /// assert!(matches!(locks.lock("buy_{42}").await, Err(LockError::Timeout { .. })));
+    /// # Ok(()) }
+    /// ```
     pub fn default_wait(mut self, wait: Duration) -> Self {
         self.default_wait = wait;
         self
@@ -297,6 +389,13 @@ impl LockManagerBuilder {
     /// How many tasks of this process may wait for one key, the one contending on the
     /// backend included (default 1024); beyond it `lock` fails with
     /// [`LockError::QueueFull`] at once. 0 is rejected by `build`.
+    ///
+    /// ```
+    /// use redlock::LockManager;
+    ///
+    /// // A flood of callers of one key gets QueueFull beyond 64 waiting here.
+    /// let builder = LockManager::builder().in_memory().max_waiters_per_key(64);
+    /// ```
     pub fn max_waiters_per_key(mut self, n: usize) -> Self {
         self.max_waiters_per_key = n;
         self
@@ -304,12 +403,32 @@ impl LockManagerBuilder {
 
     /// The bound on connecting, for each connection and for `build` as a whole
     /// (default 3 s).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// use redlock::LockManager;
+    ///
+    /// let builder = LockManager::builder()
+    ///     .single("redis://127.0.0.1:6379")
+    ///     .connect_timeout(Duration::from_secs(1));
+    /// ```
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.timeouts.connect = timeout;
         self
     }
 
     /// The bound on each Redis reply (default 1 s).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// use redlock::LockManager;
+    ///
+    /// let builder = LockManager::builder()
+    ///     .single("redis://127.0.0.1:6379")
+    ///     .response_timeout(Duration::from_millis(500));
+    /// ```
     pub fn response_timeout(mut self, timeout: Duration) -> Self {
         self.timeouts.response = timeout;
         self
@@ -322,6 +441,15 @@ impl LockManagerBuilder {
     /// next client is then granted a lock that is still held, two holders at once.
     /// `build` reads the policy from `INFO memory` on every node locks are written to
     /// (the server, every Redlock node, every cluster master).
+    ///
+    /// ```
+    /// use redlock::LockManager;
+    ///
+    /// // `build` fails unless the server is set `maxmemory-policy noeviction`.
+    /// let builder = LockManager::builder()
+    ///     .single("redis://127.0.0.1:6379")
+    ///     .require_noeviction(true);
+    /// ```
     pub fn require_noeviction(mut self, require: bool) -> Self {
         self.require_noeviction = require;
         self
@@ -330,6 +458,17 @@ impl LockManagerBuilder {
     /// Acquisitions that took longer than this are logged at `INFO` ("slow lock
     /// acquisition", with the key, kind, backend, fencing token and time waited);
     /// default 1 s. `Duration::MAX` turns the log off.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// use redlock::LockManager;
+    ///
+    /// // Log acquisitions that waited more than 250 ms (INFO, target `redlock`).
+    /// let builder = LockManager::builder()
+    ///     .in_memory()
+    ///     .slow_acquisition_threshold(Duration::from_millis(250));
+    /// ```
     pub fn slow_acquisition_threshold(mut self, threshold: Duration) -> Self {
         self.slow_acquisition = threshold;
         self

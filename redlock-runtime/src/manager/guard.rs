@@ -66,6 +66,21 @@ impl LockGuard {
 
     /// The fencing token: strictly increasing per key across every acquisition, never 0.
     /// Hand it to the protected resource so it can reject writes from a stale holder.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use redlock::LockManager;
+    ///
+    /// let locks = LockManager::builder().in_memory().build().await?;
+    /// let first = locks.lock("ledger_{1}").await?;
+    /// let token = first.fencing_token();
+    /// first.release().await?;
+    /// let second = locks.lock("ledger_{1}").await?;
+    /// assert!(second.fencing_token() > token); // storage rejects writes under older tokens
+    /// second.release().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn fencing_token(&self) -> u64 {
         self.lease.fence
     }
@@ -86,6 +101,18 @@ impl LockGuard {
     }
 
     /// The full key, prefix included (`"lock:buy_{42}"`).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use redlock::LockManager;
+    ///
+    /// let locks = LockManager::builder().in_memory().build().await?;
+    /// let guard = locks.lock("buy_{42}").await?;
+    /// assert_eq!(guard.key(), "lock:buy_{42}");
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn key(&self) -> &str {
         self.lease.key.full()
     }
@@ -93,11 +120,44 @@ impl LockGuard {
     /// Whether the lock is still ours: not released, not reported lost, and the local
     /// lease deadline has not passed (so a process resumed after a long pause sees
     /// `false` at once, before any renewal reply).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use std::time::Duration;
+    ///
+    /// use redlock::{LockManager, LockOptions};
+    ///
+    /// let locks = LockManager::builder().in_memory().build().await?;
+    /// let opts = LockOptions::new().ttl(Duration::from_millis(300));
+    /// let guard = locks.lock_with("buy_{42}", opts).await?;
+    /// assert!(guard.is_held());
+    /// locks.force_unlock("buy_{42}").await?;
+    /// guard.lost().await; // noticed at the next renewal (ttl/3)
+    /// assert!(!guard.is_held());
+    /// # Ok(()) }
+    /// ```
     pub fn is_held(&self) -> bool {
         self.lease.is_held()
     }
 
     /// The last instant the lock is known to be ours, unless renewed before then.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use std::time::{Duration, Instant};
+    ///
+    /// use redlock::{LockManager, LockOptions};
+    ///
+    /// let locks = LockManager::builder().in_memory().build().await?;
+    /// let opts = LockOptions::new().ttl(Duration::from_secs(10));
+    /// let guard = locks.lock_with("buy_{42}", opts).await?;
+    /// let left = guard.valid_until().saturating_duration_since(Instant::now());
+    /// assert!(left <= Duration::from_secs(10));
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn valid_until(&self) -> Instant {
         lease::instant(self.lease.deadline())
     }

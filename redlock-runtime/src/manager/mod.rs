@@ -93,6 +93,16 @@ static GLOBAL: RwLock<Option<LockManager>> = RwLock::new(None);
 impl LockManager {
     /// A builder with the defaults: prefix `"lock:"`, ttl 30 s, wait 10 s, 1024 waiters
     /// per key, connect timeout 3 s.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use redlock::LockManager;
+    ///
+    /// let locks = LockManager::builder().in_memory().build().await?;
+    /// assert_eq!(locks.backend_name(), "memory");
+    /// # Ok(()) }
+    /// ```
     pub fn builder() -> LockManagerBuilder {
         LockManagerBuilder::default()
     }
@@ -145,6 +155,17 @@ impl LockManager {
 
     /// The manager installed by [`install_global`](Self::install_global), if any: a
     /// clone (an `Arc` inside) of the latest one.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use redlock::LockManager;
+    ///
+    /// LockManager::builder().in_memory().build().await?.install_global();
+    /// let locks = LockManager::global().expect("installed above");
+    /// assert_eq!(locks.backend_name(), "memory");
+    /// # Ok(()) }
+    /// ```
     pub fn global() -> Option<LockManager> {
         GLOBAL
             .read()
@@ -153,11 +174,31 @@ impl LockManager {
     }
 
     /// The prefix put in front of every key.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use redlock::LockManager;
+    ///
+    /// let locks = LockManager::builder().in_memory().build().await?;
+    /// assert_eq!(locks.prefix(), "lock:");
+    /// # Ok(()) }
+    /// ```
     pub fn prefix(&self) -> &str {
         &self.0.prefix
     }
 
     /// The backend's name: `"memory"`, `"single"`, `"cluster"` or `"redlock"`.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use redlock::LockManager;
+    ///
+    /// let locks = LockManager::builder().in_memory().build().await?;
+    /// assert_eq!(locks.backend_name(), "memory");
+    /// # Ok(()) }
+    /// ```
     pub fn backend_name(&self) -> &'static str {
         self.0.shared.backend.name()
     }
@@ -471,6 +512,19 @@ impl LockManager {
     }
 
     /// The number of locks the watchdog is renewing.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use redlock::LockManager;
+    ///
+    /// let locks = LockManager::builder().in_memory().build().await?;
+    /// let guard = locks.lock("buy_{42}").await?;
+    /// assert_eq!(locks.watched_locks(), 1);
+    /// guard.release().await?;
+    /// assert_eq!(locks.watched_locks(), 0);
+    /// # Ok(()) }
+    /// ```
     pub fn watched_locks(&self) -> usize {
         self.0.shared.watched()
     }
