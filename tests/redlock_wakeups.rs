@@ -77,8 +77,12 @@ async fn redlock_late_node_confirmation_costs_the_waiter_no_extra_attempt() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redlock_failed_attempt_is_undone_once_without_a_wake_up() {
     let set = ProxiedSet::start(3).await.unwrap();
+    // A node bound far above any reply time here: an attempt cut by its bound (3 × the
+    // node timeout, 600 ms by default) is rightly released once more by the manager, with
+    // a wake-up, and a loaded machine (CI run 3) got there.
     let locks = LockManager::builder()
         .redlock(set.proxy_urls())
+        .redlock_node_timeout(Duration::from_secs(2))
         .build()
         .await
         .unwrap();
