@@ -206,6 +206,8 @@ async fn cluster_behaviour() {
         bad_input_is_rejected,
         inspect_tells_who_holds_what,
         list_shows_held_locks_only,
+        shutdown_frees_every_lock_at_once,
+        force_unlock_spares_a_later_grant,
     );
     conformance::static_send_sync_checks(&h.builder().build().await.unwrap());
     macro_rules! kinds {

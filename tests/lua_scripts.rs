@@ -916,3 +916,68 @@ fn inspect_returns_no_token() {
         .unwrap();
     assert_eq!(nothing, Value::Nil);
 }
+
+const FORCE_UNLOCK: &str = include_str!("../redlock-runtime/src/scripts/force_unlock.lua");
+
+/// Issue 24, item 11: force_unlock.lua deletes the lock, its holders and its writers'
+/// intents and wakes the waiters, whoever holds it; given the holder and fencing token
+/// an operator was shown, only while no later grant holds it: another holder, a later
+/// grant of the same shared kind (compared as text, exact beyond 2^53), or a key that
+/// is not a lock is left untouched.
+#[test]
+fn force_unlock_deletes_only_the_grant_shown() {
+    let mut r = redis();
+    let mut con = r.subscriber();
+    let mut sub = listen(&mut con, K);
+    let force = |r: &mut Redis, holder: &str, fence: &str| -> i64 {
+        r.eval(FORCE_UNLOCK, &[K, H, W], ("PUBLISH", holder, fence))
+            .expect("force_unlock")
+    };
+    assert_eq!(force(&mut r, "", ""), 0, "nothing there");
+    assert_eq!(messages(&mut sub), Vec::<String>::new(), "nobody woken");
+
+    // Exclusive: another holder, or a later grant, is refused; the one shown goes.
+    let shown = fence(&r.write(&token(1), 30_000, "", 0));
+    let holder = r.digest(&token(1));
+    let other = r.digest(&token(2));
+    assert_eq!(force(&mut r, &other, &shown.to_string()), -1);
+    assert_eq!(force(&mut r, &holder, &(shown - 1).to_string()), -1);
+    assert!(r.exists(K), "kept");
+    assert_eq!(force(&mut r, &holder, &shown.to_string()), 1);
+    assert!(!r.exists(K));
+    assert_eq!(messages(&mut sub), vec![String::new()], "waiters woken");
+    assert_eq!(force(&mut r, &holder, &shown.to_string()), 0, "gone");
+
+    // Readers: a reader that joined later is another grant of the same holder digest.
+    let first = fence(&r.shared(&token(3), 30_000, READ, 0));
+    let later = fence(&r.shared(&token(4), 30_000, READ, 0));
+    let marker = r.digest(marked(READ).as_bytes());
+    assert_eq!(force(&mut r, &marker, &first.to_string()), -1);
+    assert_eq!(r.zcard(H), 2, "both readers kept");
+    assert_eq!(force(&mut r, &marker, &later.to_string()), 1);
+    assert!(!r.exists(K) && !r.exists(H));
+    assert_eq!(messages(&mut sub), vec![String::new()]);
+
+    // Unconditional: holders and intents too.
+    r.write(&token(5), 30_000, "", 0);
+    let _: () = r.con.zadd(W, "7", 9_999_999_999_999u64).unwrap();
+    assert_eq!(force(&mut r, "", ""), 1);
+    assert!(!r.exists(K) && !r.exists(W));
+
+    // Tokens beyond a double's precision: 2^53 + 5 is later than 2^53 + 4.
+    let big = format!("{}|1|1700000000000|{BIG}|e|1|h", "x".repeat(16));
+    let _: () = r.con.set(K, &big).unwrap();
+    let holder = r.digest(&b"x".repeat(16));
+    assert_eq!(force(&mut r, &holder, "9007199254740996"), -1);
+    assert_eq!(force(&mut r, &holder, "10000000000000000000"), 1);
+
+    // A value written before metadata existed: by holder alone.
+    let _: () = r.con.set(K, &token(6)[..]).unwrap();
+    let holder = r.digest(&token(6));
+    assert_eq!(force(&mut r, &holder, "1"), 1);
+
+    // Not a lock: left alone when a grant is named.
+    let _: () = r.con.rpush(K, "x").unwrap();
+    assert_eq!(force(&mut r, &holder, "1"), 0);
+    assert!(r.exists(K));
+}

@@ -759,7 +759,7 @@ impl conformance::Harness for SentinelHarness {
 }
 
 /// Issue 23: the rules every request obeys (`tests/conformance/rules.rs`) through
-/// Sentinel, on one set.
+/// Sentinel, on one set; and the operator's and the shutdown's behaviours.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_rule_on_every_path_through_sentinel() {
     let _one = ONE_SET.lock().await;
@@ -768,4 +768,6 @@ async fn every_rule_on_every_path_through_sentinel() {
     conformance::rules::every_shortened_hold_wakes_its_waiters(&h).await;
     conformance::rules::lock_all_holds_no_key_while_it_waits(&h).await;
     conformance::rules::kinds_exclude_each_other(&h).await;
+    conformance::force_unlock_spares_a_later_grant(&h).await;
+    conformance::shutdown_frees_every_lock_at_once(&h).await;
 }

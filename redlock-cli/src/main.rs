@@ -17,13 +17,15 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use redlock::{LockError, LockManager, DEFAULT_PREFIX};
 
+use output::Released;
+
 /// The exit codes, for scripts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Exit {
     /// Done (`list` found nothing: still 0).
     Ok = 0,
     /// `inspect` or `release`: nothing is held under that key (or the release was not
-    /// confirmed).
+    /// confirmed, or another grant than the one shown holds it now).
     NotFound = 1,
     /// Bad arguments (clap's own errors exit 2 too).
     Usage = 2,
@@ -32,8 +34,9 @@ enum Exit {
 }
 
 const AFTER_HELP: &str = "\
-Exit codes: 0 ok; 1 nothing held under KEY (inspect, release) or release not confirmed;
-2 usage error; 3 connection or Redis error.
+Exit codes: 0 ok; 1 nothing held under KEY (inspect, release), release not confirmed, or
+not released because another holder took KEY after it was shown; 2 usage error;
+3 connection or Redis error.
 KEY is the full Redis key as `list` prints it (prefix included); a key without the
 prefix gets it.";
 
@@ -221,23 +224,30 @@ async fn release(locks: &LockManager, key: &str, shown: &str, yes: bool, json: b
             return Exit::NotFound;
         }
     }
-    let released = match locks.force_unlock(key).await {
-        Ok(released) => released,
+    // Only the grant shown: one that took the key during the prompt keeps it.
+    let outcome = match locks.force_unlock_if_unchanged(&info).await {
+        Ok(true) => Released::Yes,
+        Ok(false) => match locks.inspect(key).await {
+            Ok(Some(now)) => Released::Changed(now),
+            Ok(None) => Released::Free,
+            Err(e) => return failed(&e),
+        },
         Err(e) => return failed(&e),
     };
-    let (user, host, pid) = output::operator();
-    eprintln!(
-        "redlock: force-released {} (held by {}) by {} on {}, pid {pid}",
-        output::shown(&info.key),
-        output::owner(&info),
-        output::shown(&user),
-        output::shown(&host)
-    );
-    output::released(&info, released, json);
-    if released {
-        Exit::Ok
-    } else {
-        Exit::NotFound
+    if matches!(outcome, Released::Yes) {
+        let (user, host, pid) = output::operator();
+        eprintln!(
+            "redlock: force-released {} (held by {}) by {} on {}, pid {pid}",
+            output::shown(&info.key),
+            output::owner(&info),
+            output::shown(&user),
+            output::shown(&host)
+        );
+    }
+    output::released(&info, &outcome, json);
+    match outcome {
+        Released::Yes => Exit::Ok,
+        Released::Free | Released::Changed(_) => Exit::NotFound,
     }
 }
 

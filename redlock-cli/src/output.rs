@@ -181,21 +181,42 @@ pub(crate) fn inspect(key: &str, info: Option<&LockInfo>, json: bool) {
     }
 }
 
+/// What `release` did to the lock it showed.
+pub(crate) enum Released {
+    /// Deleted.
+    Yes,
+    /// Nothing held it any more.
+    Free,
+    /// Another grant (this one) holds it now: kept.
+    Changed(LockInfo),
+}
+
 /// `release`: what was released, on stdout (the log line goes to stderr).
-pub(crate) fn released(info: &LockInfo, released: bool, json: bool) {
+pub(crate) fn released(info: &LockInfo, outcome: &Released, json: bool) {
     let (user, host, pid) = operator();
     if json {
+        let now = match outcome {
+            Released::Changed(now) => to_json(now),
+            Released::Yes | Released::Free => Value::Null,
+        };
         let out = json!({
             "key": info.key,
-            "released": released,
+            "released": matches!(outcome, Released::Yes),
             "was": to_json(info),
+            "now": now,
             "by": { "user": user, "host": host, "pid": pid },
         });
         println!("{out}");
-    } else if released {
-        println!("released {}", shown(&info.key));
-    } else {
-        println!("{}: already free", shown(&info.key));
+        return;
+    }
+    match outcome {
+        Released::Yes => println!("released {}", shown(&info.key)),
+        Released::Free => println!("{}: already free", shown(&info.key)),
+        Released::Changed(now) => println!(
+            "{}: not released: another holder took it after it was shown; now {}",
+            shown(&info.key),
+            shown(&now.to_string())
+        ),
     }
 }
 

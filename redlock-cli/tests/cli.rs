@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use redlock::{LockError, LockGuard, LockManager, LockOptions};
 use redlock_testkit::{RedisCluster, RedisServer};
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::Command;
 
 /// The binary with `--url url`, `$USER` set, no `$REDIS_URL`.
@@ -291,6 +291,81 @@ async fn force_release_wakes_a_waiter_and_the_holder_sees_lost() {
     next.release().await.unwrap();
     let again = run(&url, &["release", "lock:stuck_{1}", "--yes"]).await;
     assert_eq!(again.status.code(), Some(1));
+}
+
+/// Issue 24, item 11: `release` shows holder A and asks; B takes the key during the
+/// prompt; the confirmed release deletes nothing (B keeps its lock), logs no release and
+/// says who holds it now. The prompt runs on a terminal: `script` (util-linux) gives the
+/// command a pty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_deletes_only_the_holder_it_showed() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let (a, b) = (manager(&server).await, manager(&server).await);
+    let first = a.lock("job_{1}").await.unwrap();
+    let command = format!(
+        "'{}' --url '{url}' release 'lock:job_{{1}}'",
+        env!("CARGO_BIN_EXE_redlock")
+    );
+    let mut child = Command::new("script")
+        .args(["--quiet", "--return", "--command", &command, "/dev/null"])
+        .env("USER", "night-operator")
+        .env_remove("REDIS_URL")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("script(1) runs the command on a terminal");
+    let mut terminal = child.stdout.take().unwrap();
+    let mut shown = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let mut buf = [0u8; 1024];
+        while !String::from_utf8_lossy(&shown).contains("[y/N]") {
+            let n = terminal.read(&mut buf).await.unwrap();
+            assert!(n > 0, "ended unasked: {}", String::from_utf8_lossy(&shown));
+            shown.extend_from_slice(&buf[..n]);
+        }
+    })
+    .await
+    .expect("the command asked");
+    let question = String::from_utf8_lossy(&shown).into_owned();
+    assert!(
+        question.contains(&format!("fencing token {}", first.fencing_token())),
+        "A shown: {question}"
+    );
+
+    first.release().await.unwrap();
+    let second = b.lock("job_{1}").await.unwrap();
+    let mut answer = child.stdin.take().unwrap();
+    answer.write_all(b"y\n").await.unwrap();
+    let mut told = Vec::new();
+    let status = tokio::time::timeout(Duration::from_secs(30), async {
+        terminal.read_to_end(&mut told).await.unwrap();
+        child.wait().await.unwrap()
+    })
+    .await
+    .expect("the command finished");
+    drop(answer);
+    let told = String::from_utf8_lossy(&told);
+    assert_eq!(status.code(), Some(1), "not released: {told}");
+    assert!(
+        told.contains("not released")
+            && told.contains(&format!("fencing token {}", second.fencing_token())),
+        "says who holds it now: {told}"
+    );
+    assert!(
+        !told.contains("force-released"),
+        "no release logged: {told}"
+    );
+    // B still holds it on the server.
+    second.extend(Duration::from_secs(30)).await.unwrap();
+
+    // Shown and confirmed at once, B's lock is released.
+    let out = run(&url, &["release", "--yes", "lock:job_{1}"]).await;
+    assert_eq!(out.status.code(), Some(0));
+    tokio::time::timeout(Duration::from_secs(30), second.lost())
+        .await
+        .expect("B saw lost() at its next renewal");
 }
 
 /// `redlock --json watch KEY --for 20s`, read one event (a JSON line) at a time.

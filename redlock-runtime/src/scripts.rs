@@ -47,6 +47,10 @@ pub(crate) static FENCE_FLOOR: LazyLock<LuaScript> =
 /// A lock described for an operator, never its token: see `scripts/inspect.lua`.
 pub(crate) static INSPECT: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(include_str!("scripts/inspect.lua")));
+/// An operator's `DEL` + publish, whoever holds the lock or only the grant shown: see
+/// `scripts/force_unlock.lua`.
+pub(crate) static FORCE_UNLOCK: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(include_str!("scripts/force_unlock.lua")));
 
 impl LuaScript {
     fn new(body: &'static str) -> Self {

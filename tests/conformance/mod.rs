@@ -331,6 +331,101 @@ pub async fn inspect_tells_who_holds_what<H: Harness>(h: &H) {
     ));
 }
 
+/// Issue 24, item 11: `force_unlock_if_unchanged` deletes only the grant it was shown.
+/// Of every kind: a grant after the one shown (another holder, a reader or permit
+/// holder that joined) keeps the lock, untouched; the same holder extending is still the
+/// lock shown; a lock gone is not found; the lock shown now is deleted, its waiters
+/// free to take it.
+pub async fn force_unlock_spares_a_later_grant<H: Harness>(h: &H) {
+    let (locks, operator) = (manager(h).await, manager(h).await);
+    let key = unique("shown");
+    let ttl = LockOptions::new().ttl(Duration::from_secs(20));
+    let show = || async { operator.inspect(&key).await.unwrap().expect("held") };
+
+    // Exclusive: released and taken again while the operator looked.
+    let first = locks.lock_with(&key, ttl.clone()).await.unwrap();
+    let shown = show().await;
+    first.release().await.unwrap();
+    assert!(
+        !operator.force_unlock_if_unchanged(&shown).await.unwrap(),
+        "gone: nothing deleted"
+    );
+    let second = locks.lock_with(&key, ttl.clone()).await.unwrap();
+    assert!(!operator.force_unlock_if_unchanged(&shown).await.unwrap());
+    let now = show().await;
+    assert!(now.fencing_token >= Some(second.fencing_token()), "{now:?}");
+    assert_ne!(now.holder, shown.holder, "another holder");
+    // The later holder keeps it, renewals and all.
+    second.extend(Duration::from_secs(20)).await.unwrap();
+    assert!(second.is_held());
+    // The same holder extending is still the lock shown.
+    let shown = show().await;
+    second.extend(Duration::from_secs(25)).await.unwrap();
+    assert!(operator.force_unlock_if_unchanged(&shown).await.unwrap());
+    assert_eq!(operator.inspect(&key).await.unwrap(), None, "deleted");
+    drop(second);
+
+    // Readers: one joining after the show keeps them all.
+    let r1 = locks.read_with(&key, ttl.clone()).await.unwrap();
+    let shown = show().await;
+    let r2 = locks.read_with(&key, ttl.clone()).await.unwrap();
+    assert!(!operator.force_unlock_if_unchanged(&shown).await.unwrap());
+    assert_eq!(show().await.holders, 2, "both readers kept");
+    let shown = show().await;
+    assert!(operator.force_unlock_if_unchanged(&shown).await.unwrap());
+    assert_eq!(operator.inspect(&key).await.unwrap(), None);
+    drop((r1, r2));
+
+    // Permits (on Redlock, places of their own): the same.
+    let p1 = locks.permit_with(&key, 3, ttl.clone()).await.unwrap();
+    let shown = show().await;
+    let p2 = locks.permit_with(&key, 3, ttl.clone()).await.unwrap();
+    assert!(!operator.force_unlock_if_unchanged(&shown).await.unwrap());
+    assert_eq!(show().await.holders, 2, "both permit holders kept");
+    let shown = show().await;
+    assert!(operator.force_unlock_if_unchanged(&shown).await.unwrap());
+    assert_eq!(operator.inspect(&key).await.unwrap(), None);
+    let p3 = operator
+        .permit_with(&key, 1, LockOptions::new().wait(Duration::ZERO))
+        .await
+        .expect("the places are free again");
+    p3.release().await.unwrap();
+    drop((p1, p2));
+
+    // A key of lock_all: its grant is the key's; a waiter is woken by the delete.
+    let other = format!("{key}_too"); // the same slot on a cluster
+    let both = locks
+        .lock_all_with(&[key.clone(), other.clone()], ttl.clone())
+        .await
+        .unwrap();
+    let shown = show().await;
+    let waiting = {
+        let (operator, key) = (operator.clone(), key.clone());
+        tokio::spawn(async move {
+            operator
+                .lock_with(&key, LockOptions::new().wait(Duration::from_secs(15)))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(operator.force_unlock_if_unchanged(&shown).await.unwrap());
+    let taken = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("woken by the delete, not the 20 s ttl")
+        .unwrap()
+        .expect("the waiter took it");
+    taken.release().await.unwrap();
+    drop(both);
+
+    // A lock shown by a manager of another prefix is not this one's.
+    let mut foreign = shown.clone();
+    foreign.key = format!("elsewhere:{key}");
+    assert!(matches!(
+        operator.force_unlock_if_unchanged(&foreign).await,
+        Err(LockError::InvalidKey { .. })
+    ));
+}
+
 /// `list` shows the held locks under the manager's prefix, matching the pattern, of
 /// every kind, and nothing kept beside them (fencing counters, holder sets, writer
 /// intents, Redlock's permit places).
@@ -878,7 +973,7 @@ macro_rules! conformance_tests {
             notified_handoff_is_fast, one_attempt_apis, extend_sets_ttl,
             expiry_without_watchdog, guards_are_not_reentrant, local_waiters_are_fifo,
             bad_input_is_rejected, inspect_tells_who_holds_what, list_shows_held_locks_only,
-            shutdown_frees_every_lock_at_once);
+            shutdown_frees_every_lock_at_once, force_unlock_spares_a_later_grant);
     };
     (@each $make:expr; $($name:ident),*) => {
         $(

@@ -56,12 +56,13 @@ use tokio::sync::mpsc;
 use super::server::{
     acquire_all_call, acquire_args, acquire_by_call, acquire_call, by_script_call, chunk_outcomes,
     decode, decode_acquire, decode_acquire_all, decode_extended, decode_scan, extend_call,
-    inspect_all, inspect_on, parse_eviction_policy, release_call, renew_call, renew_in_parts,
-    replicas_met, replicated_outcome, scan_cmd, scan_glob, scan_unfinished, script_loads, ttl_ms,
-    unexpected, ScriptCall, Timeouts, WaitAttempt, WaitPool, MAX_REPLICA_WAIT, MAX_SCAN_STEPS,
+    force_unlock_on, inspect_all, inspect_on, parse_eviction_policy, release_call, renew_call,
+    renew_in_parts, replicas_met, replicated_outcome, scan_cmd, scan_glob, scan_unfinished,
+    script_loads, ttl_ms, unexpected, ScriptCall, Timeouts, WaitAttempt, WaitPool,
+    MAX_REPLICA_WAIT, MAX_SCAN_STEPS,
 };
 use super::{
-    Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, ReplicaWait, Store, Together, Wake,
+    Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, ReplicaWait, Seen, Store, Together, Wake,
 };
 use crate::error::chain;
 use crate::info::LockInfo;
@@ -787,26 +788,8 @@ impl Store for ClusterBackend {
             .map_err(LockError::backend("exists"))
     }
 
-    async fn force_unlock(&self, key: &LockKey) -> Result<bool, LockError> {
-        let mut pipe = redis::pipe();
-        pipe.cmd("DEL")
-            .arg(key.full())
-            .arg(key.holders())
-            .arg(key.intents())
-            .cmd("SPUBLISH")
-            .arg(key.full())
-            .arg("");
-        let replies = self
-            .con
-            .clone()
-            .route_pipeline(pipe, 0, 2, master_of(key.full()))
-            .await
-            .map_err(LockError::backend("force_unlock"))?;
-        let deleted = replies
-            .into_iter()
-            .next()
-            .ok_or_else(|| unexpected("force_unlock", 0))?;
-        decode::<u32>(deleted, "force_unlock").map(|n| n > 0)
+    async fn force_unlock(&self, key: &LockKey, seen: Option<Seen<'_>>) -> Result<bool, LockError> {
+        force_unlock_on(&self.con, key, "SPUBLISH", seen).await
     }
 
     async fn withdraw(&self, key: &LockKey, waiter: u64) -> Result<(), LockError> {

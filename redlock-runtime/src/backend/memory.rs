@@ -17,7 +17,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use super::glob::glob_match;
 use super::server::{lock_keys, scan_glob};
-use super::{Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Store, Together, Wake};
+use super::{Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Seen, Store, Together, Wake};
 use crate::info::{self, LockInfo};
 use crate::key::LockKey;
 use crate::kind::{LockKind, Mode};
@@ -111,6 +111,15 @@ fn digest(of: impl std::hash::Hash) -> u64 {
 }
 
 impl Held {
+    /// The digest naming the holder (its token; shared holders: their kind), and the
+    /// latest grant.
+    fn named(&self) -> (u64, Grant) {
+        match self {
+            Held::One { token, grant, .. } => (digest(token), *grant),
+            Held::Many { kind, latest, .. } => (digest(*kind), *latest),
+        }
+    }
+
     /// Drops expired shared holders; whether anyone still holds the key.
     fn live(&mut self, now: Instant) -> bool {
         match self {
@@ -458,11 +467,20 @@ impl MemoryBackend {
         done
     }
 
-    /// Deletes a lock whoever holds it; true when a live one was there.
-    fn force_unlock_now(&self, key: &LockKey) -> bool {
+    /// Deletes a lock whoever holds it, or with `seen` only while that grant holds it;
+    /// true when a live one was deleted.
+    fn force_unlock_now(&self, key: &LockKey, seen: Option<Seen<'_>>) -> bool {
         let (live, listeners) = {
             let mut s = store();
-            let live = s.live(key.full(), Instant::now()).is_some();
+            let live = s.live(key.full(), Instant::now()).map(|h| h.named());
+            if let Some(seen) = seen {
+                match live {
+                    Some((holder, grant))
+                        if seen.admits(&format!("{holder:016x}"), Some(grant.fence)) => {}
+                    _ => return false,
+                }
+            }
+            let live = live.is_some();
             s.locks.remove(key.full());
             s.intents.remove(key.full());
             (live, s.listeners.clone())
@@ -479,18 +497,12 @@ impl MemoryBackend {
         let mut s = store();
         let entry = s.live(key.full(), now)?;
         let ttl = entry.expires(now).saturating_duration_since(now);
-        let (kind, holders, grant, holder) = match entry {
-            Held::One { token, grant, .. } => (LockKind::Exclusive, 1, *grant, digest(token)),
-            Held::Many {
-                kind,
-                holders,
-                latest,
-            } => (
-                *kind,
-                u32::try_from(holders.len()).unwrap_or(u32::MAX),
-                *latest,
-                digest(*kind),
-            ),
+        let (holder, grant) = entry.named();
+        let (kind, holders) = match entry {
+            Held::One { .. } => (LockKind::Exclusive, 1),
+            Held::Many { kind, holders, .. } => {
+                (*kind, u32::try_from(holders.len()).unwrap_or(u32::MAX))
+            }
         };
         Some(info::local(
             key.full(),
@@ -604,8 +616,12 @@ impl Store for MemoryBackend {
         ready(Ok(Vec::new()))
     }
 
-    fn force_unlock(&self, key: &LockKey) -> impl Future<Output = Result<bool, LockError>> + Send {
-        ready(Ok(self.force_unlock_now(key)))
+    fn force_unlock(
+        &self,
+        key: &LockKey,
+        seen: Option<Seen<'_>>,
+    ) -> impl Future<Output = Result<bool, LockError>> + Send {
+        ready(Ok(self.force_unlock_now(key, seen)))
     }
 
     fn withdraw(

@@ -178,6 +178,38 @@ impl<'a> LeaseRef<'a> {
     }
 }
 
+/// The grant an operator was shown (by `inspect` or `list`): a force-unlock given one
+/// deletes the lock only while no later grant holds it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Seen<'a> {
+    /// The holder's digest as [`LockInfo::holder`] names it; `None`: any (a Redlock
+    /// permit's places, each held by a token of its own).
+    pub(crate) holder: Option<&'a str>,
+    /// The latest grant's fencing token; a lock whose grant has a greater one was
+    /// granted after it. `None`: any (a value written before metadata existed).
+    pub(crate) fence: Option<u64>,
+}
+
+impl<'a> Seen<'a> {
+    /// The grant `info` shows.
+    pub(crate) fn of(info: &'a LockInfo) -> Self {
+        Self {
+            holder: Some(&info.holder),
+            fence: info.fencing_token,
+        }
+    }
+
+    /// Whether a lock held by `holder` with the latest grant `fence` is still the one
+    /// shown.
+    pub(crate) fn admits(&self, holder: &str, fence: Option<u64>) -> bool {
+        self.holder.is_none_or(|h| h == holder)
+            && match (self.fence, fence) {
+                (Some(shown), Some(now)) => now <= shown,
+                _ => true,
+            }
+    }
+}
+
 /// What every backend does, one signature per operation (see the module docs).
 ///
 /// Static dispatch only: [`Backend`] is a closed enum whose methods forward to this
@@ -259,8 +291,14 @@ pub(crate) trait Store {
     /// node address; `Err` when the nodes could not even be asked.
     fn eviction_policies(&self) -> impl Future<Output = Result<Policies, LockError>> + Send;
 
-    /// Deletes the lock whoever holds it and wakes its waiters; true when it was held.
-    fn force_unlock(&self, key: &LockKey) -> impl Future<Output = Result<bool, LockError>> + Send;
+    /// Deletes the lock and wakes its waiters: whoever holds it, or with `seen` only
+    /// while the grant shown holds it (one request, the check and the delete together).
+    /// True when something was deleted.
+    fn force_unlock(
+        &self,
+        key: &LockKey,
+        seen: Option<Seen<'_>>,
+    ) -> impl Future<Output = Result<bool, LockError>> + Send;
 
     /// Withdraws the intent of a writer (`waiter`, see [`Intent`]) that stopped waiting
     /// for `key` without the lock, and wakes the key's waiters: readers it kept out may
@@ -439,8 +477,12 @@ impl Backend {
         dispatch!(self, b => b.eviction_policies().await)
     }
 
-    pub(crate) async fn force_unlock(&self, key: &LockKey) -> Result<bool, LockError> {
-        dispatch!(self, b => b.force_unlock(key).await)
+    pub(crate) async fn force_unlock(
+        &self,
+        key: &LockKey,
+        seen: Option<Seen<'_>>,
+    ) -> Result<bool, LockError> {
+        dispatch!(self, b => b.force_unlock(key, seen).await)
     }
 
     pub(crate) async fn withdraw(&self, key: &LockKey, waiter: u64) -> Result<(), LockError> {

@@ -129,7 +129,8 @@ use super::glob::glob_match;
 use super::server::{marker, release_call, scan_glob, INSPECT_BATCH};
 use super::single::SingleBackend;
 use super::{
-    jitter, Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Store, Timeouts, Together, Wake,
+    jitter, Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Seen, Store, Timeouts, Together,
+    Wake,
 };
 use crate::error::chain;
 use crate::info::LockInfo;
@@ -1939,8 +1940,18 @@ impl Store for RedlockBackend {
 
     /// Deletes the key on every node and wakes the waiters, and so every permit place of
     /// the key (found by a `SCAN` of every node) and wakes the permit waiters; true when
-    /// any node had any of them.
-    async fn force_unlock(&self, key: &LockKey) -> Result<bool, LockError> {
+    /// any node had any of them. With `seen`: nothing when the lock as
+    /// [`inspect`](Store::inspect) finds it now is another grant; else each node deletes
+    /// the key only while that grant holds it there, and each place only while no
+    /// later grant holds it (by fencing token: a node's is at most the one shown, the
+    /// highest of the quorum).
+    async fn force_unlock(&self, key: &LockKey, seen: Option<Seen<'_>>) -> Result<bool, LockError> {
+        if let Some(seen) = seen {
+            match self.inspect(key).await? {
+                Some(now) if seen.admits(&now.holder, now.fencing_token) => {}
+                _ => return Ok(false),
+            }
+        }
         let glob = scan_glob(&key.places_prefix(), "*");
         let permits = self
             .permits(key.prefix(), &glob, |owner| owner == key, Reach::Every)
@@ -1953,8 +1964,15 @@ impl Store for RedlockBackend {
         let mut held = false;
         for batch in keys.chunks(INSPECT_BATCH) {
             let deleted = batch.iter().map(|&k| async move {
+                // A place is held by a token of its own: only its grant is compared.
+                let seen = seen.map(|s| Seen {
+                    holder: s.holder.filter(|_| k == key),
+                    ..s
+                });
                 let answers = self
-                    .on_all("force_unlock", self.node_timeout, |n| n.force_unlock(k))
+                    .on_all("force_unlock", self.node_timeout, |n| {
+                        n.force_unlock(k, seen)
+                    })
                     .await;
                 self.require_quorum(k, &answers)?;
                 Ok(answers.iter().any(|a| matches!(a, Ok(true))))

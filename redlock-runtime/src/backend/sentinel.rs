@@ -34,8 +34,8 @@ use redis::{AsyncConnectionConfig, Client, ConnectionAddr, ConnectionInfo, Error
 use tokio::sync::{oneshot, watch, Mutex};
 
 use super::{
-    Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, SingleBackend, Store, Timeouts, Together,
-    Wake,
+    Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Seen, SingleBackend, Store, Timeouts,
+    Together, Wake,
 };
 use crate::error::chain;
 use crate::info::LockInfo;
@@ -633,8 +633,8 @@ impl Store for SentinelBackend {
         self.current().backend.eviction_policies().await
     }
 
-    async fn force_unlock(&self, key: &LockKey) -> Result<bool, LockError> {
-        on_master!(self, b => b.force_unlock(key).await)
+    async fn force_unlock(&self, key: &LockKey, seen: Option<Seen<'_>>) -> Result<bool, LockError> {
+        on_master!(self, b => b.force_unlock(key, seen).await)
     }
 
     async fn withdraw(&self, key: &LockKey, waiter: u64) -> Result<(), LockError> {

@@ -14,14 +14,14 @@ use redis::{FromRedisValue, Value};
 
 use redis::Cmd;
 
-use super::{Attempt, Claim, LeaseRef, Renewal, Renewed, ReplicaWait, Together};
+use super::{Attempt, Claim, LeaseRef, Renewal, Renewed, ReplicaWait, Seen, Together};
 use crate::error::chain;
 use crate::info::{decode_inspect, owner_suffix, LockInfo};
 use crate::key::LockKey;
 use crate::kind::Mode;
 use crate::scripts::{
-    LuaScript, ACQUIRE, ACQUIRE_ALL, ACQUIRE_SHARED, EXTEND, INSPECT, RELEASE, RELEASE_SHARED,
-    RENEW, RENEW_SHARED,
+    LuaScript, ACQUIRE, ACQUIRE_ALL, ACQUIRE_SHARED, EXTEND, FORCE_UNLOCK, INSPECT, RELEASE,
+    RELEASE_SHARED, RENEW, RENEW_SHARED,
 };
 use crate::token::Token;
 use crate::LockError;
@@ -328,6 +328,35 @@ where
         .await
         .map_err(LockError::backend("inspect"))?;
     decode_inspect(key.full(), reply)
+}
+
+/// `force_unlock.lua` for `key` on `con` (waking with `publish`: `PUBLISH`, or
+/// `SPUBLISH` on a cluster), whoever holds it or only the grant `seen`: true when
+/// something was deleted. Not sent again after a dropped connection: the caller asks.
+pub(crate) async fn force_unlock_on<C>(
+    con: &C,
+    key: &LockKey,
+    publish: &str,
+    seen: Option<Seen<'_>>,
+) -> Result<bool, LockError>
+where
+    C: ConnectionLike + Clone,
+{
+    let shown = |v: Option<String>| v.unwrap_or_default().into_bytes();
+    let call = ScriptCall {
+        script: &FORCE_UNLOCK,
+        keys: vec![key.full().to_owned(), key.holders(), key.intents()],
+        args: vec![
+            publish.as_bytes().to_vec(),
+            shown(seen.and_then(|s| s.holder).map(str::to_owned)),
+            shown(seen.and_then(|s| s.fence).map(|f| f.to_string())),
+        ],
+    };
+    let deleted: i64 = call
+        .invoke(con)
+        .await
+        .map_err(LockError::backend("force_unlock"))?;
+    Ok(deleted == 1)
 }
 
 /// An `acquire_all.lua` reply for `n` keys: `{1, fence..}` or `{0, i, pttl, holder}`.

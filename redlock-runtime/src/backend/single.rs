@@ -13,14 +13,14 @@ use redis::{AsyncConnectionConfig, Client, ConnectionInfo, ProtocolVersion, Valu
 
 use super::server::{
     acquire_all_call, acquire_args, acquire_by_call, acquire_call, by_script_call, chunk_outcomes,
-    decode, decode_acquire, decode_acquire_all, decode_extended, extend_call, in_batch_order,
-    inspect_on, is_dropped, list_on, parse_eviction_policy, reconnecting, release_call,
-    renew_calls, renew_groups, renew_in_parts, replicas_met, replicated_outcome, scan_keys_on,
-    scan_places_on, script_loads, ttl_ms, unexpected, ScriptCall, Timeouts, WaitAttempt, WaitPool,
-    MAX_REPLICA_WAIT,
+    decode, decode_acquire, decode_acquire_all, decode_extended, extend_call, force_unlock_on,
+    in_batch_order, inspect_on, is_dropped, list_on, parse_eviction_policy, reconnecting,
+    release_call, renew_calls, renew_groups, renew_in_parts, replicas_met, replicated_outcome,
+    scan_keys_on, scan_places_on, script_loads, ttl_ms, unexpected, ScriptCall, Timeouts,
+    WaitAttempt, WaitPool, MAX_REPLICA_WAIT,
 };
 use super::{
-    Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, ReplicaWait, Store, Together, Wake,
+    Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, ReplicaWait, Seen, Store, Together, Wake,
 };
 use crate::info::LockInfo;
 use crate::key::LockKey;
@@ -446,20 +446,8 @@ impl Store for SingleBackend {
             .map_err(LockError::backend("exists"))
     }
 
-    async fn force_unlock(&self, key: &LockKey) -> Result<bool, LockError> {
-        let (deleted,): (u32,) = redis::pipe()
-            .cmd("DEL")
-            .arg(key.full())
-            .arg(key.holders())
-            .arg(key.intents())
-            .cmd("PUBLISH")
-            .arg(key.full())
-            .arg("")
-            .ignore()
-            .query_async(&mut self.con.clone())
-            .await
-            .map_err(LockError::backend("force_unlock"))?;
-        Ok(deleted > 0)
+    async fn force_unlock(&self, key: &LockKey, seen: Option<Seen<'_>>) -> Result<bool, LockError> {
+        force_unlock_on(&self.con, key, "PUBLISH", seen).await
     }
 
     async fn eviction_policies(&self) -> Result<Policies, LockError> {

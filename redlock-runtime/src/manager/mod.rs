@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
+use crate::backend::Seen;
 use crate::key::LockKey;
 use crate::kind::Mode;
 use crate::options::Resolved;
@@ -498,12 +499,73 @@ impl LockManager {
     pub async fn force_unlock(&self, key: &str) -> Result<bool, LockError> {
         self.check_runtime()?;
         let key = LockKey::prefixed(&self.0.prefix, key)?;
-        let held = self.0.shared.backend.force_unlock(&key).await?;
+        self.force_unlock_key(&key, None).await
+    }
+
+    /// [`force_unlock`](Self::force_unlock) of the lock `shown` describes (as
+    /// [`inspect`](Self::inspect) or [`list`](Self::list) returned it), only while no
+    /// later grant holds it: a holder that took the key after it was shown keeps it.
+    /// The check and the delete are one script on the server (on Redlock, per node,
+    /// after the lock is inspected again). Returns whether the lock was deleted: `false`
+    /// when it is gone or is now another grant (inspect it again to see which).
+    ///
+    /// It tells grants apart by their holder and fencing token: the same holder
+    /// renewing or extending is still the lock shown; a reader or permit holder that
+    /// joined after it is another grant (nothing is deleted, not even the holders
+    /// shown).
+    ///
+    /// # Errors
+    /// [`LockError::InvalidKey`] when `shown.key` is not under this manager's
+    /// [`prefix`](Self::prefix); [`LockError::Backend`].
+    ///
+    /// # Cancel safety
+    /// The request may have been applied when the future is dropped: the lock shown may
+    /// be gone or not. Calling it again is harmless.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), redlock::LockError> {
+    /// use redlock::LockManager;
+    ///
+    /// let locks = LockManager::builder().in_memory().prefix("shown-doc:").build().await?;
+    /// let first = locks.lock("import").await?;
+    /// let shown = locks.inspect("import").await?.expect("held");
+    /// first.release().await?;
+    /// let _second = locks.lock("import").await?; // another holder took it meanwhile
+    /// assert!(!locks.force_unlock_if_unchanged(&shown).await?); // it keeps it
+    /// let now = locks.inspect("import").await?.expect("held");
+    /// assert!(locks.force_unlock_if_unchanged(&now).await?);
+    /// # Ok(()) }
+    /// ```
+    pub async fn force_unlock_if_unchanged(&self, shown: &LockInfo) -> Result<bool, LockError> {
+        self.check_runtime()?;
+        let Some(user_key) = shown.key.strip_prefix(self.prefix()) else {
+            return Err(LockError::InvalidKey {
+                reason: format!(
+                    "{:?} is not under this manager's prefix {:?}",
+                    shown.key,
+                    self.prefix()
+                ),
+            });
+        };
+        let key = LockKey::prefixed(&self.0.prefix, user_key)?;
+        self.force_unlock_key(&key, Some(Seen::of(shown))).await
+    }
+
+    async fn force_unlock_key(
+        &self,
+        key: &LockKey,
+        seen: Option<Seen<'_>>,
+    ) -> Result<bool, LockError> {
+        let held = self.0.shared.backend.force_unlock(key, seen).await?;
         tracing::warn!(
             target: "redlock",
             key = key.full(),
             backend = self.backend_name(),
             held,
+            only_shown = seen.is_some(),
             by_host = crate::info::this_host(),
             by_pid = std::process::id(),
             "lock force-released"
