@@ -14,8 +14,8 @@
 //! the outcome and exits.
 //!
 //! ```text
-//! cargo run --example axum_macro_handler
-//! PORT=3000 REDIS_URL=redis://127.0.0.1:6379 cargo run --example axum_macro_handler
+//! cargo run --example axum_macro_handler --features axum
+//! PORT=3000 REDIS_URL=redis://127.0.0.1:6379 cargo run --example axum_macro_handler --features axum
 //! curl -X POST localhost:3000/events/1/seats/7/alice
 //! ```
 

@@ -202,3 +202,91 @@ fn macro_docs_written_once() {
     let macros = fs::read_to_string(Path::new(ROOT).join("redlock-macros/src/lib.rs")).unwrap();
     assert!(macros.contains("#[doc = include_str!(\"distributed_lock.md\")]"));
 }
+
+/// The public methods of `impl LockManager` in `file` and, in place of each `mod x;`,
+/// those of `manager/x.rs` (rustdoc lists them module by module, in that order).
+fn manager_methods(dir: &Path, file: &str, out: &mut Vec<String>) {
+    let text = fs::read_to_string(dir.join(file)).unwrap();
+    let mut in_manager = false;
+    for line in text.lines() {
+        if let Some(module) = line.strip_prefix("mod ").and_then(|m| m.strip_suffix(';')) {
+            manager_methods(dir, &format!("{module}.rs"), out);
+        }
+        if line.starts_with("impl ") {
+            in_manager = line == "impl LockManager {";
+        }
+        let t = line.trim_start();
+        let name = t
+            .strip_prefix("pub fn ")
+            .or_else(|| t.strip_prefix("pub async fn "));
+        if let (true, Some(name)) = (in_manager, name) {
+            let end = name.find(['(', '<']).unwrap_or(name.len());
+            out.push(name[..end].to_owned());
+        }
+    }
+}
+
+/// Issue 24, item 7: the manager's page listed the read/write, permit and several-key
+/// methods before `builder` and `lock`. It reads in the order a user learns: getting a
+/// manager, the exclusive lock, the other kinds, then the operators' methods.
+#[test]
+fn the_manager_page_reads_in_the_order_a_user_learns() {
+    let groups: [&[&str]; 4] = [
+        &[
+            "builder",
+            "connect",
+            "install_global",
+            "global",
+            "prefix",
+            "backend_name",
+        ],
+        &["lock", "try_lock", "try_lock_with", "lock_with"],
+        &[
+            "read",
+            "try_read",
+            "try_read_with",
+            "read_with",
+            "write",
+            "try_write",
+            "try_write_with",
+            "write_with",
+            "permit",
+            "try_permit",
+            "try_permit_with",
+            "permit_with",
+            "lock_all",
+            "try_lock_all",
+            "try_lock_all_with",
+            "lock_all_with",
+        ],
+        &[
+            "is_locked",
+            "inspect",
+            "list",
+            "force_unlock",
+            "force_unlock_if_unchanged",
+            "watched_locks",
+            "subscription_interests",
+            "shutdown",
+        ],
+    ];
+    let mut methods = Vec::new();
+    manager_methods(
+        &Path::new(ROOT).join("redlock-runtime/src/manager"),
+        "mod.rs",
+        &mut methods,
+    );
+    let group_of = |m: &str| groups.iter().position(|g| g.contains(&m));
+    let unplaced: Vec<&String> = methods.iter().filter(|m| group_of(m).is_none()).collect();
+    assert!(
+        unplaced.is_empty(),
+        "new methods: put them in a group (and a module) of their own: {unplaced:?}"
+    );
+    let order: Vec<usize> = methods.iter().filter_map(|m| group_of(m)).collect();
+    assert!(
+        order.windows(2).all(|w| w[0] <= w[1]),
+        "out of order: {methods:?}"
+    );
+    let all: usize = groups.iter().map(|g| g.len()).sum();
+    assert_eq!(methods.len(), all, "every method found once: {methods:?}");
+}
