@@ -80,12 +80,12 @@ impl fmt::Display for LockInfo {
     }
 }
 
-/// A duration to the millisecond, for people.
+/// A duration to the millisecond, for people (`0ms` under one: not `0ns`).
 fn short(d: Duration) -> String {
-    format!(
-        "{:?}",
-        Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-    )
+    match u64::try_from(d.as_millis()).unwrap_or(u64::MAX) {
+        0 => "0ms".to_owned(),
+        ms => format!("{:?}", Duration::from_millis(ms)),
+    }
 }
 
 /// This process's part of the metadata (kind, pid, host), one string per kind.
@@ -281,6 +281,15 @@ mod tests {
             let meta = parse_meta(odd);
             assert_eq!((meta.fence, meta.pid, meta.host), (None, None, None));
         }
+    }
+
+    /// A lock inspected the moment it was granted read "held … for 0ns".
+    #[test]
+    fn durations_read_to_the_millisecond() {
+        assert_eq!(short(Duration::ZERO), "0ms");
+        assert_eq!(short(Duration::from_micros(999)), "0ms");
+        assert_eq!(short(Duration::from_micros(1_500)), "1ms");
+        assert_eq!(short(Duration::from_millis(29_999)), "29.999s");
     }
 
     #[test]
