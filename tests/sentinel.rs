@@ -769,5 +769,6 @@ async fn every_rule_on_every_path_through_sentinel() {
     conformance::rules::lock_all_holds_no_key_while_it_waits(&h).await;
     conformance::rules::kinds_exclude_each_other(&h).await;
     conformance::force_unlock_spares_a_later_grant(&h).await;
+    conformance::a_kept_lock_is_shown_as_kept(&h).await;
     conformance::shutdown_frees_every_lock_at_once(&h).await;
 }

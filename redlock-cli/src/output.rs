@@ -11,6 +11,7 @@ pub(crate) fn to_json(info: &LockInfo) -> Value {
         "key": info.key,
         "kind": info.kind.to_string(),
         "holders": info.holders,
+        "kept": info.kept,
         "ttl_ms": info.ttl.map(ms),
         "fencing_token": info.fencing_token,
         "host": info.host,
@@ -101,6 +102,16 @@ pub(crate) fn human(d: Duration) -> String {
     }
 }
 
+/// The holders, and how many of them are only kept by `hold_at_least` after their
+/// release (no job runs under those): `2`, `1 (kept)`, `3 (1 kept)`.
+fn holders(info: &LockInfo) -> String {
+    match info.kept {
+        0 => info.holders.to_string(),
+        kept if kept == info.holders => format!("{} (kept)", info.holders),
+        kept => format!("{} ({kept} kept)", info.holders),
+    }
+}
+
 fn cell(d: Option<Duration>, none: &str) -> String {
     d.map_or_else(|| none.to_owned(), human)
 }
@@ -121,7 +132,7 @@ pub(crate) fn list(found: &[LockInfo], json: bool) {
             [
                 shown(&i.key),
                 i.kind.to_string(),
-                i.holders.to_string(),
+                holders(i),
                 cell(i.ttl, "none"),
                 i.fencing_token
                     .map_or_else(|| "-".to_owned(), |f| f.to_string()),
@@ -162,7 +173,13 @@ pub(crate) fn inspect(key: &str, info: Option<&LockInfo>, json: bool) {
         (Some(i), false) => {
             println!("key            {}", shown(&i.key));
             println!("kind           {}", i.kind);
-            println!("holders        {}", i.holders);
+            println!("holders        {}", holders(i));
+            if i.kept > 0 {
+                println!(
+                    "kept           released with hold_at_least, held until its minimum \
+                     hold ends; no job runs under a kept holder"
+                );
+            }
             println!("owner          {}", owner(i));
             if let Some(at) = i
                 .acquired_at

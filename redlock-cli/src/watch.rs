@@ -24,6 +24,8 @@ use crate::{failed, Exit};
 enum Event {
     Granted,
     Released,
+    /// Released with `hold_at_least` before its minimum hold: held on, no job under it.
+    Kept,
     Expired,
 }
 
@@ -32,6 +34,7 @@ impl Event {
         match self {
             Self::Granted => "granted",
             Self::Released => "released",
+            Self::Kept => "kept",
             Self::Expired => "expired",
         }
     }
@@ -54,6 +57,12 @@ fn events<'a>(
         (None, None) => vec![],
         (None, Some(b)) => vec![(Event::Granted, b)],
         (Some(a), None) => vec![(gone(a), a)],
+        // A holder released with hold_at_least, kept (under a name of its own).
+        (Some(a), Some(b))
+            if a.kind == b.kind && a.fencing_token == b.fencing_token && b.kept > a.kept =>
+        {
+            vec![(Event::Kept, b)]
+        }
         // Readers or permit holders leaving, the latest grant still there.
         (Some(a), Some(b)) if same(a, b) && b.holders < a.holders => vec![(Event::Released, b)],
         (Some(a), Some(b)) if same(a, b) => vec![],
@@ -86,11 +95,18 @@ fn print(event: Event, info: &LockInfo, json: bool) {
         shown(&info.key),
         info.kind,
         owner(info),
-        match info.holders {
-            1 => String::new(),
-            n => format!("{n} holders"),
-        }
+        holders(info)
     );
+}
+
+/// The holders after an event's line: nothing for one running holder.
+fn holders(info: &LockInfo) -> String {
+    match (info.holders, info.kept) {
+        (1, 0) => String::new(),
+        (n, 0) => format!("{n} holders"),
+        (1, 1) => "kept by hold_at_least".to_owned(),
+        (n, k) => format!("{n} holders, {k} kept by hold_at_least"),
+    }
 }
 
 /// The shortest polling interval on Redlock.

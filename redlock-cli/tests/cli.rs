@@ -368,6 +368,49 @@ async fn release_deletes_only_the_holder_it_showed() {
         .expect("B saw lost() at its next renewal");
 }
 
+/// Issue 24, item 12: a lock released with `hold_at_least` before its minimum hold showed
+/// as held by the job that had finished. `list`, `inspect` and `watch` show it as kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_lock_is_listed_inspected_and_watched_as_kept() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let locks = manager(&server).await;
+    let mut watch = Watch::start(&url, "lock:nightly_{1}");
+    let job = locks
+        .lock_with(
+            "nightly_{1}",
+            LockOptions::new().hold_at_least(Duration::from_secs(20)),
+        )
+        .await
+        .unwrap();
+    let e = watch.next_event().await;
+    assert_eq!(
+        (e["event"].as_str(), e["lock"]["kept"].as_u64()),
+        (Some("granted"), Some(0))
+    );
+    job.release().await.unwrap();
+    let e = watch.next_event().await;
+    assert_eq!(
+        (e["event"].as_str(), e["lock"]["kept"].as_u64()),
+        (Some("kept"), Some(1)),
+        "{e}"
+    );
+    watch.child.kill().await.unwrap();
+
+    let listed = run(&url, &["list"]).await;
+    let table = String::from_utf8_lossy(&listed.stdout);
+    assert!(table.contains("1 (kept)"), "{table}");
+    let inspected = run(&url, &["inspect", "lock:nightly_{1}"]).await;
+    let text = String::from_utf8_lossy(&inspected.stdout);
+    assert!(
+        text.contains("holders        1 (kept)") && text.contains("no job runs"),
+        "{text}"
+    );
+    let json = run(&url, &["--json", "inspect", "lock:nightly_{1}"]).await;
+    let info: Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(info["kept"], 1);
+}
+
 /// `redlock --json watch KEY --for 20s`, read one event (a JSON line) at a time.
 struct Watch {
     child: tokio::process::Child,

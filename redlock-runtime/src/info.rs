@@ -39,6 +39,10 @@ pub struct LockInfo {
     pub kind: LockKind,
     /// How many hold it: 1, or the live readers or permit holders.
     pub holders: u32,
+    /// How many of `holders` are only kept: released with
+    /// [`hold_at_least`](crate::LockOptions::hold_at_least) before their minimum hold,
+    /// held until it ends with no job running under them (0 or 1 for an exclusive lock).
+    pub kept: u32,
     /// The time left before it expires unless renewed (`None`: no expiry set).
     pub ttl: Option<Duration>,
     /// The fencing token of the (latest) grant.
@@ -61,6 +65,11 @@ impl fmt::Display for LockInfo {
         write!(f, "{} ({}", self.key, self.kind)?;
         if self.holders != 1 {
             write!(f, ", {} holders", self.holders)?;
+        }
+        match self.kept {
+            0 => {}
+            kept if kept == self.holders => f.write_str(", kept by hold_at_least")?,
+            kept => write!(f, ", {kept} kept by hold_at_least")?,
         }
         f.write_str(")")?;
         if let Some(fence) = self.fencing_token {
@@ -189,10 +198,10 @@ pub(crate) fn decode_inspect(key: &str, reply: Value) -> Result<Option<LockInfo>
         Value::Array(items) => items,
         other => return Err(LockError::unexpected_reply("inspect", format!("{other:?}"))),
     };
-    let Ok([kind, pttl, holder, holders, meta, now]) = <[Value; 6]>::try_from(items) else {
+    let Ok([kind, pttl, holder, holders, meta, now, kept]) = <[Value; 7]>::try_from(items) else {
         return Err(LockError::unexpected_reply(
             "inspect",
-            "not 6 fields".to_owned(),
+            "not 7 fields".to_owned(),
         ));
     };
     let text = |v: Value| redis::from_redis_value::<String>(v).ok();
@@ -211,6 +220,8 @@ pub(crate) fn decode_inspect(key: &str, reply: Value) -> Result<Option<LockInfo>
         .map_err(|e| LockError::unexpected_reply("inspect", e.to_string()))?;
     let holders: u32 = redis::from_redis_value(holders)
         .map_err(|e| LockError::unexpected_reply("inspect", e.to_string()))?;
+    let kept: u32 = redis::from_redis_value(kept)
+        .map_err(|e| LockError::unexpected_reply("inspect", e.to_string()))?;
     let meta = parse_meta(&redis::from_redis_value::<Vec<u8>>(meta).unwrap_or_default());
     let now = text(now).and_then(|n| n.parse::<u64>().ok());
     Ok(Some(LockInfo {
@@ -221,6 +232,7 @@ pub(crate) fn decode_inspect(key: &str, reply: Value) -> Result<Option<LockInfo>
             .filter(|_| kind == LockKind::Exclusive)
             .unwrap_or(kind),
         holders,
+        kept,
         ttl: u64::try_from(pttl).ok().map(Duration::from_millis),
         fencing_token: meta.fence,
         host: meta.host,
@@ -238,7 +250,7 @@ pub(crate) fn decode_inspect(key: &str, reply: Value) -> Result<Option<LockInfo>
 pub(crate) fn local(
     key: &str,
     kind: LockKind,
-    holders: u32,
+    (holders, kept): (u32, u32),
     ttl: Duration,
     fence: u64,
     acquired_at: SystemTime,
@@ -248,6 +260,7 @@ pub(crate) fn local(
         key: key.to_owned(),
         kind,
         holders,
+        kept,
         ttl: Some(ttl),
         fencing_token: Some(fence),
         host: Some(this_host().to_owned()),

@@ -34,6 +34,24 @@ impl Token {
         Self(draw(std::process::id()).unwrap_or_else(fallback_bytes))
     }
 
+    /// A fresh *kept name* (the in-memory backend's): 16 hex digits, as the scripts
+    /// name a holder kept by `hold_at_least` after its release, where a holder's token
+    /// is 16 random bytes.
+    pub(crate) fn kept_name() -> Self {
+        let mut name = [0u8; 16];
+        for (digit, byte) in name.chunks_mut(2).zip(&Self::random().0) {
+            let hex = format!("{byte:02x}");
+            digit.copy_from_slice(hex.as_bytes());
+        }
+        Self(name)
+    }
+
+    /// Whether this names a holder kept after its release (see
+    /// [`kept_name`](Self::kept_name)).
+    pub(crate) fn is_kept_name(&self) -> bool {
+        self.0.iter().all(u8::is_ascii_hexdigit)
+    }
+
     /// The raw bytes sent to Redis.
     pub(crate) fn as_bytes(&self) -> &[u8] {
         &self.0

@@ -426,6 +426,60 @@ pub async fn force_unlock_spares_a_later_grant<H: Harness>(h: &H) {
     ));
 }
 
+/// Issue 24, item 12: a lock released with `hold_at_least` before its minimum hold is
+/// shown as kept (no job runs under it), not as held by a running job: an exclusive lock,
+/// one reader of two, one permit holder of two.
+pub async fn a_kept_lock_is_shown_as_kept<H: Harness>(h: &H) {
+    let (locks, operator) = (manager(h).await, manager(h).await);
+    let key = unique("kept");
+    let keep = LockOptions::new().hold_at_least(Duration::from_secs(20));
+    let show = || async { operator.inspect(&key).await.unwrap().expect("held") };
+
+    let running = locks.lock_with(&key, keep.clone()).await.unwrap();
+    assert_eq!(show().await.kept, 0, "a running holder");
+    running.release().await.unwrap();
+    let kept = show().await;
+    assert_eq!((kept.holders, kept.kept), (1, 1), "{kept:?}");
+    assert!(kept.to_string().contains("kept by hold_at_least"), "{kept}");
+    let listed = operator.list(&key).await.unwrap();
+    assert_eq!(listed.iter().map(|i| i.kept).collect::<Vec<_>>(), [1]);
+    assert!(operator.force_unlock(&key).await.unwrap());
+
+    for permits in [None, Some(3)] {
+        let take = |options: LockOptions| {
+            let (locks, key) = (locks.clone(), key.clone());
+            async move {
+                match permits {
+                    None => locks.read_with(&key, options).await,
+                    Some(n) => locks.permit_with(&key, n, options).await,
+                }
+                .unwrap()
+            }
+        };
+        let first = take(keep.clone()).await;
+        let second = take(LockOptions::new()).await;
+        first.release().await.unwrap();
+        let shown = show().await;
+        assert_eq!(
+            (shown.holders, shown.kept),
+            (2, 1),
+            "{permits:?}: {shown:?}"
+        );
+        assert!(
+            shown.to_string().contains("1 kept by hold_at_least"),
+            "{shown}"
+        );
+        second.release().await.unwrap();
+        let shown = show().await;
+        assert_eq!(
+            (shown.holders, shown.kept),
+            (1, 1),
+            "{permits:?}: {shown:?}"
+        );
+        assert!(operator.force_unlock(&key).await.unwrap());
+    }
+}
+
 /// `list` shows the held locks under the manager's prefix, matching the pattern, of
 /// every kind, and nothing kept beside them (fencing counters, holder sets, writer
 /// intents, Redlock's permit places).
@@ -973,7 +1027,8 @@ macro_rules! conformance_tests {
             notified_handoff_is_fast, one_attempt_apis, extend_sets_ttl,
             expiry_without_watchdog, guards_are_not_reentrant, local_waiters_are_fifo,
             bad_input_is_rejected, inspect_tells_who_holds_what, list_shows_held_locks_only,
-            shutdown_frees_every_lock_at_once, force_unlock_spares_a_later_grant);
+            shutdown_frees_every_lock_at_once, force_unlock_spares_a_later_grant,
+            a_kept_lock_is_shown_as_kept);
     };
     (@each $make:expr; $($name:ident),*) => {
         $(

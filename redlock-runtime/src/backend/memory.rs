@@ -384,7 +384,7 @@ impl Table {
             // with the lease's token (an extend or renewal applied after this release)
             // can re-arm it. Waiters told of a later expiry ask again ('kept').
             let until = now.checked_add(keep).unwrap_or(*own);
-            entry.rename(lease.token, Token::random(), until);
+            entry.rename(lease.token, Token::kept_name(), until);
             return (true, true);
         }
         let (wake, emptied) = match entry {
@@ -498,16 +498,19 @@ impl MemoryBackend {
         let entry = s.live(key.full(), now)?;
         let ttl = entry.expires(now).saturating_duration_since(now);
         let (holder, grant) = entry.named();
-        let (kind, holders) = match entry {
-            Held::One { .. } => (LockKind::Exclusive, 1),
-            Held::Many { kind, holders, .. } => {
-                (*kind, u32::try_from(holders.len()).unwrap_or(u32::MAX))
-            }
+        let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        let (kind, holders, kept) = match entry {
+            Held::One { token, .. } => (LockKind::Exclusive, 1, u32::from(token.is_kept_name())),
+            Held::Many { kind, holders, .. } => (
+                *kind,
+                count(holders.len()),
+                count(holders.keys().filter(|t| t.is_kept_name()).count()),
+            ),
         };
         Some(info::local(
             key.full(),
             kind,
-            holders,
+            (holders, kept),
             ttl,
             grant.fence,
             grant.at,

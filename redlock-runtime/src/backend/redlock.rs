@@ -1293,6 +1293,7 @@ impl RedlockBackend {
             .copied()
             .filter(|&t| t != Duration::MAX);
         info.holders = group.iter().map(|i| i.holders).max().unwrap_or(1);
+        info.kept = group.iter().map(|i| i.kept).max().unwrap_or(0);
         Ok(Some(info))
     }
 
@@ -1360,9 +1361,9 @@ impl RedlockBackend {
         }
     }
 
-    /// A permit of `key` as its `places` show it: a holder per place held on a quorum,
-    /// the latest grant's fencing token and owner, the longest ttl; `None` when no
-    /// place is held.
+    /// A permit of `key` as its `places` show it: a holder per place held on a quorum
+    /// (kept ones counted), the latest grant's fencing token and owner, the longest ttl;
+    /// `None` when no place is held.
     async fn permit_info(
         &self,
         key: &LockKey,
@@ -1387,6 +1388,7 @@ impl RedlockBackend {
             key: key.full().to_owned(),
             kind: LockKind::Permit,
             holders: u32::try_from(held.len()).unwrap_or(u32::MAX),
+            kept: held.iter().map(|i| i.kept).sum(),
             ttl,
             ..latest.clone()
         }))

@@ -1,7 +1,7 @@
 -- Describe a lock for an operator (LockManager::inspect and list), never its token.
 -- KEYS[1] lock key K, KEYS[2] its holders zset H (same slot)
 -- Returns nil when K is absent or not a string; else {kind, pttl, holder, holders, meta,
--- now}:
+-- now, kept}:
 --   kind     'e' when K holds a token (exclusive), 'r' / 'p' when it holds the read /
 --            permit marker (alone, or padded to 16 bytes with '~': acquire_shared.lua);
 --   pttl     K's PTTL in milliseconds (-1: no expiry);
@@ -10,7 +10,10 @@
 --   holders  1, or for a marker the number of unexpired members of H;
 --   meta     K's bytes after the first 16 (the metadata, '|1|<ms>|<fence>|...', see
 --            info.rs; '' for a value written before metadata existed);
---   now      the server's clock in milliseconds (TIME), to tell how long it is held.
+--   now      the server's clock in milliseconds (TIME), to tell how long it is held;
+--   kept     how many of the holders were released with hold_at_least and are only kept
+--            until their minimum hold: held under a kept name, 16 hex digits (release.lua,
+--            release_shared.lua), where a holder's token is 16 random bytes.
 local v = redis.pcall('GET', KEYS[1])
 if type(v) ~= 'string' then
   return nil
@@ -24,10 +27,24 @@ elseif v == '~permit' or head == '~permit~~~~~~~~~' then
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local function is_kept(name)
+  return #name == 16 and string.match(name, '^%x+$') ~= nil
+end
 local holders = 1
-if kind ~= 'e' then
-  holders = redis.call('ZCOUNT', KEYS[2], '(' .. string.format('%d', now), '+inf')
+local kept = 0
+if kind == 'e' then
+  if is_kept(head) then
+    kept = 1
+  end
+else
+  local live = redis.call('ZRANGE', KEYS[2], '(' .. string.format('%d', now), '+inf', 'BYSCORE')
+  holders = #live
+  for _, name in ipairs(live) do
+    if is_kept(name) then
+      kept = kept + 1
+    end
+  end
 end
 local pttl = redis.call('PTTL', KEYS[1])
 local holder = string.sub(redis.sha1hex(head), 1, 16)
-return {kind, pttl, holder, holders, string.sub(v, 17), string.format('%d', now)}
+return {kind, pttl, holder, holders, string.sub(v, 17), string.format('%d', now), kept}
