@@ -38,10 +38,11 @@ impl Token {
     /// name a holder kept by `hold_at_least` after its release, where a holder's token
     /// is 16 random bytes.
     pub(crate) fn kept_name() -> Self {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
         let mut name = [0u8; 16];
-        for (digit, byte) in name.chunks_mut(2).zip(&Self::random().0) {
-            let hex = format!("{byte:02x}");
-            digit.copy_from_slice(hex.as_bytes());
+        for (digits, byte) in name.chunks_mut(2).zip(&Self::random().0) {
+            digits[0] = HEX[usize::from(byte >> 4)];
+            digits[1] = HEX[usize::from(byte & 0xf)];
         }
         Self(name)
     }

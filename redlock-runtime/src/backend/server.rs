@@ -342,14 +342,15 @@ pub(crate) async fn force_unlock_on<C>(
 where
     C: ConnectionLike + Clone,
 {
-    let shown = |v: Option<String>| v.unwrap_or_default().into_bytes();
+    let holder = seen.and_then(|s| s.holder).unwrap_or_default();
+    let fence = seen.and_then(|s| s.fence).map(|f| f.to_string());
     let call = ScriptCall {
         script: &FORCE_UNLOCK,
         keys: vec![key.full().to_owned(), key.holders(), key.intents()],
         args: vec![
             publish.as_bytes().to_vec(),
-            shown(seen.and_then(|s| s.holder).map(str::to_owned)),
-            shown(seen.and_then(|s| s.fence).map(|f| f.to_string())),
+            holder.as_bytes().to_vec(),
+            fence.unwrap_or_default().into_bytes(),
         ],
     };
     let deleted: i64 = call
