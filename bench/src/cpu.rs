@@ -39,13 +39,26 @@ pub fn proc_cpu(pid: u32) -> Duration {
     Duration::from_secs_f64((ticks(11) + ticks(12)) as f64 / hz as f64)
 }
 
-/// `INFO commandstats` as command → calls.
-pub async fn commandstats(con: &mut MultiplexedConnection) -> Res<HashMap<String, u64>> {
+/// Calls and server time of one command, from `INFO commandstats`.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CommandStat {
+    pub calls: u64,
+    /// Microseconds the server spent in it (a script's nested `redis.call`s included).
+    pub usec: u64,
+}
+
+/// `INFO commandstats` as command → calls and time.
+pub async fn command_times(con: &mut MultiplexedConnection) -> Res<HashMap<String, CommandStat>> {
     let text: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(con)
         .await
         .map_err(err)?;
+    Ok(parse_commandstats(&text))
+}
+
+/// The `cmdstat_<name>:calls=..,usec=..,...` lines of `INFO commandstats`.
+fn parse_commandstats(text: &str) -> HashMap<String, CommandStat> {
     let mut out = HashMap::new();
     for line in text.lines() {
         let Some((name, rest)) = line
@@ -54,14 +67,28 @@ pub async fn commandstats(con: &mut MultiplexedConnection) -> Res<HashMap<String
         else {
             continue;
         };
-        let calls = rest
-            .split(',')
-            .find_map(|kv| kv.strip_prefix("calls="))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
-        out.insert(name.to_owned(), calls);
+        let field = |f: &str| {
+            rest.split(',')
+                .find_map(|kv| kv.strip_prefix(f))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        };
+        let stat = CommandStat {
+            calls: field("calls="),
+            usec: field("usec="),
+        };
+        out.insert(name.to_owned(), stat);
     }
-    Ok(out)
+    out
+}
+
+/// `INFO commandstats` as command → calls.
+pub async fn commandstats(con: &mut MultiplexedConnection) -> Res<HashMap<String, u64>> {
+    Ok(command_times(con)
+        .await?
+        .into_iter()
+        .map(|(name, stat)| (name, stat.calls))
+        .collect())
 }
 
 /// Calls per command between two snapshots, without the benchmark's own `INFO`s.
@@ -93,6 +120,15 @@ mod tests {
         assert!(self_cpu() - c0 >= Duration::from_millis(30));
         // Cumulative since the process started, at clock-tick resolution.
         assert!(proc_cpu(std::process::id()) >= Duration::from_millis(20));
+    }
+
+    #[test]
+    fn commandstats_lines_give_calls_and_time() {
+        let text = "# Commandstats\r\ncmdstat_set:calls=3,usec=12,usec_per_call=4.00,rejected_calls=0,failed_calls=0\r\ncmdstat_evalsha:calls=2,usec=21,usec_per_call=10.50\r\n";
+        let stats = parse_commandstats(text);
+        assert_eq!(stats["set"], CommandStat { calls: 3, usec: 12 });
+        assert_eq!(stats["evalsha"], CommandStat { calls: 2, usec: 21 });
+        assert_eq!(stats.len(), 2);
     }
 
     #[test]

@@ -10,12 +10,15 @@
 //! in the same run, and the ratio. The last line sums the ratios up:
 //!
 //! ```text
-//! ratios: uncontended=<x> uncontended_rslock=<x> distinct64=<x> distinct64_rslock=<x> handoff_vs_poll=<x> handoff_vs_rslock=<x> handoff_vs_rtt=<x> fifo=<x> redlock5_vs_single=<x> redlock5_vs_floor=<x> frozen_node=<x> macro_vs_guard=<x> held_100k=<x> list_100k_ping=<x>
+//! ratios: uncontended=<x> uncontended_rslock=<x> distinct64=<x> distinct64_rslock=<x> acquire_vs_set=<x> release_vs_cad=<x> handoff_vs_poll=<x> handoff_vs_rslock=<x> handoff_vs_rtt=<x> fifo=<x> redlock5_vs_single=<x> redlock5_vs_floor=<x> frozen_node=<x> macro_vs_guard=<x> held_100k=<x> list_100k_ping=<x>
 //! ```
 //!
 //! Throughput ratios are redlock ÷ baseline (`*_rslock`: rslock's ops/s ÷ the same raw
 //! baseline, beside ours); `handoff_vs_*` is the baseline's hand-off p50
 //! ÷ redlock's; `handoff_vs_rtt` is redlock's hand-off p50 ÷ one raw `SET` round trip;
+//! `acquire_vs_set` is the lock's acquire script's server time per call ÷ a native
+//! `SET NX PX`'s, `release_vs_cad` the release script's ÷ the raw compare-and-delete
+//! script's (the `costs` table has every script, each against its budget);
 //! `fifo` is the fraction of contended acquisitions that changed holder;
 //! `redlock5_vs_single`, `redlock5_vs_floor` (÷ raw lock+release on all five servers at
 //! once, the machine's floor for Redlock) and `macro_vs_guard` are time-per-operation
@@ -29,6 +32,7 @@
 //! Figures are printed, never asserted: timings do not fail the run (a scenario that
 //! cannot run at all, e.g. no redis-server, exits non-zero).
 
+mod costs;
 mod cpu;
 mod frozen;
 mod handoff;
@@ -104,9 +108,10 @@ impl Config {
     }
 }
 
-const SCENARIOS: [&str; 9] = [
+const SCENARIOS: [&str; 10] = [
     "uncontended",
     "distinct64",
+    "costs",
     "handoff",
     "watchdog",
     "held",
@@ -119,7 +124,7 @@ const SCENARIOS: [&str; 9] = [
 const USAGE: &str = "usage: redlock-bench [--quick] [--scenario NAME]...
   --quick            short runs (under 90 s on 2 cores), as CI runs it
   --scenario NAME    only this scenario (repeatable, or comma-separated):
-                     uncontended, distinct64, handoff, watchdog, held, list,
+                     uncontended, distinct64, costs, handoff, watchdog, held, list,
                      redlock5, frozen, macro";
 
 fn parse_args() -> Result<(bool, Vec<String>), String> {
@@ -172,7 +177,8 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let server = RedisServer::start();
-    let set = (wanted("redlock5") || wanted("frozen")).then(|| RedisSet::start(5));
+    let set =
+        (wanted("redlock5") || wanted("frozen") || wanted("costs")).then(|| RedisSet::start(5));
     let version = server
         .cmd_sync(&["INFO", "server"])
         .ok()
@@ -232,6 +238,15 @@ fn main() -> ExitCode {
             match uncontended::run(&cfg, &url, pid, 64).await {
                 Ok(x) => (r.distinct64, r.distinct64_rslock) = (Some(x.redlock), Some(x.rslock)),
                 Err(e) => report("distinct64", e),
+            }
+        }
+        if wanted("costs") {
+            match costs::run(&cfg, &url, set_urls.as_deref()).await {
+                Ok(c) => {
+                    (r.acquire_vs_set, r.release_vs_cad) =
+                        (Some(c.acquire_vs_set), Some(c.release_vs_cad))
+                }
+                Err(e) => report("costs", e),
             }
         }
         if wanted("handoff") {
@@ -304,6 +319,8 @@ struct Ratios {
     uncontended_rslock: Option<f64>,
     distinct64: Option<f64>,
     distinct64_rslock: Option<f64>,
+    acquire_vs_set: Option<f64>,
+    release_vs_cad: Option<f64>,
     handoff_vs_poll: Option<f64>,
     handoff_vs_rslock: Option<f64>,
     handoff_vs_rtt: Option<f64>,
@@ -323,11 +340,13 @@ impl Ratios {
             _ => "n/a".into(),
         };
         format!(
-            "ratios: uncontended={} uncontended_rslock={} distinct64={} distinct64_rslock={} handoff_vs_poll={} handoff_vs_rslock={} handoff_vs_rtt={} fifo={} redlock5_vs_single={} redlock5_vs_floor={} frozen_node={} macro_vs_guard={} held_100k={} list_100k_ping={}",
+            "ratios: uncontended={} uncontended_rslock={} distinct64={} distinct64_rslock={} acquire_vs_set={} release_vs_cad={} handoff_vs_poll={} handoff_vs_rslock={} handoff_vs_rtt={} fifo={} redlock5_vs_single={} redlock5_vs_floor={} frozen_node={} macro_vs_guard={} held_100k={} list_100k_ping={}",
             f(self.uncontended, 2),
             f(self.uncontended_rslock, 2),
             f(self.distinct64, 2),
             f(self.distinct64_rslock, 2),
+            f(self.acquire_vs_set, 2),
+            f(self.release_vs_cad, 2),
             f(self.handoff_vs_poll, 1),
             f(self.handoff_vs_rslock, 1),
             f(self.handoff_vs_rtt, 2),
