@@ -209,6 +209,7 @@ async fn cluster_behaviour() {
         shutdown_frees_every_lock_at_once,
         force_unlock_spares_a_later_grant,
         a_kept_lock_is_shown_as_kept,
+        each_shared_holder_is_listed,
     );
     conformance::static_send_sync_checks(&h.builder().build().await.unwrap());
     macro_rules! kinds {

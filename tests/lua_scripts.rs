@@ -888,7 +888,17 @@ fn values_written_before_owner_metadata_still_work() {
     assert!(!r.exists(K) && !r.exists(H));
 }
 
-/// Issue 16: what inspect.lua returns never contains the token.
+/// Whether `reply` holds 8 bytes in a row of `tok`, at any depth.
+fn shows_token(reply: &Value, tok: &[u8]) -> bool {
+    match reply {
+        Value::BulkString(b) => b.windows(8).any(|w| tok.windows(8).any(|t| t == w)),
+        Value::Array(items) => items.iter().any(|i| shows_token(i, tok)),
+        _ => false,
+    }
+}
+
+/// Issue 16: what inspect.lua returns never contains the token; issue 24, item 12: nor
+/// the names it lists shared holders by (their kept names: the name each keeps).
 #[test]
 fn inspect_returns_no_token() {
     let mut r = redis();
@@ -897,24 +907,45 @@ fn inspect_returns_no_token() {
             .unwrap(),
     );
     let reply: Value = r.eval(INSPECT, &[K, H], Vec::<u8>::new()).unwrap();
-    let shown = format!("{reply:?}");
-    let tok = token(1);
+    assert!(!shows_token(&reply, &token(1)), "{reply:?}");
     let Value::Array(items) = reply else {
-        panic!("{shown}")
+        panic!("{reply:?}")
     };
-    for item in &items {
-        if let Value::BulkString(b) = item {
-            assert!(
-                !b.windows(8).any(|w| tok.windows(8).any(|t| t == w)),
-                "{shown}"
-            );
-        }
-    }
     assert_eq!(items[0], Value::BulkString(b"e".to_vec()));
+    assert_eq!(items[7], Value::Array(vec![]), "no shared holders");
     let nothing: Value = r
         .eval(INSPECT, &["lock:free_{7}", H], Vec::<u8>::new())
         .unwrap();
     assert_eq!(nothing, Value::Nil);
+
+    let released: i64 = r.eval(RELEASE, &[K], (&token(1)[..], "")).unwrap();
+    assert_eq!(released, 1);
+    fence(&r.shared(&token(2), 10_000, READ, 0));
+    fence(&r.shared(&token(3), 20_000, READ, 0));
+    assert_eq!(r.release_shared(&token(3), READ, 30_000), 1, "kept");
+    let reply: Value = r.eval(INSPECT, &[K, H], Vec::<u8>::new()).unwrap();
+    for t in [2, 3] {
+        assert!(!shows_token(&reply, &token(t)), "{reply:?}");
+    }
+    let Value::Array(items) = reply else {
+        panic!("{reply:?}")
+    };
+    let shared: Vec<(String, i64)> = redis::from_redis_value(items[7].clone()).unwrap();
+    let mut kept_name = |t: u8| {
+        let mut seed = b"~kept".to_vec();
+        seed.extend_from_slice(&token(t));
+        r.digest(&seed)
+    };
+    let (two, three) = (kept_name(2), kept_name(3));
+    assert_eq!(shared.len(), 2, "{shared:?}");
+    assert_eq!(shared[0].0, two, "soonest first, named by its kept name");
+    assert_eq!(
+        shared[1].0,
+        format!("{three}~kept"),
+        "kept, under that name"
+    );
+    assert!(shared[0].1 > 0 && shared[0].1 <= 10_000, "{shared:?}");
+    assert!(shared[1].1 > 20_000 && shared[1].1 <= 30_000, "{shared:?}");
 }
 
 const FORCE_UNLOCK: &str = include_str!("../redlock-runtime/src/scripts/force_unlock.lua");

@@ -770,5 +770,6 @@ async fn every_rule_on_every_path_through_sentinel() {
     conformance::rules::kinds_exclude_each_other(&h).await;
     conformance::force_unlock_spares_a_later_grant(&h).await;
     conformance::a_kept_lock_is_shown_as_kept(&h).await;
+    conformance::each_shared_holder_is_listed(&h).await;
     conformance::shutdown_frees_every_lock_at_once(&h).await;
 }

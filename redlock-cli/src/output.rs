@@ -22,6 +22,12 @@ pub(crate) fn to_json(info: &LockInfo) -> Value {
             .map(ms),
         "held_for_ms": info.held_for.map(ms),
         "holder": info.holder,
+        "shared": info.shared.iter().map(|h| json!({
+            "name": h.name,
+            "ttl_ms": h.ttl.map(ms),
+            "kept": h.kept,
+            "fencing_token": h.fencing_token,
+        })).collect::<Vec<_>>(),
     })
 }
 
@@ -75,7 +81,7 @@ pub(crate) fn utc(since_epoch: Duration) -> String {
     )
 }
 
-fn ms(d: Duration) -> u64 {
+pub(crate) fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
@@ -164,7 +170,8 @@ pub(crate) fn list(found: &[LockInfo], json: bool) {
     }
 }
 
-/// `inspect`: the lock's fields, one per line (or a JSON object, `null` when free).
+/// `inspect`: the lock's fields, one per line, then a line per reader or permit holder
+/// (or a JSON object, `null` when free).
 pub(crate) fn inspect(key: &str, info: Option<&LockInfo>, json: bool) {
     match (info, json) {
         (Some(i), true) => println!("{}", to_json(i)),
@@ -194,6 +201,17 @@ pub(crate) fn inspect(key: &str, info: Option<&LockInfo>, json: bool) {
                 .map_or_else(|| "unknown".to_owned(), |f| f.to_string());
             println!("fencing token  {fence}");
             println!("holder digest  {}", shown(&i.holder));
+            for h in &i.shared {
+                let fence = h
+                    .fencing_token
+                    .map_or_else(String::new, |f| format!(", fencing token {f}"));
+                let kept = if h.kept { ", kept" } else { "" };
+                println!(
+                    "holder         {} (ttl left {}{fence}{kept})",
+                    shown(&h.name),
+                    cell(h.ttl, "no expiry")
+                );
+            }
         }
     }
 }

@@ -3,20 +3,22 @@
 //! The lock is inspected every `--interval`, and at once when a notification about the
 //! key arrives: on one server, the release wake-up the library publishes on the key's
 //! channel, and keyspace notifications when the server has them enabled
-//! (`notify-keyspace-events`). A change between two looks is reported as:
+//! (`notify-keyspace-events`). A change between two looks is reported as (for a read
+//! lock or permit, one line per holder, named as `inspect` names it):
 //! - `granted`: the key is held by a grant not seen before (a new fencing token, or a
 //!   new holder);
-//! - `released`: the grant seen last is gone, while its ttl had time left (or, for
-//!   readers and permits, fewer hold it);
+//! - `released`: the grant seen last is gone, while its ttl had time left;
+//! - `kept`: released with `hold_at_least` before its minimum hold, held on with no job
+//!   running under it;
 //! - `expired`: the grant seen last is gone, and its ttl had run out by now.
 
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use redlock::{redis, LockInfo, LockManager};
+use redlock::{redis, LockInfo, LockManager, SharedHolder};
 use serde_json::json;
 
-use crate::output::{human, owner, shown, to_json};
+use crate::output::{human, ms, owner, shown, to_json};
 use crate::{failed, Exit};
 
 /// What happened to the lock between two looks.
@@ -40,67 +42,216 @@ impl Event {
     }
 }
 
-/// The events from what was seen last (`before`, `since` ago) to what is seen now, each
-/// with the lock as it is shown: the grant that ended, or the lock as it is now.
+/// One line of `watch`: an event, the lock as it is shown, and for a read lock or permit
+/// the holder the event is about (one line per holder).
+#[derive(Debug, Clone, Copy)]
+struct Line<'a> {
+    event: Event,
+    lock: &'a LockInfo,
+    holder: Option<&'a SharedHolder>,
+    /// Whether the lock's owner fields describe this holder: a grant that is the latest
+    /// (its fencing token is new, and no other holder came with it).
+    latest: bool,
+}
+
+impl<'a> Line<'a> {
+    fn whole(event: Event, lock: &'a LockInfo) -> Self {
+        Self {
+            event,
+            lock,
+            holder: None,
+            latest: true,
+        }
+    }
+
+    fn of(event: Event, lock: &'a LockInfo, holder: &'a SharedHolder) -> Self {
+        Self {
+            event,
+            lock,
+            holder: Some(holder),
+            latest: false,
+        }
+    }
+}
+
+/// The lines from what was seen last (`before`, `since` ago) to what is seen now: a
+/// line per grant, release, keep and expiry, per holder for readers and permits, each
+/// with the lock as it is shown (the grant that ended, or the lock as it is now).
 fn events<'a>(
     before: Option<&'a LockInfo>,
     since: Duration,
     now: Option<&'a LockInfo>,
-) -> Vec<(Event, &'a LockInfo)> {
-    let same =
-        |a: &LockInfo, b: &LockInfo| a.holder == b.holder && a.fencing_token == b.fencing_token;
-    let gone = |a: &LockInfo| match a.ttl {
-        Some(ttl) if ttl <= since => Event::Expired,
-        _ => Event::Released,
-    };
-    match (before, now) {
+) -> Vec<Line<'a>> {
+    let mut lines = match (before, now) {
         (None, None) => vec![],
-        (None, Some(b)) => vec![(Event::Granted, b)],
-        (Some(a), None) => vec![(gone(a), a)],
-        // A holder released with hold_at_least, kept (under a name of its own).
-        (Some(a), Some(b))
-            if a.kind == b.kind && a.fencing_token == b.fencing_token && b.kept > a.kept =>
-        {
-            vec![(Event::Kept, b)]
-        }
-        // Readers or permit holders leaving, the latest grant still there.
-        (Some(a), Some(b)) if same(a, b) && b.holders < a.holders => vec![(Event::Released, b)],
-        (Some(a), Some(b)) if same(a, b) => vec![],
-        // Another reader or permit holder joined.
-        (Some(a), Some(b)) if a.kind == b.kind && a.holders < b.holders => {
-            vec![(Event::Granted, b)]
-        }
-        (Some(a), Some(b)) => vec![(gone(a), a), (Event::Granted, b)],
+        (None, Some(b)) => granted(b),
+        (Some(a), None) => gone(a, since),
+        (Some(a), Some(b)) if listed(a) && listed(b) && a.kind == b.kind => holders(a, since, b),
+        (Some(a), Some(b)) if !listed(a) && !listed(b) => whole(a, since, b),
+        (Some(a), Some(b)) => [gone(a, since), granted(b)].concat(),
+    };
+    // The owner shown is the latest grant's: the one new holder, when the fence moved.
+    let new_fence = now.and_then(|b| b.fencing_token) != before.and_then(|a| a.fencing_token);
+    let fresh: Vec<usize> = (0..lines.len())
+        .filter(|&i| lines[i].event == Event::Granted && lines[i].holder.is_some())
+        .collect();
+    if let ([only], true) = (fresh.as_slice(), new_fence) {
+        lines[*only].latest = true;
+    }
+    lines
+}
+
+/// Whether `info` lists its holders one by one (readers and permits).
+fn listed(info: &LockInfo) -> bool {
+    !info.shared.is_empty()
+}
+
+/// `info` granted: one line, or one per holder.
+fn granted(info: &LockInfo) -> Vec<Line<'_>> {
+    if listed(info) {
+        info.shared
+            .iter()
+            .map(|h| Line::of(Event::Granted, info, h))
+            .collect()
+    } else {
+        vec![Line::whole(Event::Granted, info)]
     }
 }
 
-/// Prints one event.
-fn print(event: Event, info: &LockInfo, json: bool) {
+/// Released, or expired when its ttl had run out `since` the look that saw it.
+fn ended(ttl: Option<Duration>, since: Duration) -> Event {
+    match ttl {
+        Some(ttl) if ttl <= since => Event::Expired,
+        _ => Event::Released,
+    }
+}
+
+/// `info` gone: one line, or one per holder.
+fn gone(info: &LockInfo, since: Duration) -> Vec<Line<'_>> {
+    if listed(info) {
+        info.shared
+            .iter()
+            .map(|h| Line::of(ended(h.ttl, since), info, h))
+            .collect()
+    } else {
+        vec![Line::whole(ended(info.ttl, since), info)]
+    }
+}
+
+/// Readers or permit holders from `a` to `b`: each holder that left, was kept, or came
+/// (a holder with another fencing token under the same name is a new grant), each with
+/// the lock as it is now.
+fn holders<'a>(a: &'a LockInfo, since: Duration, b: &'a LockInfo) -> Vec<Line<'a>> {
+    let find = |info: &'a LockInfo, name: &str| info.shared.iter().find(|h| h.name == name);
+    let mut left = Vec::new();
+    let mut came = Vec::new();
+    for h in &a.shared {
+        match find(b, &h.name) {
+            Some(now) if now.fencing_token != h.fencing_token => {
+                left.push(Line::of(ended(h.ttl, since), b, h));
+                came.push(Line::of(Event::Granted, b, now));
+            }
+            Some(now) if now.kept && !h.kept => left.push(Line::of(Event::Kept, b, now)),
+            Some(_) => {}
+            None => left.push(Line::of(ended(h.ttl, since), b, h)),
+        }
+    }
+    for h in &b.shared {
+        if find(a, &h.name).is_none() {
+            came.push(Line::of(Event::Granted, b, h));
+        }
+    }
+    left.extend(came);
+    left
+}
+
+/// A lock not listed holder by holder, from `a` to `b`.
+fn whole<'a>(a: &'a LockInfo, since: Duration, b: &'a LockInfo) -> Vec<Line<'a>> {
+    let same =
+        |a: &LockInfo, b: &LockInfo| a.holder == b.holder && a.fencing_token == b.fencing_token;
+    if a.kind == b.kind && a.fencing_token == b.fencing_token && b.kept > a.kept {
+        // A holder released with hold_at_least, kept (under a name of its own).
+        vec![Line::whole(Event::Kept, b)]
+    } else if same(a, b) && b.holders < a.holders {
+        // Readers or permit holders leaving, the latest grant still there.
+        vec![Line::whole(Event::Released, b)]
+    } else if same(a, b) {
+        vec![]
+    } else if a.kind == b.kind && a.holders < b.holders {
+        // Another reader or permit holder joined.
+        vec![Line::whole(Event::Granted, b)]
+    } else {
+        vec![
+            Line::whole(ended(a.ttl, since), a),
+            Line::whole(Event::Granted, b),
+        ]
+    }
+}
+
+/// Prints one line.
+fn print(line: Line<'_>, json: bool) {
+    let Line {
+        event,
+        lock: info,
+        holder,
+        latest,
+    } = line;
     if json {
-        println!(
-            "{}",
-            json!({ "event": event.name(), "lock": to_json(info) })
-        );
+        let mut out = json!({ "event": event.name(), "lock": to_json(info) });
+        if let Some(h) = holder {
+            out["holder"] = json!({
+                "name": h.name,
+                "ttl_ms": h.ttl.map(ms),
+                "kept": h.kept,
+                "fencing_token": h.fencing_token,
+                "latest": latest,
+            });
+        }
+        println!("{out}");
         return;
     }
-    let fence = info
-        .fencing_token
-        .map_or_else(String::new, |f| format!(" fencing token {f}"));
-    let ttl = info
-        .ttl
-        .map_or_else(|| "no expiry".to_owned(), |t| format!("ttl {}", human(t)));
-    println!(
-        "{} {} {} ({}{fence}, {ttl}) {}",
-        event.name(),
-        shown(&info.key),
-        info.kind,
-        owner(info),
-        holders(info)
-    );
+    let ttl = |ttl: Option<Duration>| {
+        ttl.map_or_else(|| "no expiry".to_owned(), |t| format!("ttl {}", human(t)))
+    };
+    let fence = |f: Option<u64>| f.map_or_else(String::new, |f| format!(" fencing token {f}"));
+    match holder {
+        None => println!(
+            "{} {} {} ({}{}, {}) {}",
+            event.name(),
+            shown(&info.key),
+            info.kind,
+            owner(info),
+            fence(info.fencing_token),
+            ttl(info.ttl),
+            count(info)
+        ),
+        Some(h) => {
+            let mut who = Vec::new();
+            if latest {
+                who.push(owner(info));
+            }
+            let fence = if latest {
+                info.fencing_token.or(h.fencing_token)
+            } else {
+                h.fencing_token
+            };
+            who.extend(fence.map(|f| format!("fencing token {f}")));
+            who.push(ttl(h.ttl));
+            println!(
+                "{} {} {} holder {} ({}) {}",
+                event.name(),
+                shown(&info.key),
+                info.kind,
+                shown(&h.name),
+                who.join(", "),
+                count(info)
+            );
+        }
+    }
 }
 
 /// The holders after an event's line: nothing for one running holder.
-fn holders(info: &LockInfo) -> String {
+fn count(info: &LockInfo) -> String {
     match (info.holders, info.kept) {
         (1, 0) => String::new(),
         (n, 0) => format!("{n} holders"),
@@ -148,7 +299,9 @@ pub(crate) async fn run(
     };
     let mut at = Instant::now();
     if let Some(info) = &seen {
-        print(Event::Granted, info, json);
+        for line in events(None, Duration::ZERO, Some(info)) {
+            print(line, json);
+        }
     } else if !json {
         println!("{}: not held; watching", shown(&full));
     }
@@ -174,8 +327,8 @@ pub(crate) async fn run(
             Ok(info) => info,
             Err(e) => return failed(&e),
         };
-        for (event, info) in events(seen.as_ref(), at.elapsed(), now.as_ref()) {
-            print(event, info, json);
+        for line in events(seen.as_ref(), at.elapsed(), now.as_ref()) {
+            print(line, json);
         }
         (seen, at) = (now, Instant::now());
     }

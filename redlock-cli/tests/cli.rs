@@ -550,6 +550,80 @@ async fn watch_follows_readers_coming_and_going() {
     watch.child.kill().await.unwrap();
 }
 
+/// Issue 24, item 12: a permit's holders showed as one line, the latest grant's. `watch`
+/// prints a line per holder: each grant, keep and release names the holder it is about,
+/// and only a grant that is the latest carries the owner; `inspect` lists each holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_shows_one_line_per_permit_holder() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let locks = manager(&server).await;
+    let mut watch = Watch::start(&url, "lock:printer_{3}");
+    let holder = |e: &Value| e["holder"]["name"].as_str().expect("a holder").to_owned();
+
+    let first = locks
+        .permit_with(
+            "printer_{3}",
+            2,
+            LockOptions::new().hold_at_least(Duration::from_secs(20)),
+        )
+        .await
+        .unwrap();
+    let e = watch.next_event().await;
+    assert_eq!(e["event"], "granted", "{e}");
+    assert_eq!(e["holder"]["latest"], true, "{e}");
+    assert_eq!(e["lock"]["pid"], std::process::id(), "{e}");
+    let a = holder(&e);
+    let second = locks.permit("printer_{3}", 2).await.unwrap();
+    let e = watch.next_event().await;
+    assert_eq!(
+        (e["event"].as_str(), e["lock"]["holders"].as_u64()),
+        (Some("granted"), Some(2)),
+        "{e}"
+    );
+    let b = holder(&e);
+    assert_ne!(a, b);
+
+    let inspected = run(&url, &["inspect", "lock:printer_{3}"]).await;
+    let text = String::from_utf8_lossy(&inspected.stdout);
+    for name in [&a, &b] {
+        assert!(
+            text.contains(&format!("holder         {name} (ttl left")),
+            "{text}"
+        );
+    }
+
+    first.release().await.unwrap();
+    let e = watch.next_event().await;
+    assert_eq!(
+        (e["event"].as_str(), holder(&e)),
+        (Some("kept"), a.clone()),
+        "{e}"
+    );
+    second.release().await.unwrap();
+    let e = watch.next_event().await;
+    assert_eq!(
+        (e["event"].as_str(), holder(&e)),
+        (Some("released"), b.clone()),
+        "{e}"
+    );
+    assert_eq!(e["lock"]["holders"], 1, "the lock as it is now: {e}");
+    watch.child.kill().await.unwrap();
+
+    // The text lines: one per holder, each naming it.
+    let _third = locks.permit("printer_{3}", 2).await.unwrap();
+    let out = run(&url, &["watch", "lock:printer_{3}", "--for", "300ms"]).await;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let granted: Vec<&str> = text.lines().filter(|l| l.starts_with("granted")).collect();
+    assert_eq!(granted.len(), 2, "{text}");
+    assert!(
+        granted
+            .iter()
+            .any(|l| l.contains(&format!("holder {a} (ttl "))),
+        "{text}"
+    );
+}
+
 #[tokio::test]
 async fn bad_input_exits_2_and_unreachable_redis_exits_3() {
     let server = RedisServer::start();

@@ -58,6 +58,37 @@ pub struct LockInfo {
     /// 16 hex digits naming the holder, the same for one holder on every node (the
     /// digest Redis replies name holders by); never the token.
     pub holder: String,
+    /// Each live reader or permit holder, the soonest to expire first (empty for an
+    /// exclusive lock): how `redlock watch` tells one holder's exit from another's.
+    pub shared: Vec<SharedHolder>,
+}
+
+/// One live holder of a read lock or permit, as [`LockInfo::shared`] lists it.
+///
+/// ```
+/// # #[tokio::main] async fn main() -> Result<(), redlock::LockError> {
+/// let locks = redlock::LockManager::builder().in_memory().build().await?;
+/// let _a = locks.permit("printer", 2).await?;
+/// let _b = locks.permit("printer", 2).await?;
+/// let info = locks.inspect("printer").await?.expect("held");
+/// assert_eq!(info.shared.len(), 2);
+/// assert_ne!(info.shared[0].name, info.shared[1].name);
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SharedHolder {
+    /// Names the holder, never its token, and stays its name while it is kept by
+    /// [`hold_at_least`](crate::LockOptions::hold_at_least) after its release: 16 hex
+    /// digits, or on Redlock the permit place it holds (`place 3`).
+    pub name: String,
+    /// Its time left (`None`: no expiry).
+    pub ttl: Option<Duration>,
+    /// Released with `hold_at_least` and only kept until its minimum hold.
+    pub kept: bool,
+    /// Its own fencing token, where the backend records one per holder (Redlock's
+    /// permit places); elsewhere the lock's `fencing_token` is the latest grant's.
+    pub fencing_token: Option<u64>,
 }
 
 impl fmt::Display for LockInfo {
@@ -198,10 +229,11 @@ pub(crate) fn decode_inspect(key: &str, reply: Value) -> Result<Option<LockInfo>
         Value::Array(items) => items,
         other => return Err(LockError::unexpected_reply("inspect", format!("{other:?}"))),
     };
-    let Ok([kind, pttl, holder, holders, meta, now, kept]) = <[Value; 7]>::try_from(items) else {
+    let Ok([kind, pttl, holder, holders, meta, now, kept, shared]) = <[Value; 8]>::try_from(items)
+    else {
         return Err(LockError::unexpected_reply(
             "inspect",
-            "not 7 fields".to_owned(),
+            "not 8 fields".to_owned(),
         ));
     };
     let text = |v: Value| redis::from_redis_value::<String>(v).ok();
@@ -224,6 +256,8 @@ pub(crate) fn decode_inspect(key: &str, reply: Value) -> Result<Option<LockInfo>
         .map_err(|e| LockError::unexpected_reply("inspect", e.to_string()))?;
     let meta = parse_meta(&redis::from_redis_value::<Vec<u8>>(meta).unwrap_or_default());
     let now = text(now).and_then(|n| n.parse::<u64>().ok());
+    let shared: Vec<(String, i64)> = redis::from_redis_value(shared)
+        .map_err(|e| LockError::unexpected_reply("inspect", e.to_string()))?;
     Ok(Some(LockInfo {
         key: key.to_owned(),
         // A Redlock permit's place is an exclusive key held for a permit.
@@ -243,19 +277,44 @@ pub(crate) fn decode_inspect(key: &str, reply: Value) -> Result<Option<LockInfo>
             .zip(now)
             .map(|(at, now)| Duration::from_millis(now.saturating_sub(at))),
         holder: text(holder).unwrap_or_default(),
+        shared: shared
+            .into_iter()
+            .map(|(name, ms)| SharedHolder {
+                kept: is_kept_name(&name),
+                name: name.get(..16).unwrap_or(&name).to_owned(),
+                ttl: u64::try_from(ms).ok().map(Duration::from_millis),
+                fencing_token: None,
+            })
+            .collect(),
     }))
 }
 
-/// What the in-memory backend knows of a grant, as a [`LockInfo`].
+/// Whether `inspect.lua` named a shared holder as kept: its name with `~kept` after
+/// the 16 digits.
+fn is_kept_name(name: &str) -> bool {
+    name.len() == 21 && name.ends_with("~kept")
+}
+
+/// What the in-memory backend knows of a grant, as a [`LockInfo`]: an exclusive lock
+/// (`shared` empty; `kept`: held only under a kept name), or its shared holders.
 pub(crate) fn local(
     key: &str,
     kind: LockKind,
-    (holders, kept): (u32, u32),
+    (kept, shared): (bool, Vec<SharedHolder>),
     ttl: Duration,
     fence: u64,
     acquired_at: SystemTime,
     holder: u64,
 ) -> LockInfo {
+    let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+    let (holders, kept) = if shared.is_empty() {
+        (1, u32::from(kept))
+    } else {
+        (
+            count(shared.len()),
+            count(shared.iter().filter(|h| h.kept).count()),
+        )
+    };
     LockInfo {
         key: key.to_owned(),
         kind,
@@ -268,6 +327,7 @@ pub(crate) fn local(
         acquired_at: Some(acquired_at),
         held_for: SystemTime::now().duration_since(acquired_at).ok(),
         holder: format!("{holder:016x}"),
+        shared,
     }
 }
 

@@ -37,7 +37,7 @@ pub mod macro_support;
 pub mod layer;
 
 pub use error::LockError;
-pub use info::LockInfo;
+pub use info::{LockInfo, SharedHolder};
 
 /// The redis-rs crate this library is built on, so applications name the same version
 /// (`redis::Client`, `redis::ConnectionInfo`, the source of [`LockError::Backend`]).

@@ -34,15 +34,14 @@ impl Token {
         Self(draw(std::process::id()).unwrap_or_else(fallback_bytes))
     }
 
-    /// A fresh *kept name* (the in-memory backend's): 16 hex digits, as the scripts
-    /// name a holder kept by `hold_at_least` after its release, where a holder's token
-    /// is 16 random bytes.
-    pub(crate) fn kept_name() -> Self {
+    /// A *kept name* (the in-memory backend's): `digest` as 16 hex digits, as the
+    /// scripts name a holder kept by `hold_at_least` after its release, where a
+    /// holder's token is 16 random bytes.
+    pub(crate) fn kept_name(digest: u64) -> Self {
         const HEX: &[u8; 16] = b"0123456789abcdef";
         let mut name = [0u8; 16];
-        for (digits, byte) in name.chunks_mut(2).zip(&Self::random().0) {
-            digits[0] = HEX[usize::from(byte >> 4)];
-            digits[1] = HEX[usize::from(byte & 0xf)];
+        for (i, digit) in name.iter_mut().enumerate() {
+            *digit = HEX[((digest >> (60 - 4 * i)) & 0xf) as usize];
         }
         Self(name)
     }

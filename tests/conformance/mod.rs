@@ -480,6 +480,66 @@ pub async fn a_kept_lock_is_shown_as_kept<H: Harness>(h: &H) {
     }
 }
 
+/// Issue 24, item 12: `watch` showed a permit's holders as one line, the latest grant's.
+/// `inspect` lists each reader or permit holder by a name that is not its token and that
+/// it keeps while kept by `hold_at_least`, with its own ttl; an exclusive lock lists none.
+pub async fn each_shared_holder_is_listed<H: Harness>(h: &H) {
+    let (locks, operator) = (manager(h).await, manager(h).await);
+    let key = unique("each");
+    let show = || async { operator.inspect(&key).await.unwrap().expect("held") };
+    let exclusive = locks.lock(&key).await.unwrap();
+    assert_eq!(show().await.shared, vec![], "an exclusive lock");
+    exclusive.release().await.unwrap();
+
+    let keep = LockOptions::new().hold_at_least(Duration::from_secs(20));
+    for permits in [None, Some(3)] {
+        let take = |options: LockOptions| {
+            let (locks, key) = (locks.clone(), key.clone());
+            async move {
+                match permits {
+                    None => locks.read_with(&key, options).await,
+                    Some(n) => locks.permit_with(&key, n, options).await,
+                }
+                .unwrap()
+            }
+        };
+        let first = take(keep.clone()).await;
+        let second = take(LockOptions::new().ttl(Duration::from_secs(7))).await;
+        let both = show().await.shared;
+        let mut names: Vec<&str> = both.iter().map(|h| h.name.as_str()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), 2, "{permits:?}: {both:?}");
+        assert!(both.iter().all(|h| !h.kept), "{both:?}");
+        for h in &both {
+            let ttl = h.ttl.expect("a ttl");
+            assert!(
+                ttl <= redlock::DEFAULT_TTL && ttl > Duration::from_secs(1),
+                "{h:?}"
+            );
+        }
+        // Soonest to expire first: the 7 s holder.
+        assert!(both[0].ttl < both[1].ttl, "{both:?}");
+
+        first.release().await.unwrap();
+        let kept = show().await.shared;
+        let same: Vec<(&str, bool)> = kept.iter().map(|h| (h.name.as_str(), h.kept)).collect();
+        assert_eq!(kept.len(), 2, "{permits:?}: {kept:?}");
+        assert_eq!(same.iter().filter(|(_, k)| *k).count(), 1, "{kept:?}");
+        assert!(
+            same.iter().all(|(n, _)| names.contains(n)),
+            "names kept: {kept:?} {names:?}"
+        );
+
+        let second_name = both[0].name.clone();
+        second.release().await.unwrap();
+        let last = show().await.shared;
+        assert_eq!(last.len(), 1, "{permits:?}: {last:?}");
+        assert!(last[0].kept && last[0].name != second_name, "{last:?}");
+        assert!(operator.force_unlock(&key).await.unwrap());
+    }
+}
+
 /// `list` shows the held locks under the manager's prefix, matching the pattern, of
 /// every kind, and nothing kept beside them (fencing counters, holder sets, writer
 /// intents, Redlock's permit places).
@@ -1028,7 +1088,7 @@ macro_rules! conformance_tests {
             expiry_without_watchdog, guards_are_not_reentrant, local_waiters_are_fifo,
             bad_input_is_rejected, inspect_tells_who_holds_what, list_shows_held_locks_only,
             shutdown_frees_every_lock_at_once, force_unlock_spares_a_later_grant,
-            a_kept_lock_is_shown_as_kept);
+            a_kept_lock_is_shown_as_kept, each_shared_holder_is_listed);
     };
     (@each $make:expr; $($name:ident),*) => {
         $(

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant, SystemTime};
 use super::glob::glob_match;
 use super::server::{lock_keys, scan_glob};
 use super::{Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Seen, Store, Together, Wake};
-use crate::info::{self, LockInfo};
+use crate::info::{self, LockInfo, SharedHolder};
 use crate::key::LockKey;
 use crate::kind::{LockKind, Mode};
 use crate::token::Token;
@@ -108,6 +108,21 @@ enum Held {
 fn digest(of: impl std::hash::Hash) -> u64 {
     static KEY: LazyLock<RandomState> = LazyLock::new(RandomState::new);
     KEY.hash_one(of)
+}
+
+/// The name a holder's token is kept under, and shown by (as `release_shared.lua`
+/// derives its kept name from the token: the same before and after the release).
+fn kept_digest(token: &Token) -> u64 {
+    digest(("~kept", token))
+}
+
+/// How `inspect` names a live shared holder: its kept name's digits.
+fn shared_name(token: &Token) -> String {
+    if token.is_kept_name() {
+        String::from_utf8_lossy(token.as_bytes()).into_owned()
+    } else {
+        format!("{:016x}", kept_digest(token))
+    }
 }
 
 impl Held {
@@ -384,7 +399,11 @@ impl Table {
             // with the lease's token (an extend or renewal applied after this release)
             // can re-arm it. Waiters told of a later expiry ask again ('kept').
             let until = now.checked_add(keep).unwrap_or(*own);
-            entry.rename(lease.token, Token::kept_name(), until);
+            entry.rename(
+                lease.token,
+                Token::kept_name(kept_digest(&lease.token)),
+                until,
+            );
             return (true, true);
         }
         let (wake, emptied) = match entry {
@@ -498,19 +517,26 @@ impl MemoryBackend {
         let entry = s.live(key.full(), now)?;
         let ttl = entry.expires(now).saturating_duration_since(now);
         let (holder, grant) = entry.named();
-        let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
-        let (kind, holders, kept) = match entry {
-            Held::One { token, .. } => (LockKind::Exclusive, 1, u32::from(token.is_kept_name())),
-            Held::Many { kind, holders, .. } => (
-                *kind,
-                count(holders.len()),
-                count(holders.keys().filter(|t| t.is_kept_name()).count()),
-            ),
+        let (kind, holding) = match entry {
+            Held::One { token, .. } => (LockKind::Exclusive, (token.is_kept_name(), Vec::new())),
+            Held::Many { kind, holders, .. } => {
+                let mut shared: Vec<_> = holders
+                    .iter()
+                    .map(|(token, expires)| SharedHolder {
+                        name: shared_name(token),
+                        ttl: Some(expires.saturating_duration_since(now)),
+                        kept: token.is_kept_name(),
+                        fencing_token: None,
+                    })
+                    .collect();
+                shared.sort_by(|a, b| a.ttl.cmp(&b.ttl).then_with(|| a.name.cmp(&b.name)));
+                (*kind, (false, shared))
+            }
         };
         Some(info::local(
             key.full(),
             kind,
-            (holders, kept),
+            holding,
             ttl,
             grant.fence,
             grant.at,

@@ -133,7 +133,7 @@ use super::{
     Wake,
 };
 use crate::error::chain;
-use crate::info::LockInfo;
+use crate::info::{LockInfo, SharedHolder};
 use crate::key::{LockKey, PLACE_INFIX};
 use crate::kind::{LockKind, Mode};
 use crate::lease::drift;
@@ -1294,7 +1294,40 @@ impl RedlockBackend {
             .filter(|&t| t != Duration::MAX);
         info.holders = group.iter().map(|i| i.holders).max().unwrap_or(1);
         info.kept = group.iter().map(|i| i.kept).max().unwrap_or(0);
+        info.shared = self.shared_on_quorum(&group);
         Ok(Some(info))
+    }
+
+    /// The readers that hold a quorum of `group`'s nodes (each node lists its own), with
+    /// the ttl a quorum still has, the soonest to expire first.
+    fn shared_on_quorum(&self, group: &[&LockInfo]) -> Vec<SharedHolder> {
+        let mut seen: BTreeMap<&str, Vec<&SharedHolder>> = BTreeMap::new();
+        for holder in group.iter().flat_map(|i| &i.shared) {
+            seen.entry(holder.name.as_str()).or_default().push(holder);
+        }
+        let mut shared: Vec<SharedHolder> = seen
+            .into_values()
+            .filter(|on| on.len() >= self.quorum)
+            .map(|mut on| {
+                on.sort_by(|a, b| {
+                    b.ttl
+                        .unwrap_or(Duration::MAX)
+                        .cmp(&a.ttl.unwrap_or(Duration::MAX))
+                });
+                let at_quorum = on[self.quorum - 1];
+                SharedHolder {
+                    kept: on.iter().filter(|h| h.kept).count() >= self.quorum,
+                    ..at_quorum.clone()
+                }
+            })
+            .collect();
+        shared.sort_by(|a, b| {
+            a.ttl
+                .unwrap_or(Duration::MAX)
+                .cmp(&b.ttl.unwrap_or(Duration::MAX))
+                .then_with(|| a.name.cmp(&b.name))
+        });
+        shared
     }
 
     /// The permit places whose name matches `glob` on the nodes `reach` says (a node
@@ -1370,12 +1403,29 @@ impl RedlockBackend {
         places: &[LockKey],
     ) -> Result<Option<LockInfo>, LockError> {
         let mut held = Vec::new();
+        let mut shared = Vec::new();
         for batch in places.chunks(INSPECT_BATCH) {
             let infos =
                 futures_util::future::try_join_all(batch.iter().map(|p| self.inspect_key(p)))
                     .await?;
-            held.extend(infos.into_iter().flatten());
+            for (place, info) in batch.iter().zip(infos) {
+                if let Some(info) = info {
+                    shared.push(SharedHolder {
+                        name: place_name(key, place),
+                        ttl: info.ttl,
+                        kept: info.kept > 0,
+                        fencing_token: info.fencing_token,
+                    });
+                    held.push(info);
+                }
+            }
         }
+        shared.sort_by(|a, b| {
+            a.ttl
+                .unwrap_or(Duration::MAX)
+                .cmp(&b.ttl.unwrap_or(Duration::MAX))
+                .then_with(|| a.name.cmp(&b.name))
+        });
         let Some(latest) = held.iter().max_by_key(|i| i.fencing_token) else {
             return Ok(None);
         };
@@ -1390,9 +1440,19 @@ impl RedlockBackend {
             holders: u32::try_from(held.len()).unwrap_or(u32::MAX),
             kept: held.iter().map(|i| i.kept).sum(),
             ttl,
+            shared,
             ..latest.clone()
         }))
     }
+}
+
+/// How a permit holder on Redlock is named: by its place of `key` (`place 3`).
+fn place_name(key: &LockKey, place: &LockKey) -> String {
+    let index = place
+        .full()
+        .strip_prefix(key.places_prefix().as_str())
+        .unwrap_or(place.full());
+    format!("place {index}")
 }
 
 /// Quorum operations on one key.

@@ -1,7 +1,7 @@
 -- Describe a lock for an operator (LockManager::inspect and list), never its token.
 -- KEYS[1] lock key K, KEYS[2] its holders zset H (same slot)
 -- Returns nil when K is absent or not a string; else {kind, pttl, holder, holders, meta,
--- now, kept}:
+-- now, kept, shared}:
 --   kind     'e' when K holds a token (exclusive), 'r' / 'p' when it holds the read /
 --            permit marker (alone, or padded to 16 bytes with '~': acquire_shared.lua);
 --   pttl     K's PTTL in milliseconds (-1: no expiry);
@@ -13,7 +13,10 @@
 --   now      the server's clock in milliseconds (TIME), to tell how long it is held;
 --   kept     how many of the holders were released with hold_at_least and are only kept
 --            until their minimum hold: held under a kept name, 16 hex digits (release.lua,
---            release_shared.lua), where a holder's token is 16 random bytes.
+--            release_shared.lua), where a holder's token is 16 random bytes;
+--   shared   for a marker, {name, ms left} of each live holder, soonest to expire first:
+--            the name a holder would be kept under (so it keeps its name when kept),
+--            followed by '~kept' when it is kept; {} for an exclusive lock.
 local v = redis.pcall('GET', KEYS[1])
 if type(v) ~= 'string' then
   return nil
@@ -32,19 +35,25 @@ local function is_kept(name)
 end
 local holders = 1
 local kept = 0
+local shared = {}
 if kind == 'e' then
   if is_kept(head) then
     kept = 1
   end
 else
-  local live = redis.call('ZRANGE', KEYS[2], '(' .. string.format('%d', now), '+inf', 'BYSCORE')
-  holders = #live
-  for _, name in ipairs(live) do
+  local live = redis.call('ZRANGE', KEYS[2], '(' .. string.format('%d', now), '+inf', 'BYSCORE', 'WITHSCORES')
+  holders = #live / 2
+  for i = 1, #live, 2 do
+    local name = live[i]
+    local left = math.floor(tonumber(live[i + 1]) - now)
     if is_kept(name) then
       kept = kept + 1
+      shared[#shared + 1] = {name .. '~kept', left}
+    else
+      shared[#shared + 1] = {string.sub(redis.sha1hex('~kept' .. name), 1, 16), left}
     end
   end
 end
 local pttl = redis.call('PTTL', KEYS[1])
 local holder = string.sub(redis.sha1hex(head), 1, 16)
-return {kind, pttl, holder, holders, string.sub(v, 17), string.format('%d', now), kept}
+return {kind, pttl, holder, holders, string.sub(v, 17), string.format('%d', now), kept, shared}
