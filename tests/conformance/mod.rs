@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use redlock::{LockError, LockManager, LockManagerBuilder, LockOptions};
+use redlock::{LockError, LockGuard, LockManager, LockManagerBuilder, LockOptions};
 
 pub mod backends;
 pub mod kinds;
@@ -426,6 +426,20 @@ pub async fn force_unlock_spares_a_later_grant<H: Harness>(h: &H) {
     ));
 }
 
+/// A reader's place in `key` (`permits` `None`), or one of its `n` permits.
+async fn shared_place(
+    locks: &LockManager,
+    key: &str,
+    permits: Option<u32>,
+    options: LockOptions,
+) -> LockGuard {
+    match permits {
+        None => locks.read_with(key, options).await,
+        Some(n) => locks.permit_with(key, n, options).await,
+    }
+    .unwrap()
+}
+
 /// Issue 24, item 12: a lock released with `hold_at_least` before its minimum hold is
 /// shown as kept (no job runs under it), not as held by a running job: an exclusive lock,
 /// one reader of two, one permit holder of two.
@@ -446,16 +460,7 @@ pub async fn a_kept_lock_is_shown_as_kept<H: Harness>(h: &H) {
     assert!(operator.force_unlock(&key).await.unwrap());
 
     for permits in [None, Some(3)] {
-        let take = |options: LockOptions| {
-            let (locks, key) = (locks.clone(), key.clone());
-            async move {
-                match permits {
-                    None => locks.read_with(&key, options).await,
-                    Some(n) => locks.permit_with(&key, n, options).await,
-                }
-                .unwrap()
-            }
-        };
+        let take = |options: LockOptions| shared_place(&locks, &key, permits, options);
         let first = take(keep.clone()).await;
         let second = take(LockOptions::new()).await;
         first.release().await.unwrap();
@@ -493,16 +498,7 @@ pub async fn each_shared_holder_is_listed<H: Harness>(h: &H) {
 
     let keep = LockOptions::new().hold_at_least(Duration::from_secs(20));
     for permits in [None, Some(3)] {
-        let take = |options: LockOptions| {
-            let (locks, key) = (locks.clone(), key.clone());
-            async move {
-                match permits {
-                    None => locks.read_with(&key, options).await,
-                    Some(n) => locks.permit_with(&key, n, options).await,
-                }
-                .unwrap()
-            }
-        };
+        let take = |options: LockOptions| shared_place(&locks, &key, permits, options);
         let first = take(keep.clone()).await;
         let second = take(LockOptions::new().ttl(Duration::from_secs(7))).await;
         let both = show().await.shared;
