@@ -52,6 +52,8 @@ struct Line<'a> {
     /// Whether the lock's owner fields describe this holder: a grant that is the latest
     /// (its fencing token is new, and no other holder came with it).
     latest: bool,
+    /// The lock as it is now (`None`: nobody holds it any more).
+    now: Option<&'a LockInfo>,
 }
 
 impl<'a> Line<'a> {
@@ -61,6 +63,7 @@ impl<'a> Line<'a> {
             lock,
             holder: None,
             latest: true,
+            now: None,
         }
     }
 
@@ -70,6 +73,7 @@ impl<'a> Line<'a> {
             lock,
             holder: Some(holder),
             latest: false,
+            now: None,
         }
     }
 }
@@ -97,6 +101,9 @@ fn events<'a>(
         .collect();
     if let ([only], true) = (fresh.as_slice(), new_fence) {
         lines[*only].latest = true;
+    }
+    for line in &mut lines {
+        line.now = now;
     }
     lines
 }
@@ -195,6 +202,7 @@ fn print(line: Line<'_>, json: bool) {
         lock: info,
         holder,
         latest,
+        now,
     } = line;
     if json {
         let mut out = json!({ "event": event.name(), "lock": to_json(info) });
@@ -214,8 +222,8 @@ fn print(line: Line<'_>, json: bool) {
         ttl.map_or_else(|| "no expiry".to_owned(), |t| format!("ttl {}", human(t)))
     };
     let fence = |f: Option<u64>| f.map_or_else(String::new, |f| format!(" fencing token {f}"));
-    match holder {
-        None => println!(
+    let text = match holder {
+        None => format!(
             "{} {} {} ({}{}, {}) {}",
             event.name(),
             shown(&info.key),
@@ -237,17 +245,33 @@ fn print(line: Line<'_>, json: bool) {
             };
             who.extend(fence.map(|f| format!("fencing token {f}")));
             who.push(ttl(h.ttl));
-            println!(
-                "{} {} {} holder {} ({}) {}",
+            format!(
+                "{} {} {} holder {} ({}): {}",
                 event.name(),
                 shown(&info.key),
                 info.kind,
                 shown(&h.name),
                 who.join(", "),
-                count(info)
-            );
+                left(now)
+            )
         }
+    };
+    println!("{}", text.trim_end());
+}
+
+/// After a holder's line: who holds the lock now (`2 holders now, 1 kept`).
+fn left(now: Option<&LockInfo>) -> String {
+    let Some(info) = now else {
+        return "none left".to_owned();
+    };
+    let mut out = match info.holders {
+        1 => "1 holder now".to_owned(),
+        n => format!("{n} holders now"),
+    };
+    if info.kept > 0 {
+        out.push_str(&format!(", {} kept", info.kept));
     }
+    out
 }
 
 /// The holders after an event's line: nothing for one running holder.

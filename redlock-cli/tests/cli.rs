@@ -622,6 +622,16 @@ async fn watch_shows_one_line_per_permit_holder() {
             .any(|l| l.contains(&format!("holder {a} (ttl "))),
         "{text}"
     );
+    assert!(
+        granted
+            .iter()
+            .all(|l| l.ends_with("): 2 holders now, 1 kept")),
+        "each line says who holds it now: {text}"
+    );
+    assert!(
+        text.lines().all(|l| l == l.trim_end()),
+        "no trailing blanks: {text:?}"
+    );
 }
 
 #[tokio::test]
