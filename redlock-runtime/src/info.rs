@@ -91,6 +91,15 @@ pub struct SharedHolder {
     pub fencing_token: Option<u64>,
 }
 
+/// Orders a lock's holders the soonest to expire first (those without an expiry last),
+/// then by name, the one order every backend lists them in.
+pub(crate) fn soonest_to_expire_first(shared: &mut [SharedHolder]) {
+    shared.sort_by(|a, b| {
+        let left = |h: &SharedHolder| h.ttl.unwrap_or(Duration::MAX);
+        left(a).cmp(&left(b)).then_with(|| a.name.cmp(&b.name))
+    });
+}
+
 impl fmt::Display for LockInfo {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} ({}", self.key, self.kind)?;
@@ -258,6 +267,16 @@ pub(crate) fn decode_inspect(key: &str, reply: Value) -> Result<Option<LockInfo>
     let now = text(now).and_then(|n| n.parse::<u64>().ok());
     let shared: Vec<(String, i64)> = redis::from_redis_value(shared)
         .map_err(|e| LockError::unexpected_reply("inspect", e.to_string()))?;
+    let mut shared: Vec<SharedHolder> = shared
+        .into_iter()
+        .map(|(name, ms)| SharedHolder {
+            kept: is_kept_name(&name),
+            name: name.get(..16).unwrap_or(&name).to_owned(),
+            ttl: u64::try_from(ms).ok().map(Duration::from_millis),
+            fencing_token: None,
+        })
+        .collect();
+    soonest_to_expire_first(&mut shared);
     Ok(Some(LockInfo {
         key: key.to_owned(),
         // A Redlock permit's place is an exclusive key held for a permit.
@@ -277,15 +296,7 @@ pub(crate) fn decode_inspect(key: &str, reply: Value) -> Result<Option<LockInfo>
             .zip(now)
             .map(|(at, now)| Duration::from_millis(now.saturating_sub(at))),
         holder: text(holder).unwrap_or_default(),
-        shared: shared
-            .into_iter()
-            .map(|(name, ms)| SharedHolder {
-                kept: is_kept_name(&name),
-                name: name.get(..16).unwrap_or(&name).to_owned(),
-                ttl: u64::try_from(ms).ok().map(Duration::from_millis),
-                fencing_token: None,
-            })
-            .collect(),
+        shared,
     }))
 }
 

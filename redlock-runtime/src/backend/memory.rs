@@ -529,7 +529,7 @@ impl MemoryBackend {
                         fencing_token: None,
                     })
                     .collect();
-                shared.sort_by(|a, b| a.ttl.cmp(&b.ttl).then_with(|| a.name.cmp(&b.name)));
+                info::soonest_to_expire_first(&mut shared);
                 (*kind, (false, shared))
             }
         };

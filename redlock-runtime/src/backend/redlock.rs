@@ -133,7 +133,7 @@ use super::{
     Wake,
 };
 use crate::error::chain;
-use crate::info::{LockInfo, SharedHolder};
+use crate::info::{soonest_to_expire_first, LockInfo, SharedHolder};
 use crate::key::{LockKey, PLACE_INFIX};
 use crate::kind::{LockKind, Mode};
 use crate::lease::drift;
@@ -1258,8 +1258,8 @@ impl RedlockBackend {
     /// the node with its latest grant (the highest fence, at least the token issued:
     /// that is the highest of a quorum) describes it; each node records its own
     /// acquire time. The ttl is the one a quorum still has (the quorum-th longest);
-    /// `holders` of readers and permits is the most any of those nodes counts (a
-    /// reader holds a quorum of the nodes, not necessarily the same as another's).
+    /// readers are those a quorum of nodes lists (a reader holds a quorum of the
+    /// nodes, not necessarily the same as another's), and none is not held.
     async fn inspect_key(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
         let answers = self
             .on_all("inspect", self.node_timeout, |n| n.inspect(key))
@@ -1292,9 +1292,18 @@ impl RedlockBackend {
             .get(self.quorum - 1)
             .copied()
             .filter(|&t| t != Duration::MAX);
-        info.holders = group.iter().map(|i| i.holders).max().unwrap_or(1);
-        info.kept = group.iter().map(|i| i.kept).max().unwrap_or(0);
         info.shared = self.shared_on_quorum(&group);
+        if info.kind == LockKind::Read {
+            // A node a release has not reached yet still lists the reader that left.
+            if info.shared.is_empty() {
+                return Ok(None);
+            }
+            info.holders = u32::try_from(info.shared.len()).unwrap_or(u32::MAX);
+            let kept = info.shared.iter().filter(|h| h.kept).count();
+            info.kept = u32::try_from(kept).unwrap_or(u32::MAX);
+        } else {
+            info.kept = group.iter().map(|i| i.kept).max().unwrap_or(0);
+        }
         Ok(Some(info))
     }
 
@@ -1321,12 +1330,7 @@ impl RedlockBackend {
                 }
             })
             .collect();
-        shared.sort_by(|a, b| {
-            a.ttl
-                .unwrap_or(Duration::MAX)
-                .cmp(&b.ttl.unwrap_or(Duration::MAX))
-                .then_with(|| a.name.cmp(&b.name))
-        });
+        soonest_to_expire_first(&mut shared);
         shared
     }
 
@@ -1420,12 +1424,7 @@ impl RedlockBackend {
                 }
             }
         }
-        shared.sort_by(|a, b| {
-            a.ttl
-                .unwrap_or(Duration::MAX)
-                .cmp(&b.ttl.unwrap_or(Duration::MAX))
-                .then_with(|| a.name.cmp(&b.name))
-        });
+        soonest_to_expire_first(&mut shared);
         let Some(latest) = held.iter().max_by_key(|i| i.fencing_token) else {
             return Ok(None);
         };
