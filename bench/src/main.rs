@@ -10,11 +10,11 @@
 //! in the same run, and the ratio. The last line sums the ratios up:
 //!
 //! ```text
-//! ratios: uncontended=<x> uncontended_rslock=<x> distinct64=<x> distinct64_rslock=<x> acquire_vs_set=<x> release_vs_cad=<x> handoff_vs_poll=<x> handoff_vs_rslock=<x> handoff_vs_rtt=<x> fifo=<x> redlock5_vs_single=<x> redlock5_vs_floor=<x> frozen_node=<x> macro_vs_guard=<x> held_100k=<x> list_100k_ping=<x>
+//! ratios: uncontended=<x> uncontended_rslock=<x> distinct64=<x> distinct64_rslock=<x> distance=<x> distance_rslock=<x> acquire_vs_set=<x> release_vs_cad=<x> handoff_vs_poll=<x> handoff_vs_rslock=<x> handoff_vs_rtt=<x> fifo=<x> redlock5_vs_single=<x> redlock5_vs_floor=<x> frozen_node=<x> macro_vs_guard=<x> held_100k=<x> list_100k_ping=<x>
 //! ```
 //!
 //! Throughput ratios are redlock ÷ baseline (`*_rslock`: rslock's ops/s ÷ the same raw
-//! baseline, beside ours); `handoff_vs_*` is the baseline's hand-off p50
+//! baseline, beside ours; `distance*`: 1 task through a proxy adding 100 µs each way); `handoff_vs_*` is the baseline's hand-off p50
 //! ÷ redlock's; `handoff_vs_rtt` is redlock's hand-off p50 ÷ one raw `SET` round trip;
 //! `acquire_vs_set` is the lock's acquire script's server time per call ÷ a native
 //! `SET NX PX`'s, `release_vs_cad` the release script's ÷ the raw compare-and-delete
@@ -34,6 +34,7 @@
 
 mod costs;
 mod cpu;
+mod distance;
 mod frozen;
 mod handoff;
 mod held;
@@ -108,9 +109,10 @@ impl Config {
     }
 }
 
-const SCENARIOS: [&str; 10] = [
+const SCENARIOS: [&str; 11] = [
     "uncontended",
     "distinct64",
+    "distance",
     "costs",
     "handoff",
     "watchdog",
@@ -124,7 +126,7 @@ const SCENARIOS: [&str; 10] = [
 const USAGE: &str = "usage: redlock-bench [--quick] [--scenario NAME]...
   --quick            short runs (under 90 s on 2 cores), as CI runs it
   --scenario NAME    only this scenario (repeatable, or comma-separated):
-                     uncontended, distinct64, costs, handoff, watchdog, held, list,
+                     uncontended, distinct64, distance, costs, handoff, watchdog, held, list,
                      redlock5, frozen, macro";
 
 fn parse_args() -> Result<(bool, Vec<String>), String> {
@@ -240,6 +242,12 @@ fn main() -> ExitCode {
                 Err(e) => report("distinct64", e),
             }
         }
+        if wanted("distance") {
+            match distance::run(&cfg, &url, pid).await {
+                Ok(x) => (r.distance, r.distance_rslock) = (Some(x.redlock), Some(x.rslock)),
+                Err(e) => report("distance", e),
+            }
+        }
         if wanted("costs") {
             match costs::run(&cfg, &url, set_urls.as_deref()).await {
                 Ok(c) => {
@@ -319,6 +327,8 @@ struct Ratios {
     uncontended_rslock: Option<f64>,
     distinct64: Option<f64>,
     distinct64_rslock: Option<f64>,
+    distance: Option<f64>,
+    distance_rslock: Option<f64>,
     acquire_vs_set: Option<f64>,
     release_vs_cad: Option<f64>,
     handoff_vs_poll: Option<f64>,
@@ -340,11 +350,13 @@ impl Ratios {
             _ => "n/a".into(),
         };
         format!(
-            "ratios: uncontended={} uncontended_rslock={} distinct64={} distinct64_rslock={} acquire_vs_set={} release_vs_cad={} handoff_vs_poll={} handoff_vs_rslock={} handoff_vs_rtt={} fifo={} redlock5_vs_single={} redlock5_vs_floor={} frozen_node={} macro_vs_guard={} held_100k={} list_100k_ping={}",
+            "ratios: uncontended={} uncontended_rslock={} distinct64={} distinct64_rslock={} distance={} distance_rslock={} acquire_vs_set={} release_vs_cad={} handoff_vs_poll={} handoff_vs_rslock={} handoff_vs_rtt={} fifo={} redlock5_vs_single={} redlock5_vs_floor={} frozen_node={} macro_vs_guard={} held_100k={} list_100k_ping={}",
             f(self.uncontended, 2),
             f(self.uncontended_rslock, 2),
             f(self.distinct64, 2),
             f(self.distinct64_rslock, 2),
+            f(self.distance, 2),
+            f(self.distance_rslock, 2),
             f(self.acquire_vs_set, 2),
             f(self.release_vs_cad, 2),
             f(self.handoff_vs_poll, 1),

@@ -123,10 +123,6 @@ pub struct VsRaw {
 
 /// Prints the table; returns redlock's and rslock's ops/s ÷ raw's.
 pub async fn run(cfg: &Config, url: &str, pid: u32, tasks: usize) -> Res<VsRaw> {
-    let impls = contenders(url).await?;
-    let tag = if tasks == 1 { "u" } else { "d" };
-    let results = measure(cfg, &impls, tag, tasks, &[pid]).await;
-    let raw = results[0].as_ref().map_err(Clone::clone)?.ops.clone();
     let title = if tasks == 1 {
         "uncontended lock+release, 1 task".to_owned()
     } else {
@@ -134,6 +130,17 @@ pub async fn run(cfg: &Config, url: &str, pid: u32, tasks: usize) -> Res<VsRaw> 
             "uncontended lock+release, {tasks} tasks on distinct keys, one connection each impl"
         )
     };
+    compare(cfg, url, pid, tasks, &title).await
+}
+
+/// Measures every implementation connected to `url` (the server's process `pid`) with
+/// `tasks` tasks on distinct keys, prints the table under `title`; returns redlock's and
+/// rslock's ops/s ÷ raw's.
+pub async fn compare(cfg: &Config, url: &str, pid: u32, tasks: usize, title: &str) -> Res<VsRaw> {
+    let impls = contenders(url).await?;
+    let tag = if tasks == 1 { "u" } else { "d" };
+    let results = measure(cfg, &impls, tag, tasks, &[pid]).await;
+    let raw = results[0].as_ref().map_err(Clone::clone)?.ops.clone();
     let mut t = Table::new(
         format!(
             "{title} ({} runs × {:.2} s, median ±half-range)",
