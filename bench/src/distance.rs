@@ -77,7 +77,10 @@ fn forward(from: &TcpStream, to: &TcpStream, delay: Duration) {
         let mut buf = vec![0u8; 64 * 1024];
         // Ends when the peer closes (0 bytes) or the socket fails.
         while let Ok(n @ 1..) = from.read(&mut buf) {
-            if chunks.send((Instant::now() + delay, buf[..n].to_vec())).is_err() {
+            if chunks
+                .send((Instant::now() + delay, buf[..n].to_vec()))
+                .is_err()
+            {
                 break;
             }
         }
@@ -107,10 +110,7 @@ fn precise_sleeps() {
 
 /// Prints the table; returns redlock's and rslock's ops/s ÷ raw's through the proxy.
 pub async fn run(cfg: &Config, url: &str, pid: u32) -> Res<VsRaw> {
-    let upstream: SocketAddr = url
-        .trim_start_matches("redis://")
-        .parse()
-        .map_err(err)?;
+    let upstream: SocketAddr = url.trim_start_matches("redis://").parse().map_err(err)?;
     let proxy = DelayProxy::start(upstream, ONE_WAY)?;
     let rtt = Raw::connect(&proxy.url())
         .await?
