@@ -399,12 +399,21 @@ fn an_expired_permit_holder_frees_its_place_by_the_servers_clock() {
     assert!(wait <= 100, "{wait}");
     sleep(Duration::from_millis(200));
     fence(&r.shared(&token(3), 30_000, PERMIT, 2));
-    assert_eq!(r.zcard(H), 2, "the expired holder was reclaimed");
-    let score: Option<f64> = r.con.zscore(H, &token(1)[..]).unwrap();
-    assert_eq!(score, None);
-    // Its renewal and release find nothing.
+    let live: u64 = r
+        .eval(
+            "local t = redis.call('TIME') \
+             return redis.call('ZCOUNT', KEYS[1], '(' .. (t[1] * 1000 + math.floor(t[2] / 1000)), '+inf')",
+            &[H],
+            Vec::<u8>::new(),
+        )
+        .unwrap();
+    assert_eq!(live, 2, "the expired holder is not counted");
+    // Its renewal and release find nothing; the release reclaims its entry.
     assert_eq!(r.renew_shared(&token(1), 30_000, PERMIT), vec![0]);
     assert_eq!(r.release_shared(&token(1), PERMIT, 0), 0);
+    let score: Option<f64> = r.con.zscore(H, &token(1)[..]).unwrap();
+    assert_eq!(score, None);
+    assert_eq!(r.zcard(H), 2);
 }
 
 #[test]
@@ -766,17 +775,21 @@ fn owner_metadata_follows_the_token_and_only_the_token_is_compared() {
     let mut r = redis();
     let owner = "|e|4242|build-host";
     let fence1 = fence(
-        &r.eval(ACQUIRE, &[K, F, W], (&token(1)[..], 30_000, owner))
-            .unwrap(),
+        &r.eval(
+            ACQUIRE,
+            &[K, F, W],
+            (&token(1)[..], 30_000, owner, "", "", 1_700_000_000_123u64),
+        )
+        .unwrap(),
     );
     let raw: Vec<u8> = r.con.get(K).unwrap();
     assert_eq!(raw[..16], token(1));
     let meta = String::from_utf8(raw[16..].to_vec()).unwrap();
     let fields: Vec<&str> = meta.split('|').collect();
     assert_eq!(fields[..2], ["", "1"], "{meta}");
-    assert!(
-        fields[2].parse::<u64>().unwrap() > 1_600_000_000_000,
-        "server ms: {meta}"
+    assert_eq!(
+        fields[2], "1700000000123",
+        "the caller's acquire time: {meta}"
     );
     assert_eq!(fields[3], fence1.to_string());
     assert_eq!(fields[4..], ["e", "4242", "build-host"]);
@@ -815,7 +828,7 @@ fn owner_metadata_follows_the_token_and_only_the_token_is_compared() {
 /// Issue 16: a retried acquire (its reply lost) that finds its own token reports the
 /// fence its value holds, the one `inspect` shows, not the slot's counter read back
 /// (which another key of the slot has moved on meanwhile). A value of a token alone,
-/// written before the metadata, still gets the counter read back.
+/// written before the metadata, gets the counter.
 #[test]
 fn a_retried_acquire_reports_the_fence_its_value_holds() {
     let mut r = redis();
@@ -838,14 +851,16 @@ fn a_retried_acquire_reports_the_fence_its_value_holds() {
     let again: Value = r.eval(ACQUIRE, &[big, F], (&token(3)[..], 30_000)).unwrap();
     assert_eq!(digits(&again), digits(&granted));
 
-    // A bare token (an older version's value): the counter, as before.
+    // A bare token (an older version's value): the counter, after this call's INCR
+    // (every call increments it first: above anything issued for that key).
     let bare = "lock:bare_{7}";
     let _: () = r.con.set_ex(bare, &token(4)[..], 30).unwrap();
     let counter: String = r.con.get(F).unwrap();
     let reply: Value = r
         .eval(ACQUIRE, &[bare, F], (&token(4)[..], 30_000))
         .unwrap();
-    assert_eq!(digits(&reply), counter);
+    let next = counter.parse::<u64>().unwrap() + 1;
+    assert_eq!(digits(&reply), next.to_string());
 }
 
 /// Issue 16: a value written before owner metadata existed (the 16-byte token alone, or
@@ -1011,4 +1026,64 @@ fn force_unlock_deletes_only_the_grant_shown() {
     let _: () = r.con.rpush(K, "x").unwrap();
     assert_eq!(force(&mut r, &holder, "1"), 0);
     assert!(r.exists(K));
+}
+
+/// Issue 27: extend.lua sets a later expiry with one `PEXPIRE … GT`; only an expiry that
+/// moves sooner (or a key that had none) is announced ('sooner': waiters were told the
+/// later time), and only the token's own lock is touched.
+#[test]
+fn extend_announces_only_an_expiry_moved_sooner() {
+    let mut r = redis();
+    let mut con = r.subscriber();
+    let mut sub = listen(&mut con, K);
+    fence(
+        &r.eval(ACQUIRE, &[K, F, W], (&token(1)[..], 30_000))
+            .unwrap(),
+    );
+    let extend = |r: &mut Redis, tok: &[u8], ms: u64| -> i64 {
+        r.eval(EXTEND, &[K], (tok, ms, "PUBLISH")).unwrap()
+    };
+    assert_eq!(extend(&mut r, &token(1), 60_000), 1);
+    assert!(r.pttl(K) > 30_000, "later: {}", r.pttl(K));
+    assert_eq!(
+        messages(&mut sub),
+        Vec::<String>::new(),
+        "later: nobody to tell"
+    );
+    assert_eq!(extend(&mut r, &token(1), 10_000), 1);
+    assert!(r.pttl(K) <= 10_000, "sooner: {}", r.pttl(K));
+    assert_eq!(messages(&mut sub), ["sooner"]);
+    let _: () = redis::cmd("PERSIST").arg(K).query(&mut r.con).unwrap();
+    assert_eq!(extend(&mut r, &token(1), 20_000), 1);
+    assert!(
+        (1..=20_000).contains(&r.pttl(K)),
+        "an expiry again: {}",
+        r.pttl(K)
+    );
+    assert_eq!(
+        messages(&mut sub),
+        ["sooner"],
+        "no expiry counts as the latest"
+    );
+    assert_eq!(extend(&mut r, &token(2), 90_000), 0, "another token");
+    assert!(r.pttl(K) <= 20_000);
+    assert_eq!(messages(&mut sub), Vec::<String>::new());
+}
+
+/// Issue 27 (CI flake of `force_unlock_spares_a_later_grant` on Redlock, after the acquire
+/// script took to incrementing the counter first): a refused acquire moved the counter,
+/// so a Redlock set's nodes drifted apart by every refusal, and a late grant on a node
+/// ahead carried a fence above its holder's token (what `inspect` showed then changed
+/// under the operator). A refusal leaves the counter where it was, writer or not.
+#[test]
+fn a_refused_acquire_leaves_the_counter_alone() {
+    let mut r = redis();
+    let first = fence(&r.write(&token(1), 30_000, "", 0));
+    refused(&r.write(&token(2), 30_000, "", 0));
+    refused(&r.write(&token(3), 30_000, "writer-1", 5_000));
+    let counter: u64 = r.con.get(F).unwrap();
+    assert_eq!(counter, first, "refusals do not count");
+    let released: i64 = r.eval(RELEASE, &[K], (&token(1)[..], "PUBLISH")).unwrap();
+    assert_eq!(released, 1);
+    assert_eq!(fence(&r.write(&token(2), 30_000, "", 0)), first + 1);
 }

@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redlock::{LockManager, LockOptions, MultiGuard};
-use redlock_testkit::{wait_until, ChaosProxy, Fault, RedisServer, RedisSet};
+use redlock_testkit::{lua_as_sent, wait_until, ChaosProxy, Fault, RedisServer, RedisSet};
 
 fn unique(prefix: &str) -> String {
     static N: AtomicU64 = AtomicU64::new(0);
@@ -517,7 +517,7 @@ async fn multi_guard_extend_stragglers_are_settled_per_key() {
         // After E1's EVALSHAs hit node 2 (t0 + 200 ms), before E2's do (≥ t0 + 350 ms).
         at(270).await;
         set.node(2)
-            .cmd_sync(&["SCRIPT", "LOAD", EXTEND_LUA])
+            .cmd_sync(&["SCRIPT", "LOAD", &lua_as_sent(EXTEND_LUA)])
             .unwrap();
     };
     let (e2, ()) = tokio::join!(e2, reload);

@@ -199,9 +199,11 @@ async fn wrong_type_keys_are_clear_errors() {
         .unwrap();
     let err = locks.lock("typed_{1}").await.unwrap_err();
     assert!(matches!(err, LockError::Backend { .. }), "{err}");
-    h.server
-        .cmd_sync(&["HSET", &fence_key("lock:", "lock:fenced_{1}"), "f", "v"])
-        .unwrap();
+    // The attempt above incremented the slot's counter before it met the hash (every
+    // acquire counts first): replace it with a hash.
+    let counter = fence_key("lock:", "lock:fenced_{1}");
+    h.server.cmd_sync(&["DEL", &counter]).unwrap();
+    h.server.cmd_sync(&["HSET", &counter, "f", "v"]).unwrap();
     let err = locks.lock("fenced_{1}").await.unwrap_err();
     assert!(matches!(err, LockError::Backend { .. }), "{err}");
     let mut raw = h.raw().await;

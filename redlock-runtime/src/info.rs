@@ -5,10 +5,13 @@
 //! # The stored format (version 1)
 //! A lock key's value is its 16-byte owner token (or a shared kind's marker, `~read` or
 //! `~permit` padded to 16 bytes with `~`) followed by
-//! `|1|<acquired, server ms>|<fencing token>|<kind>|<pid>|<host>`, where `<kind>` is
-//! `e`, `r` or `p`. The acquire scripts write the first three fields (the server's
-//! clock, the fence they issued); the rest is [`owner_suffix`], built once per process
-//! and sent as one argument, so nothing costs an extra round trip or key. Every script
+//! `|1|<acquired, Unix ms>|<fencing token>|<kind>|<pid>|<host>`, where `<kind>` is
+//! `e`, `r` or `p`. The acquire scripts write the first three fields (the acquiring
+//! process's clock for an exclusive lock, sent with the request: the server's `TIME`
+//! cost the acquire script a quarter of its time; the server's clock for readers and
+//! permits, whose script reads it for their expiries anyway; the fence they issued); the
+//! rest is [`owner_suffix`], built once per process and sent as one argument, so nothing
+//! costs an extra round trip or key. Every script
 //! that compares a token compares the first 16 bytes only: a value of the token alone,
 //! written before this format, compares the same. A reader or permit holder's own entry
 //! in the holders set stays its token: the key's value describes the latest grant, and
@@ -51,9 +54,13 @@ pub struct LockInfo {
     pub host: Option<String>,
     /// The holder's process id.
     pub pid: Option<u32>,
-    /// When it was granted, by the server's clock (the process clock in memory).
+    /// When it was granted: by the acquiring process's clock for an exclusive lock (and
+    /// `lock_all`), by the server's for readers and permits (the process clock in
+    /// memory).
     pub acquired_at: Option<SystemTime>,
-    /// How long it has been held, by that same clock (no skew with the caller's).
+    /// How long it has been held: the server's clock at `inspect` less `acquired_at`
+    /// (for an exclusive lock, off by the skew between the acquiring host's clock and
+    /// the server's; never below zero).
     pub held_for: Option<Duration>,
     /// 16 hex digits naming the holder, the same for one holder on every node (the
     /// digest Redis replies name holders by); never the token.
@@ -169,6 +176,15 @@ pub(crate) fn owner_suffix(mode: Mode) -> &'static str {
         Mode::Read => &OWNER.read,
         Mode::Permit(_) => &OWNER.permit,
     }
+}
+
+/// The acquire time the scripts record: this process's clock, in Unix milliseconds (0
+/// before the epoch). Shown to operators only (`acquired_at`, `held_for`); nothing
+/// decides on it, so the server's `TIME` is not worth its cost in the acquire script.
+pub(crate) fn unix_ms_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// This machine's name: `/proc/sys/kernel/hostname`, else `$HOSTNAME`, else `unknown`;

@@ -33,6 +33,7 @@
 mod cluster;
 mod conn;
 mod env;
+mod lua;
 mod proxied;
 mod proxy;
 mod sentinel;
@@ -44,6 +45,7 @@ mod wait;
 
 pub use cluster::RedisCluster;
 pub use env::{free_port, redis_available, redis_cli_bin, redis_server_bin};
+pub use lua::lua_as_sent;
 pub use proxied::ProxiedSet;
 pub use proxy::{ChaosProxy, Direction, Fault};
 pub use sentinel::Sentinels;

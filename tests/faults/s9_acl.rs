@@ -51,7 +51,7 @@ const ACL_COMMANDS: &[&str] = &[
     "+zrem",
     "+zremrangebyscore",
     "+zrange",
-    "+zcard",
+    "+zcount",
     "+zscore",
 ];
 
@@ -80,7 +80,7 @@ const ACL_CLUSTER_COMMANDS: &[&str] = &[
     "+zrem",
     "+zremrangebyscore",
     "+zrange",
-    "+zcard",
+    "+zcount",
     "+zscore",
 ];
 

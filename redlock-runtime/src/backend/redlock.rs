@@ -20,7 +20,9 @@
 //!   any request; a quorum that granted too late is a [`LockError::Backend`] error, never
 //!   "held": the key was free). Grants landing after that are kept as part of the lock
 //!   (renewals and release go to every node), unless the lock was released before they
-//!   landed: then they are undone.
+//!   landed: then they are undone — except a grant of one key sent once that the
+//!   release on that node found (it was applied before the release and never again:
+//!   see `keep_late_grants`).
 //!   A lost attempt returns as soon as a quorum is impossible (and the answers tell a
 //!   holder of a quorum from a split vote, see `Tally::decided`): what it won, every
 //!   node whose request failed (it may have been applied, its reply lost), and every
@@ -69,7 +71,10 @@
 //! # Fencing tokens
 //! Each node keeps its own fencing counters, one per hash slot, shared by every key of
 //! the slot (see `key.rs`). A counter changes in two ways only, both upwards: `INCR` by
-//! one in the script of every `SET NX` the node grants for a key of the slot, and
+//! one in the script of every `SET NX` the node grants for a key of the slot (the script
+//! increments first, and takes it back within the same atomic step when someone else
+//! holds the key: a refusal leaves the counter as it was; a retry that finds its own
+//! grant leaves a gap), and
 //! `fence_floor.lua` (a compare-token `counter = max(counter, token)`, run only while the
 //! node still holds our lock key). So, as long as the node keeps its data, **a counter
 //! never decreases**. Counters and the floor are exact decimal strings on the server
@@ -123,6 +128,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 use futures_util::stream::{FuturesUnordered, StreamExt};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::glob::glob_match;
@@ -192,6 +198,11 @@ pub(crate) struct RedlockBackend {
     settling: Arc<Mutex<HashMap<(Token, String), Settling>>>,
     /// Tells the entries of `settling` apart.
     settle_ids: AtomicU64,
+    /// What each node answered to the release of a lock, by token and full key, while
+    /// its acquisition (of that key alone) still has requests in flight: a late grant
+    /// that the release found needs no undo (see
+    /// [`keep_late_grants`](RedlockBackend::keep_late_grants)).
+    released_on: Arc<Mutex<HashMap<(Token, String), ReleaseAnswers>>>,
     /// The place of each permit held or being acquired, by token (see
     /// [`LockKey::place`]).
     places: Mutex<HashMap<Token, Arc<LockKey>>>,
@@ -206,6 +217,10 @@ struct Landing {
     /// Whether the lock was released meanwhile (its late grants are undone).
     released: bool,
 }
+
+/// Each node's answer to a release, once it came: whether it found the token there
+/// (deleted it, or kept it for `hold_at_least`).
+type ReleaseAnswers = Arc<watch::Sender<Vec<Option<bool>>>>;
 
 /// The expiry-setting requests of one lock still in flight after their call returned.
 struct Settling {
@@ -407,6 +422,7 @@ impl RedlockBackend {
             places: Mutex::default(),
             settling: Arc::default(),
             settle_ids: AtomicU64::new(0),
+            released_on: Arc::default(),
         })
     }
 
@@ -739,13 +755,23 @@ impl RedlockBackend {
     /// The keys of a `lock_all` share the token and one request per node, and are
     /// released together (`MultiGuard`): the release of any of them undoes a late grant
     /// of all of them.
+    ///
+    /// A late grant of one key that the release on its node found is not undone (an
+    /// undo would find nothing left of it: one more script call per late node on every
+    /// quick lock + release): that release found the token, so the grant was applied
+    /// before it, and a grant whose node sent no acquire request again meanwhile
+    /// (`resends`, counted before the acquisition's requests were sent) was applied only
+    /// once. Any other late grant — the release there not answered within twice the
+    /// node timeout, not finding the token, or a request sent again — is undone as
+    /// before. (A release with `hold_at_least` that found the token keeps the key on that
+    /// node too, as it does on the nodes that answered in time.)
     fn keep_late_grants<T: Grant>(
         &self,
         keys: &[Arc<LockKey>],
         stake: Stake,
         fences: Vec<u64>,
         (deadline, cut): (tokio::time::Instant, CancellationToken),
-        in_flight: InFlight<T>,
+        (in_flight, resends): (InFlight<T>, Vec<u64>),
     ) {
         if in_flight.is_empty() {
             return;
@@ -755,6 +781,17 @@ impl RedlockBackend {
         let (nodes, landing) = (self.nodes.clone(), self.landing.clone());
         let keys = keys.to_vec();
         let names = keys.iter().map(|k| k.full().to_owned()).collect::<Vec<_>>();
+        let told: Option<(String, ReleaseAnswers)> = match names.as_slice() {
+            [name] => {
+                let told = Arc::new(watch::Sender::new(vec![None; nodes.len()]));
+                let entry = (token, name.clone());
+                lock(&self.released_on).insert(entry, told.clone());
+                Some((name.clone(), told))
+            }
+            _ => None,
+        };
+        let released_on = self.released_on.clone();
+        let wait = self.node_timeout.saturating_mul(2);
         let mut unanswered = in_flight.len();
         self.settle(
             token,
@@ -770,13 +807,30 @@ impl RedlockBackend {
                 unanswered -= 1;
                 if unanswered == 0 {
                     landed_all(&landing, token);
+                    if let Some((name, told)) = &told {
+                        forget_release_answers(&released_on, (token, name.clone()), told);
+                    }
                 }
+                let sent_once = landed.is_some()
+                    && nodes.get(i).map(SingleBackend::resends) == resends.get(i).copied();
                 for (k, (key, &fence)) in keys.iter().zip(&fences).enumerate() {
                     let behind = landed.and_then(|f| f.get(k)).is_some_and(|&f| f < fence);
                     let (nodes, key) = (nodes.clone(), key.clone());
                     // Its own task: the next answers (and the end of `settle`) do not wait for it.
                     if released {
-                        tokio::spawn(undo(nodes, key, stake, i));
+                        match told.as_ref().filter(|_| sent_once) {
+                            Some((_, told)) => {
+                                let told = told.clone();
+                                tokio::spawn(async move {
+                                    if !released_there(&told, i, wait).await {
+                                        undo(nodes, key, stake, i).await;
+                                    }
+                                });
+                            }
+                            None => {
+                                tokio::spawn(undo(nodes, key, stake, i));
+                            }
+                        }
                     } else if behind {
                         tokio::spawn(async move {
                             if let Some(node) = nodes.get(i) {
@@ -1042,6 +1096,13 @@ impl RedlockBackend {
         let Some(place) = lock(&self.places).remove(&token) else {
             return;
         };
+        // Undone everywhere below: a late grant there waits for no release's answer.
+        let told = lock(&self.released_on)
+            .get(&(token, place.full().to_owned()))
+            .cloned();
+        if let Some(told) = told {
+            told.send_modify(|answers| answers.fill(Some(false)));
+        }
         if let Some(landing) = lock(&self.landing).get_mut(&token) {
             landing.released = true;
         }
@@ -1585,6 +1646,7 @@ impl RedlockBackend {
         // written after a later extend: see `settle`); a lost attempt's stragglers are
         // followed by their undo.
         let cut = CancellationToken::new();
+        let resends: Vec<u64> = self.nodes.iter().map(SingleBackend::resends).collect();
         let mut in_flight = self.send_to(
             0..self.nodes.len(),
             Some((&cut, "acquire", timeout)),
@@ -1615,7 +1677,8 @@ impl RedlockBackend {
                     .saturating_sub(started.elapsed())
                     .saturating_sub(drift(ttl));
                 if !validity.is_zero() {
-                    self.keep_late_grants(keys, stake, fences.clone(), (deadline, cut), in_flight);
+                    let late = (in_flight, resends);
+                    self.keep_late_grants(keys, stake, fences.clone(), (deadline, cut), late);
                     return Ok(Contest::Won(fences));
                 }
                 tracing::debug!(
@@ -1655,6 +1718,10 @@ impl RedlockBackend {
             key, token, mode, ..
         } = lease;
         let stake = Stake { token, mode, keep };
+        // Before the mark: a late grant that sees the mark finds these answers told.
+        let told = lock(&self.released_on)
+            .get(&(token, key.full().to_owned()))
+            .cloned();
         if let Some(landing) = lock(&self.landing).get_mut(&token) {
             landing.released = true;
         }
@@ -1664,12 +1731,21 @@ impl RedlockBackend {
             self.node_timeout,
             Stragglers::Retry(stake),
             |nodes, i| {
-                let key = shared_key.clone();
+                let (key, told) = (shared_key.clone(), told.clone());
                 async move {
-                    match nodes.get(i) {
+                    let answer = match nodes.get(i) {
                         Some(node) => release_on(node, &key, stake, PUBLISH).await,
                         None => Err(LockError::invalid_option("no such redlock node")),
+                    };
+                    if let Some(told) = told {
+                        let found = matches!(answer, Ok(true));
+                        told.send_modify(|answers| {
+                            if let Some(slot) = answers.get_mut(i) {
+                                *slot = Some(found);
+                            }
+                        });
                     }
+                    answer
                 }
             },
         )
@@ -2278,6 +2354,35 @@ async fn raise_fence(
 async fn undo(nodes: Arc<[SingleBackend]>, key: Arc<LockKey>, stake: Stake, i: usize) {
     if let Some(node) = nodes.get(i) {
         release_until_confirmed(node, &key, stake, NO_PUBLISH, &UNDO_PAUSES).await;
+    }
+}
+
+/// Whether the release of a lock found its token on node `i`, as `told` says once the
+/// release's request there was answered; false when it was not answered within `wait`.
+async fn released_there(told: &ReleaseAnswers, i: usize, wait: Duration) -> bool {
+    let mut answers = told.subscribe();
+    let answered = async {
+        answers
+            .wait_for(|a| a.get(i).is_some_and(Option::is_some))
+            .await
+            .is_ok_and(|a| a.get(i) == Some(&Some(true)))
+    };
+    tokio::time::timeout(wait, answered).await.unwrap_or(false)
+}
+
+/// Drops the release answers of `entry` once its acquisition has no request in flight,
+/// unless a later acquisition of the same token and key put its own there.
+fn forget_release_answers(
+    released_on: &Mutex<HashMap<(Token, String), ReleaseAnswers>>,
+    entry: (Token, String),
+    told: &ReleaseAnswers,
+) {
+    let mut released_on = lock(released_on);
+    if released_on
+        .get(&entry)
+        .is_some_and(|t| Arc::ptr_eq(t, told))
+    {
+        released_on.remove(&entry);
     }
 }
 

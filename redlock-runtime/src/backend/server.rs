@@ -16,7 +16,7 @@ use redis::Cmd;
 
 use super::{Attempt, Claim, LeaseRef, Renewal, Renewed, ReplicaWait, Seen, Together};
 use crate::error::chain;
-use crate::info::{decode_inspect, owner_suffix, LockInfo};
+use crate::info::{decode_inspect, owner_suffix, unix_ms_now, LockInfo};
 use crate::key::LockKey;
 use crate::kind::Mode;
 use crate::scripts::{
@@ -298,14 +298,25 @@ pub(crate) fn acquire_all_call(keys: &[&LockKey], token: Token, ttl: Duration) -
             token.as_bytes().to_vec(),
             ttl_ms(ttl).to_string().into_bytes(),
             owner_suffix(Mode::Exclusive).as_bytes().to_vec(),
+            unix_ms_now().to_string().into_bytes(),
         ],
     }
 }
 
 /// The arguments of the plain exclusive `acquire.lua` call (no writer intent): token,
 /// ttl and the owner metadata.
-pub(crate) fn acquire_args(token: &Token, ttl: Duration) -> (&[u8], u64, &'static str) {
-    (token.as_bytes(), ttl_ms(ttl), owner_suffix(Mode::Exclusive))
+pub(crate) fn acquire_args(
+    token: &Token,
+    ttl: Duration,
+) -> (&[u8], u64, &'static str, &'static str, &'static str, u64) {
+    (
+        token.as_bytes(),
+        ttl_ms(ttl),
+        owner_suffix(Mode::Exclusive),
+        "",
+        "",
+        unix_ms_now(),
+    )
 }
 
 /// The call of `inspect.lua` for `key`.
@@ -664,11 +675,15 @@ pub(crate) fn acquire_call(claim: &Claim<'_>) -> ScriptCall {
         Mode::Exclusive => {
             let mut keys = vec![key.full().to_owned(), key.fence().to_owned()];
             let mut args = vec![token, ttl, owner_suffix(claim.mode).as_bytes().to_vec()];
-            if let Some(intent) = claim.intent {
-                keys.push(key.intents());
-                args.push(intent.waiter.to_string().into_bytes());
-                args.push(ttl_ms(intent.until).to_string().into_bytes());
+            match claim.intent {
+                Some(intent) => {
+                    keys.push(key.intents());
+                    args.push(intent.waiter.to_string().into_bytes());
+                    args.push(ttl_ms(intent.until).to_string().into_bytes());
+                }
+                None => args.extend([Vec::new(), Vec::new()]),
             }
+            args.push(unix_ms_now().to_string().into_bytes());
             ScriptCall {
                 script: &ACQUIRE,
                 keys,

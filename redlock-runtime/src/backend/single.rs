@@ -5,6 +5,7 @@
 //! blocks the connection it runs on, so each acquisition with `min_replicas` runs on a
 //! connection of its own from a small pool ([`WaitPool`]).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,8 +13,8 @@ use redis::aio::{ConnectionManager, MultiplexedConnection};
 use redis::{AsyncConnectionConfig, Client, ConnectionInfo, ProtocolVersion, Value};
 
 use super::server::{
-    acquire_all_call, acquire_args, acquire_by_call, acquire_call, by_script_call, chunk_outcomes,
-    decode, decode_acquire, decode_acquire_all, decode_extended, extend_call, force_unlock_on,
+    acquire_all_call, acquire_args, acquire_call, by_script_call, chunk_outcomes, decode,
+    decode_acquire, decode_acquire_all, decode_extended, extend_call, force_unlock_on,
     in_batch_order, inspect_on, is_dropped, list_on, parse_eviction_policy, reconnecting,
     release_call, renew_calls, renew_groups, renew_in_parts, replicas_met, replicated_outcome,
     scan_keys_on, scan_places_on, script_loads, ttl_ms, unexpected, ScriptCall, Timeouts,
@@ -43,6 +44,8 @@ pub(crate) struct SingleBackend {
     timeouts: Timeouts,
     /// The backend this server belongs to (`single`, or one of `redlock`'s nodes), for logs.
     backend: &'static str,
+    /// Acquire requests sent again after a dropped connection: see [`resends`](Self::resends).
+    resends: AtomicU64,
 }
 
 impl SingleBackend {
@@ -103,7 +106,36 @@ impl SingleBackend {
             wait_pool: WaitPool::new(),
             timeouts,
             backend,
+            resends: AtomicU64::new(0),
         })
+    }
+
+    /// How many acquire requests were sent again after a dropped connection so far
+    /// (`EVAL` after `NOSCRIPT` is not counted: the `EVALSHA` before it was not applied).
+    /// While it stays the same, every grant answered meanwhile was applied exactly once,
+    /// as its one request: Redlock tells by it whether a late grant that its release
+    /// already deleted can be applied again afterwards (see
+    /// `RedlockBackend::keep_late_grants`).
+    pub(crate) fn resends(&self) -> u64 {
+        self.resends.load(Ordering::SeqCst)
+    }
+
+    /// [`reconnecting`], counting a second send in [`resends`](Self::resends) before
+    /// it is written.
+    async fn resending<T, F, Fut>(&self, mut request: F) -> redis::RedisResult<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = redis::RedisResult<T>>,
+    {
+        let mut sends = 0u32;
+        reconnecting(|| {
+            sends += 1;
+            if sends > 1 {
+                self.resends.fetch_add(1, Ordering::SeqCst);
+            }
+            request()
+        })
+        .await
     }
 
     pub(crate) fn subscriber(&self) -> &Subscriber {
@@ -322,14 +354,16 @@ impl Store for SingleBackend {
         if let Some(rw) = replicas {
             return Box::pin(self.acquire_and_wait(claim, rw)).await;
         }
-        if by_script_call(claim) {
-            return Box::pin(acquire_by_call(&self.con, claim)).await;
+        let reply: Value = if by_script_call(claim) {
+            let call = acquire_call(claim);
+            Box::pin(self.resending(|| call.invoke(&self.con))).await
+        } else {
+            let keys = [key.full(), key.fence()];
+            let args = acquire_args(&token, ttl);
+            self.resending(|| ACQUIRE.invoke(&self.con, &keys, args))
+                .await
         }
-        let keys = [key.full(), key.fence()];
-        let args = acquire_args(&token, ttl);
-        let reply: Value = reconnecting(|| ACQUIRE.invoke(&self.con, &keys, args))
-            .await
-            .map_err(LockError::backend("acquire"))?;
+        .map_err(LockError::backend("acquire"))?;
         decode_acquire(reply, None)
     }
 
@@ -340,7 +374,8 @@ impl Store for SingleBackend {
         ttl: Duration,
     ) -> Result<Option<Together>, LockError> {
         let call = acquire_all_call(keys, token, ttl);
-        let reply: Value = reconnecting(|| call.invoke(&self.con))
+        let reply: Value = self
+            .resending(|| call.invoke(&self.con))
             .await
             .map_err(LockError::backend("acquire"))?;
         decode_acquire_all(reply, keys.len()).map(Some)

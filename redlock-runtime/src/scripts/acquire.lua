@@ -5,10 +5,12 @@
 -- left out when ARGV[4] is)
 -- ARGV[1] owner token (16 bytes), ARGV[2] ttl in milliseconds, ARGV[3] owner metadata
 -- ('' or absent: none; see below), ARGV[4] writer id of this wait ('' or absent: no
--- writer intent), ARGV[5] intent in milliseconds (the caller's remaining wait)
+-- writer intent), ARGV[5] intent in milliseconds (the caller's remaining wait), ARGV[6]
+-- the acquire time, the caller's clock in Unix milliseconds ('' or absent: unknown; the
+-- server's TIME would cost this script a quarter of its time, for a figure only shown)
 -- A grant to a writer id removes that id's intent, whatever the caller believes: an
 -- earlier attempt of the same wait may have registered it with its reply lost.
--- The key's value is the token followed by '|1|<server ms>|<fence>' and ARGV[3] (the
+-- The key's value is the token followed by '|1|<ARGV[6]>|<fence>' and ARGV[3] (the
 -- format is in info.rs); only its first 16 bytes are ever compared with a token, so a
 -- value of a token alone (written before the metadata existed) compares the same.
 -- Returns the fencing token when acquired: an integer while a Lua number holds the
@@ -16,7 +18,7 @@
 -- Lua number's double is inexact above 2^53). A retried call that finds its own token
 -- is granted too, its expiry reset to the ttl as a fresh grant would be, and reports the
 -- fence its value holds (what inspect shows; other keys of the slot may have moved the
--- counter since), or the counter read back for a value of a token alone.
+-- counter since), or the counter for a value of a token alone.
 -- Returns {pttl, holder} when someone else holds the lock (pttl -1: held without
 -- expiry); holder is 16 hex digits of the SHA1 of the holder's value, the same on every
 -- node one holder holds (Redlock tells a majority holder from a split vote by it), and
@@ -31,47 +33,42 @@
 -- intents dropped, and KEYS[3] expires with its last intent; new readers are refused while an intent is unexpired
 -- (acquire_shared.lua). Every held reply to a call with a writer id means its intent is
 -- registered, whoever holds the lock.
--- Fails, nothing written (a retry: the lock given back), when the counter does not
--- yield a positive integer (not an integer, zero or negative, or INCR overflowing at
--- 2^63 - 1).
+-- The counter is incremented first (one call: SET NX GET both tries the key and reads
+-- who holds it), and decremented again when someone else holds the key: nobody saw the
+-- number in between (one atomic script), and a refusal must not move the counter, or the
+-- nodes of a Redlock set would drift apart by every refusal, and a late grant there would
+-- carry a fence above its holder's token. A retried call that finds its own token
+-- leaves a gap (its value may hold no fence, and then reports the new number), never a
+-- repeat; tokens only grow.
+-- Fails, the key untouched, when the counter does not yield a positive integer (not an
+-- integer or INCR overflowing at 2^63 - 1: nothing written; zero or negative: the INCR
+-- stays, as Redis keeps a script's writes up to an error).
 
--- The counter's decimal digits, or an error (after `undo`, when given).
-local function read_back(undo)
-  local fence = redis.pcall('GET', KEYS[2])
-  if type(fence) == 'string' and string.match(fence, '^[1-9][0-9]*$') then
-    return fence
-  end
-  if undo then
-    redis.call('DEL', KEYS[1])
-  end
-  if type(fence) == 'table' and fence.err then
-    return redis.error_reply('ERR fencing counter ' .. KEYS[2] .. ': ' .. fence.err)
-  end
-  return redis.error_reply('ERR fencing counter ' .. KEYS[2] .. ' holds no positive integer')
+local n = redis.pcall('INCR', KEYS[2])
+if type(n) == 'table' then
+  return redis.error_reply('ERR fencing counter ' .. KEYS[2] .. ': ' .. n.err)
 end
-local held = redis.call('GET', KEYS[1])
-if not held then
-  local n = redis.pcall('INCR', KEYS[2])
-  if type(n) == 'table' then
-    return redis.error_reply('ERR fencing counter ' .. KEYS[2] .. ': ' .. n.err)
-  end
-  local fence = n
-  if n < 1 or n >= 9007199254740992 then
-    fence = read_back(false)
-    if type(fence) == 'table' then
-      return fence
+local exact = n >= 1 and n < 9007199254740992
+local fence
+if exact then
+  fence = string.format('%d', n)
+else
+  fence = redis.pcall('GET', KEYS[2])
+  if type(fence) ~= 'string' or not string.match(fence, '^[1-9][0-9]*$') then
+    if type(fence) == 'table' and fence.err then
+      return redis.error_reply('ERR fencing counter ' .. KEYS[2] .. ': ' .. fence.err)
     end
-  else
-    fence = string.format('%d', n)
+    return redis.error_reply('ERR fencing counter ' .. KEYS[2] .. ' holds no positive integer')
   end
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  local value = ARGV[1] .. '|1|' .. string.format('%d', now) .. '|' .. fence .. (ARGV[3] or '')
-  redis.call('SET', KEYS[1], value, 'PX', ARGV[2])
-  if ARGV[4] and ARGV[4] ~= '' then
+end
+local value = ARGV[1] .. '|1|' .. (ARGV[6] or '') .. '|' .. fence .. (ARGV[3] or '')
+local held = redis.call('SET', KEYS[1], value, 'NX', 'GET', 'PX', ARGV[2])
+local writer = ARGV[4] and ARGV[4] ~= ''
+if not held then
+  if writer then
     redis.call('ZREM', KEYS[3], ARGV[4])
   end
-  if n >= 1 and n < 9007199254740992 then
+  if exact then
     return n
   end
   return fence
@@ -79,22 +76,24 @@ end
 local head = string.sub(held, 1, 16)
 if head == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  if ARGV[4] and ARGV[4] ~= '' then
+  if writer then
     redis.call('ZREM', KEYS[3], ARGV[4])
   end
-  local stored = string.match(string.sub(held, 17), '^|1|%d+|([1-9]%d*)')
+  local stored = string.match(string.sub(held, 17), '^|1|%d*|([1-9]%d*)')
   if not stored then
-    return read_back(true)
+    -- A value of a token alone: the counter, above anything issued for it.
+    stored = fence
   end
-  local n = tonumber(stored)
-  if n < 9007199254740992 then
-    return n
+  local m = tonumber(stored)
+  if m < 9007199254740992 then
+    return m
   end
   return stored
 end
+redis.call('DECR', KEYS[2])
 local holder = string.sub(redis.sha1hex(head), 1, 16)
 local pttl = redis.call('PTTL', KEYS[1])
-if ARGV[4] and ARGV[4] ~= '' then
+if writer then
   local intent = tonumber(ARGV[5])
   if not intent then
     return redis.error_reply('ERR writer intent ms is not a number')

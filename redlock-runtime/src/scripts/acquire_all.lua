@@ -3,8 +3,9 @@
 -- KEYS[1..n] lock keys K_1..K_n, KEYS[n+1..2n] the fencing counter F_i of each K_i's
 -- slot (keys of one slot name the same counter)
 -- ARGV[1] owner token (16 bytes), ARGV[2] ttl in milliseconds (a positive integer),
--- ARGV[3] owner metadata ('' or absent: none)
--- Each K_i's value is the token followed by '|1|<server ms>|<fence_i>' and ARGV[3], as
+-- ARGV[3] owner metadata ('' or absent: none), ARGV[4] the acquire time, the caller's
+-- clock in Unix milliseconds ('' or absent: unknown), as in acquire.lua
+-- Each K_i's value is the token followed by '|1|<ARGV[4]>|<fence_i>' and ARGV[3], as
 -- in acquire.lua; only the first 16 bytes are compared with a token.
 -- Returns {1, fence_1, ..., fence_n} when all are acquired: each fence an INCR of F_i,
 -- in key order, so keys sharing a counter get distinct increasing fences; an integer
@@ -37,8 +38,7 @@ local function fail(f, msg)
   end
   return redis.error_reply('ERR fencing counter ' .. f .. msg)
 end
-local t = redis.call('TIME')
-local stamp = ARGV[1] .. '|1|' .. string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)) .. '|'
+local stamp = ARGV[1] .. '|1|' .. (ARGV[4] or '') .. '|'
 local owner = ARGV[3] or ''
 local out = {1}
 for i = 1, n do

@@ -11,7 +11,10 @@
 -- for the holders that wrote it), so the exclusive acquire finds it held; H maps
 -- each holder's token to its expiry in the server's milliseconds (TIME, never the
 -- client's clock), and K and H both expire with the last holder: PTTL = max(score) - now.
--- Expired holders (score <= now) are reclaimed before anything is counted.
+-- Only unexpired holders (score > now) are counted; expired ones are left for the next
+-- release to reclaim (release_shared.lua), and K's expiry is the latest score. K and H
+-- were set to expire together (PEXPIRE … GT keeps the later of theirs and the new
+-- holder's), so when K is absent H holds no live holder either.
 -- Returns the fencing token when granted (INCR of KEYS[3]): an integer below 2^53, else
 -- the counter read back as its decimal digits. A retried call that finds its own token
 -- unexpired is granted again (expiry reset to now + ttl, no intent or limit check: it
@@ -41,36 +44,31 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local marker = ARGV[3]
 local padded = marker .. string.rep('~', 16 - #marker)
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local held = redis.call('GET', KEYS[1])
 if held and held ~= marker and string.sub(held, 1, 16) ~= padded then
   return {redis.call('PTTL', KEYS[1]), digest(held)}
 end
-local mine = redis.call('ZSCORE', KEYS[2], ARGV[1])
-if not mine then
-  if ARGV[5] == '1' then
-    redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
-    local first = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
-    if first[1] then
-      local wait = tonumber(first[2]) - now
-      local pttl = redis.call('PTTL', KEYS[1])
-      if pttl > 0 and pttl < wait then
-        wait = pttl
-      end
-      return {wait, string.sub(redis.sha1hex('~write-intent'), 1, 16)}
+local live = '(' .. string.format('%d', now)
+-- Whether this token already holds an unexpired place (a retried call): asked only when
+-- a check would refuse, which a holder is exempt from.
+local function holds()
+  local score = redis.call('ZSCORE', KEYS[2], ARGV[1])
+  return score and tonumber(score) > now
+end
+if ARGV[5] == '1' then
+  local first = redis.call('ZRANGE', KEYS[4], live, '+inf', 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
+  if first[1] and not holds() then
+    local wait = tonumber(first[2]) - now
+    local pttl = redis.call('PTTL', KEYS[1])
+    if pttl > 0 and pttl < wait then
+      wait = pttl
     end
-  end
-  if limit > 0 and redis.call('ZCARD', KEYS[2]) >= limit then
-    local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
-    return {tonumber(first[2]) - now, digest(padded)}
+    return {wait, string.sub(redis.sha1hex('~write-intent'), 1, 16)}
   end
 end
--- K and H expire with the latest holder.
-local function expire_with_latest()
-  local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
-  local ms = tonumber(last[2]) - now
-  redis.call('PEXPIRE', KEYS[1], ms)
-  redis.call('PEXPIRE', KEYS[2], ms)
+if limit > 0 and redis.call('ZCOUNT', KEYS[2], live, '+inf') >= limit and not holds() then
+  local first = redis.call('ZRANGE', KEYS[2], live, '+inf', 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
+  return {tonumber(first[2]) - now, digest(padded)}
 end
 local n = redis.pcall('INCR', KEYS[3])
 if type(n) == 'table' then
@@ -89,10 +87,18 @@ else
   fence = string.format('%d', n)
 end
 redis.call('ZADD', KEYS[2], now + ttl, ARGV[1])
-if held ~= marker then
-  redis.call('SET', KEYS[1], padded .. '|1|' .. string.format('%d', now) .. '|' .. fence .. (ARGV[6] or ''))
+local value = padded .. '|1|' .. string.format('%d', now) .. '|' .. fence .. (ARGV[6] or '')
+if not held then
+  redis.call('SET', KEYS[1], value, 'PX', ttl)
+  redis.call('PEXPIRE', KEYS[2], ttl)
+else
+  -- K and H expire with the latest holder: now + ttl unless someone's place ends later.
+  if held ~= marker then
+    redis.call('SET', KEYS[1], value, 'KEEPTTL')
+  end
+  redis.call('PEXPIRE', KEYS[1], ttl, 'GT')
+  redis.call('PEXPIRE', KEYS[2], ttl, 'GT')
 end
-expire_with_latest()
 if n >= 1 and n < 9007199254740992 then
   return n
 end

@@ -8,8 +8,14 @@
 -- Publishes 'sooner' when the key now expires sooner than before: waiters were told
 -- the later expiry, so they ask again (payloads: release_shared.lua).
 -- Returns 1 when extended, 0 when the key was gone or held by another token.
+-- (PEXPIRE's GT option is Redis 7.0's, as the sharded pub/sub the cluster uses.)
 local held = redis.call('GET', KEYS[1])
 if held and string.sub(held, 1, 16) == ARGV[1] then
+  -- Later than the key's expiry (the usual extend): one call, and nobody to tell.
+  if redis.call('PEXPIRE', KEYS[1], ARGV[2], 'GT') == 1 then
+    return 1
+  end
+  -- No later (or the key has no expiry, which GT counts as infinite).
   local before = redis.call('PTTL', KEYS[1])
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   if ARGV[3] and ARGV[3] ~= '' and (before < 0 or tonumber(ARGV[2]) < before) then

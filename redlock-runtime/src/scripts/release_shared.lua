@@ -31,16 +31,17 @@ if not keep then
   return redis.error_reply('ERR keep is not a number')
 end
 local freed = redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
-local before = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')[2]
 local function kept()
   return string.sub(redis.sha1hex('~kept' .. ARGV[1]), 1, 16)
 end
 local member = ARGV[1]
-if not redis.call('ZSCORE', KEYS[2], member) then
+local score = redis.call('ZSCORE', KEYS[2], member)
+if not score then
   member = kept()
+  score = redis.call('ZSCORE', KEYS[2], member)
 end
 local released = 0
-if redis.call('ZSCORE', KEYS[2], member) then
+if score then
   released = 1
   redis.call('ZREM', KEYS[2], member)
   if keep >= 1 then
@@ -72,7 +73,9 @@ else
   end
 end
 if ARGV[2] ~= '' then
-  local sooner = empty or (before and tonumber(last[2]) < tonumber(before))
+  -- K's expiry was the later of this holder's score and the others' latest: it moved
+  -- sooner exactly when the latest score now is below this holder's.
+  local sooner = empty or (score and tonumber(last[2]) < tonumber(score))
   if freed > 0 and ARGV[3] == '~read' and empty and ours then
     redis.call(ARGV[2], KEYS[1], '')
   elseif freed > 0 and (ARGV[3] ~= '~read' or (sooner and ours)) then
