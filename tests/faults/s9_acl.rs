@@ -24,7 +24,7 @@ use redlock_testkit::{RedisCluster, RedisServer, Sentinels};
 use crate::support::{require_redis, HEAVY};
 
 /// Every command the library sends, as ACL rules: the scripts' commands are checked
-/// against the caller's ACL too (`get set incr del pexpire pttl publish`, and for
+/// against the caller's ACL too (`get set incr decr del pexpire pttl publish`, and for
 /// readers, permits and writer intents `time` and the sorted-set commands), and `INFO`
 /// reads `maxmemory-policy` at connect.
 const ACL_COMMANDS: &[&str] = &[
@@ -34,6 +34,7 @@ const ACL_COMMANDS: &[&str] = &[
     "+get",
     "+set",
     "+incr",
+    "+decr",
     "+del",
     "+pexpire",
     "+pttl",
@@ -63,6 +64,7 @@ const ACL_CLUSTER_COMMANDS: &[&str] = &[
     "+get",
     "+set",
     "+incr",
+    "+decr",
     "+del",
     "+pexpire",
     "+pttl",
