@@ -4,7 +4,41 @@
 use std::time::{Duration, Instant};
 
 use redlock::{LockError, LockManager, LockOptions};
-use redlock_testkit::{unique, Direction, Fault, ProxiedSet, RedisSet};
+use redlock_testkit::{lua_as_sent, unique, wait_until, Direction, Fault, ProxiedSet, RedisSet};
+
+const ACQUIRE_LUA: &str = include_str!("../redlock-runtime/src/scripts/acquire.lua");
+
+/// Waits until a first lock + release of `full` on a fresh `set`, which returned once a
+/// quorum answered, has reached every node: the acquire script is cached there (the
+/// first acquire loads it) and `full` is gone (the release follows the acquire on the
+/// same connection). On a loaded machine the node outside the quorum gets both late,
+/// and what a test then counts or faults on it must not include them (an `EVALSHA`
+/// answered `NOSCRIPT` behind a blackholed reply is never sent again as `EVAL`).
+fn first_round_reached_every_node(set: &RedisSet, full: &str) {
+    let sha = redis::Script::new(&lua_as_sent(ACQUIRE_LUA))
+        .get_hash()
+        .to_owned();
+    let reached = |n: usize| {
+        let cached = set.node(n).cmd_sync(&["SCRIPT", "EXISTS", &sha]);
+        cached == Ok(redis::Value::Array(vec![redis::Value::Int(1)])) && !set.node(n).exists(full)
+    };
+    assert!(
+        wait_until(Duration::from_secs(10), Duration::from_millis(10), || {
+            (0..set.len()).all(reached)
+        }),
+        "the first lock + release of {full} reached every node"
+    );
+}
+
+/// Waits until every node of `set` grants `full` (a lock returns once a quorum did).
+fn held_on_every_node(set: &RedisSet, full: &str) {
+    assert!(
+        wait_until(Duration::from_secs(10), Duration::from_millis(10), || {
+            (0..set.len()).all(|n| set.node(n).exists(full))
+        }),
+        "{full} granted on every node"
+    );
+}
 
 /// Smaller defect "extra attempt per late Redlock node": the push handler woke the head
 /// on any node's first confirmation of its channel. A node confirming after `subscribe`
@@ -29,8 +63,8 @@ async fn redlock_late_node_confirmation_costs_the_waiter_no_extra_attempt() {
         .await
         .unwrap();
     let key = unique("late_confirm");
-    // Scripts cached everywhere.
     waiter.lock(&key).await.unwrap().release().await.unwrap();
+    first_round_reached_every_node(set.servers(), &format!("lock:{key}"));
     let guard = holder
         .lock_with(
             &key,
@@ -40,6 +74,8 @@ async fn redlock_late_node_confirmation_costs_the_waiter_no_extra_attempt() {
         )
         .await
         .unwrap();
+    // Node 0 may grant the holder after the holder's quorum did: not the waiter's call.
+    held_on_every_node(set.servers(), &format!("lock:{key}"));
     set.proxy(2).set(Fault::Delay(Duration::from_millis(300)));
     set.node(0).cmd_sync(&["CONFIG", "RESETSTAT"]).unwrap();
     let wait = tokio::spawn({
@@ -89,6 +125,7 @@ async fn redlock_failed_attempt_is_undone_once_without_a_wake_up() {
     let key = unique("undo_once");
     let full = format!("lock:{key}");
     locks.lock(&key).await.unwrap().release().await.unwrap();
+    first_round_reached_every_node(set.servers(), &full);
     set.proxy(1).set(Fault::Refuse);
     set.proxy(2).set(Fault::Refuse);
     set.node(0).cmd_sync(&["CONFIG", "RESETSTAT"]).unwrap();
@@ -128,6 +165,7 @@ async fn redlock_failed_attempt_leaves_nothing_on_a_node_whose_reply_was_lost() 
     let key = unique("undo_lost_reply");
     let full = format!("lock:{key}");
     locks.lock(&key).await.unwrap().release().await.unwrap();
+    first_round_reached_every_node(set.servers(), &full);
     set.proxy(2).set(Fault::Refuse);
     set.proxy(1)
         .set_direction(Direction::ToClient, Fault::Blackhole);
