@@ -1087,3 +1087,145 @@ fn a_refused_acquire_leaves_the_counter_alone() {
     assert_eq!(released, 1);
     assert_eq!(fence(&r.write(&token(2), 30_000, "", 0)), first + 1);
 }
+
+const ACQUIRE_BATCH: &str = include_str!("../redlock-runtime/src/scripts/acquire_batch.lua");
+const RELEASE_BATCH: &str = include_str!("../redlock-runtime/src/scripts/release_batch.lua");
+
+/// The claims of the batch tests, in five slots, each set up in a state of its own: free,
+/// held by another token, held by its own token (a retry), a counter that is no integer,
+/// and a counter one step below 2^53 + 5.
+fn batch_claims(r: &mut Redis) -> Vec<(String, String, Vec<u8>)> {
+    let claims: Vec<_> = (1..=5u8)
+        .map(|i| {
+            (
+                format!("lock:b{i}_{{{i}}}"),
+                format!("lock:fence:{{{i}}}"),
+                token(i),
+            )
+        })
+        .collect();
+    let _: () = r
+        .con
+        .set(&claims[1].0, [&token(9)[..], b"|1||1"].concat())
+        .unwrap();
+    let _: () = r
+        .con
+        .set(&claims[2].0, [&claims[2].2[..], b"|1|5|7"].concat())
+        .unwrap();
+    let _: () = r.con.set(&claims[2].1, 7).unwrap();
+    let _: () = r.con.set(&claims[3].1, "abc").unwrap();
+    let _: () = r.con.set(&claims[4].1, "9007199254740996").unwrap();
+    claims
+}
+
+/// Review of the coalescing (issue 27): a batch decides each claim exactly as
+/// acquire.lua decides it alone (grant and fence, refusal and holder, a retry finding its
+/// own token, a counter error, digits above 2^53), one claim's failure touching no other
+/// claim, and a refusal leaving its counter where it was.
+#[test]
+fn a_batched_acquire_decides_each_claim_as_acquire_alone_does() {
+    let (mut alone, mut batched) = (redis(), redis());
+    let claims = batch_claims(&mut alone);
+    batch_claims(&mut batched);
+    let one_by_one: Vec<RedisResult<Value>> = claims
+        .iter()
+        .map(|(k, f, t)| alone.eval(ACQUIRE, &[k, f], (t, 30_000, "", "", "", 1234)))
+        .collect();
+    let keys: Vec<&str> = claims
+        .iter()
+        .flat_map(|(k, f, _)| [k.as_str(), f.as_str()])
+        .collect();
+    let mut args: Vec<Vec<u8>> = vec![b"".to_vec(), b"1234".to_vec()];
+    for (_, _, t) in &claims {
+        args.push(t.clone());
+        args.push(b"30000".to_vec());
+    }
+    let together: Value = batched.eval(ACQUIRE_BATCH, &keys, &args).unwrap();
+    let Value::Array(together) = together else {
+        panic!("not an array: {together:?}")
+    };
+    assert_eq!(together.len(), claims.len());
+    for (i, (one, batch)) in one_by_one.iter().zip(&together).enumerate() {
+        match (one, batch) {
+            (Ok(Value::Array(a)), Value::Array(b)) => {
+                assert_eq!(a[1], b[1], "claim {i}: the same holder");
+                let (Value::Int(pa), Value::Int(pb)) = (&a[0], &b[0]) else {
+                    panic!("claim {i}: pttl {a:?} {b:?}")
+                };
+                assert!((pa - pb).abs() < 1000, "claim {i}: pttl {pa} and {pb}");
+            }
+            (Ok(a), b) => assert_eq!(a, b, "claim {i}"),
+            (Err(a), Value::Array(b)) if b.len() == 1 => {
+                let b = String::from_redis_value(b[0].clone()).unwrap();
+                assert!(
+                    b.starts_with("ERR ") && b.ends_with(a.detail().unwrap_or("-")),
+                    "claim {i}: the same error: {a} and {b}"
+                )
+            }
+            other => panic!("claim {i}: alone and batched differ: {other:?}"),
+        }
+    }
+    assert_eq!(fence(&together[0]), 1);
+    refused(&together[1]);
+    assert_eq!(
+        fence(&together[2]),
+        7,
+        "a retry reports the fence its value holds"
+    );
+    assert!(
+        matches!(&together[3], Value::Array(m) if m.len() == 1),
+        "a failed claim is its message alone: {:?}",
+        together[3]
+    );
+    assert_eq!(digits(&together[4]), "9007199254740997");
+    for r in [&mut alone, &mut batched] {
+        let counter: Option<u64> = r.con.get(&claims[1].1).unwrap();
+        assert_eq!(counter, Some(0), "the refusal took its increment back");
+        let value: Vec<u8> = r.con.get(&claims[0].0).unwrap();
+        assert_eq!(
+            &value[..16],
+            &claims[0].2[..],
+            "the granted claim holds its key"
+        );
+        assert!(value.ends_with(b"|1|1234|1"), "{value:?}");
+    }
+}
+
+/// A batched release releases each key as release.lua does with nothing kept: its own
+/// token (1, with a wake-up), a key gone (0), another holder's (-1, untouched), and its
+/// own kept name (1).
+#[test]
+fn a_batched_release_decides_each_key_as_release_alone_does() {
+    let mut r = redis();
+    let keys = ["lock:r1", "lock:r2", "lock:r3", "lock:r4"];
+    let kept = {
+        let seed = [b"~kept".as_slice(), &token(4)].concat();
+        let digest: String = r
+            .eval("return redis.sha1hex(ARGV[1])", &[], &seed[..])
+            .unwrap();
+        digest[..16].to_owned()
+    };
+    let _: () = r
+        .con
+        .set(keys[0], [&token(1)[..], b"|1||1"].concat())
+        .unwrap();
+    let _: () = r
+        .con
+        .set(keys[2], [&token(9)[..], b"|1||2"].concat())
+        .unwrap();
+    let _: () = r.con.set(keys[3], format!("{kept}|1||3")).unwrap();
+    let mut listener = r.server.client().get_connection().unwrap();
+    let mut sub = listen(&mut listener, keys[0]);
+    let tokens: Vec<Vec<u8>> = (1..=4).map(token).collect();
+    let mut args: Vec<&[u8]> = vec![b"PUBLISH"];
+    args.extend(tokens.iter().map(|t| &t[..]));
+    let replies: Vec<i64> = r.eval(RELEASE_BATCH, &keys, &args).unwrap();
+    assert_eq!(replies, vec![1, 0, -1, 1]);
+    let left: Vec<bool> = keys.iter().map(|k| r.con.exists(k).unwrap()).collect();
+    assert_eq!(left, vec![false, false, true, false]);
+    assert_eq!(
+        messages(&mut sub),
+        vec![String::new()],
+        "the release woke its waiters"
+    );
+}

@@ -26,6 +26,10 @@ pub(crate) static ACQUIRE: LazyLock<LuaScript> =
 pub(crate) static RELEASE: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(include_str!("scripts/release.lua")));
 /// Compare-token `PEXPIRE`: see `scripts/extend.lua`.
+pub(crate) static ACQUIRE_BATCH: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(include_str!("scripts/acquire_batch.lua")));
+pub(crate) static RELEASE_BATCH: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(include_str!("scripts/release_batch.lua")));
 pub(crate) static EXTEND: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(include_str!("scripts/extend.lua")));
 /// Batched compare-token `PEXPIRE`: see `scripts/renew.lua`.
@@ -148,6 +152,8 @@ mod tests {
         for script in [
             &ACQUIRE,
             &RELEASE,
+            &ACQUIRE_BATCH,
+            &RELEASE_BATCH,
             &EXTEND,
             &RENEW,
             &ACQUIRE_SHARED,

@@ -22,7 +22,9 @@
 //! | `lock_all` holds no key while it waits | every round of `lock_all` | `LockManager::acquire_rounds` | `lock_all_holds_no_key_while_it_waits` |
 //! | the kinds exclude each other alike | acquire, retry of every kind | each node's own script (Redlock: a permit also holds the key) | `kinds_exclude_each_other`, `kinds::permit_and_exclusive_or_read_holders_exclude_each_other` |
 
+mod batched;
 mod cluster;
+mod coalesce;
 mod glob;
 mod memory;
 mod redlock;

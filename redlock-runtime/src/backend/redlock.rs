@@ -408,7 +408,10 @@ impl RedlockBackend {
                 .map(|node| SingleBackend::connect(node, timeouts, wake.clone(), "redlock")),
         )
         .await;
-        let nodes = connected.into_iter().collect::<Result<Vec<_>, _>>()?;
+        let nodes = connected
+            .into_iter()
+            .map(|node| node.map(SingleBackend::alone))
+            .collect::<Result<Vec<_>, _>>()?;
         let quorum = nodes.len() / 2 + 1;
         Hearing::join(
             nodes.iter().map(SingleBackend::subscriber),

@@ -12,6 +12,8 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, MultiplexedConnection};
 use redis::{AsyncConnectionConfig, Client, ConnectionInfo, ProtocolVersion, Value};
 
+use super::batched::{AcquireRequest, ReleaseRequest};
+use super::coalesce::Coalescer;
 use super::server::{
     acquire_all_call, acquire_args, acquire_call, by_script_call, chunk_outcomes, decode,
     decode_acquire, decode_acquire_all, decode_extended, extend_call, force_unlock_on,
@@ -46,6 +48,15 @@ pub(crate) struct SingleBackend {
     backend: &'static str,
     /// Acquire requests sent again after a dropped connection: see [`resends`](Self::resends).
     resends: AtomicU64,
+    /// Plain acquires and releases made while others are in flight share one call
+    /// (`None` for a Redlock node: see [`alone`](Self::alone)).
+    coalescing: Option<Coalescing>,
+}
+
+/// The queues of requests that can share a call on [`SingleBackend`]'s connection.
+struct Coalescing {
+    acquires: Arc<Coalescer<AcquireRequest>>,
+    releases: Arc<Coalescer<ReleaseRequest>>,
 }
 
 impl SingleBackend {
@@ -107,7 +118,20 @@ impl SingleBackend {
             timeouts,
             backend,
             resends: AtomicU64::new(0),
+            coalescing: Some(Coalescing {
+                acquires: Arc::new(Coalescer::new()),
+                releases: Arc::new(Coalescer::new()),
+            }),
         })
+    }
+
+    /// Every request goes as its own call. A Redlock node's acquire is one per attempt
+    /// and node, and the late-grant bookkeeping counts each one's sends
+    /// ([`resends`](Self::resends)); a Redlock lock costs five nodes' calls whatever
+    /// shares them.
+    pub(crate) fn alone(mut self) -> Self {
+        self.coalescing = None;
+        self
     }
 
     /// How many acquire requests were sent again after a dropped connection so far
@@ -358,10 +382,21 @@ impl Store for SingleBackend {
             let call = acquire_call(claim);
             Box::pin(self.resending(|| call.invoke(&self.con))).await
         } else {
-            let keys = [key.full(), key.fence()];
-            let args = acquire_args(&token, ttl);
-            self.resending(|| ACQUIRE.invoke(&self.con, &keys, args))
-                .await
+            let coalesced = self.coalescing.as_ref().map(|c| (c, c.acquires.alone()));
+            if let Some((c, None)) = coalesced {
+                let request = AcquireRequest {
+                    key: key.full().to_owned(),
+                    fence: key.fence().to_owned(),
+                    token,
+                    ttl_ms: ttl_ms(ttl),
+                };
+                Box::pin(c.acquires.queue(&self.con, request)).await
+            } else {
+                let keys = [key.full(), key.fence()];
+                let args = acquire_args(&token, ttl);
+                self.resending(|| ACQUIRE.invoke(&self.con, &keys, args))
+                    .await
+            }
         }
         .map_err(LockError::backend("acquire"))?;
         decode_acquire(reply, None)
@@ -407,6 +442,22 @@ impl Store for SingleBackend {
         }
         // The plain exclusive release (the uncontended path) builds its request in place.
         let plain = !lease.mode.is_shared() && keep.is_zero();
+        let coalesced = self
+            .coalescing
+            .as_ref()
+            .filter(|_| plain)
+            .map(|c| (c, c.releases.alone()));
+        if let Some((c, None)) = coalesced {
+            let request = ReleaseRequest {
+                key: lease.key.full().to_owned(),
+                token: lease.token,
+            };
+            let released = Box::pin(c.releases.queue(&self.con, request))
+                .await
+                .and_then(|v| redis::from_redis_value::<i64>(v).map_err(Into::into))
+                .map_err(LockError::backend("release"))?;
+            return Ok(released == 1);
+        }
         let (keys, args) = ([lease.key.full()], (lease.token.as_bytes(), "PUBLISH"));
         let call = (!plain).then(|| release_call(lease, keep, "PUBLISH"));
         let request = || async {
