@@ -86,7 +86,7 @@ impl Batched for ReleaseRequest {
         let keys: Vec<&str> = batch.iter().map(|r| r.key.as_str()).collect();
         let mut args: Vec<&[u8]> = Vec::with_capacity(batch.len() + 1);
         args.push(b"PUBLISH");
-        args.extend(batch.iter().map(|r| &r.token.as_bytes()[..]));
+        args.extend(batch.iter().map(|r| r.token.as_bytes()));
         let request = || RELEASE_BATCH.invoke::<Value, _, _, _>(&con, &keys, &args[..]);
         match request().await {
             Err(e) if is_dropped(&e) => {

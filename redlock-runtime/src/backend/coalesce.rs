@@ -203,3 +203,242 @@ impl<R: Batched> Coalescer<R> {
         futures_util::future::join_all(orphans).await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use futures_util::FutureExt;
+    use redis::Client;
+    use redlock_testkit::{ChaosProxy, Direction, Fault, RedisServer};
+
+    use crate::backend::server::Timeouts;
+    use crate::backend::{Attempt, Claim, LeaseRef, SingleBackend, Store, Wake};
+    use crate::key::LockKey;
+    use crate::kind::Mode;
+    use crate::scripts::{ACQUIRE, ACQUIRE_BATCH, RELEASE, RELEASE_BATCH};
+    use crate::token::Token;
+
+    const TTL: Duration = Duration::from_secs(30);
+
+    async fn backend(url: &str) -> SingleBackend {
+        let timeouts = Timeouts {
+            connect: Duration::from_secs(3),
+            response: Duration::from_secs(2),
+        };
+        let info = Client::open(url).unwrap().get_connection_info().clone();
+        SingleBackend::connect(info, timeouts, Wake::default(), "single")
+            .await
+            .unwrap()
+    }
+
+    /// The scripts cached on `server`: a first `EVALSHA` answered `NOSCRIPT` would be
+    /// sent again as `EVAL` only once that answer is in, which these tests hold back.
+    fn cached(server: &RedisServer) {
+        let mut con = server.client().get_connection().unwrap();
+        for script in [&ACQUIRE, &ACQUIRE_BATCH, &RELEASE, &RELEASE_BATCH] {
+            let _: String = script.load().query(&mut con).unwrap();
+        }
+    }
+
+    fn key(name: &str) -> LockKey {
+        LockKey::prefixed("lock:", name).unwrap()
+    }
+
+    fn claim(key: &LockKey, token: Token) -> Claim<'_> {
+        Claim {
+            key,
+            token,
+            ttl: TTL,
+            replicas: None,
+            mode: Mode::Exclusive,
+            intent: None,
+        }
+    }
+
+    async fn acquire(
+        backend: &SingleBackend,
+        key: &LockKey,
+        token: Token,
+    ) -> Result<Attempt, crate::LockError> {
+        backend.acquire(&claim(key, token)).await
+    }
+
+    fn get(server: &RedisServer, key: &str) -> redis::Value {
+        server.cmd_sync(&["GET", key]).unwrap()
+    }
+
+    /// Takes the one call allowed alone: a claim on `holder` whose reply the proxy holds
+    /// back; every claim made meanwhile is queued.
+    async fn occupy(backend: &std::sync::Arc<SingleBackend>, holder: &'static str) {
+        let backend = backend.clone();
+        tokio::spawn(async move {
+            let k = key(holder);
+            backend.acquire(&claim(&k, Token::random())).await
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    /// A caller that gives up after the flush sent its claim is answered to nobody: the
+    /// flush releases the grant once the reply is in. Nothing else would: the manager's
+    /// undo of a dropped attempt may reach the server before the grant (here there is no
+    /// manager at all), and the key would stay held by nobody for its ttl.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_claim_given_up_after_it_was_sent_is_released_by_the_flush() {
+        let server = RedisServer::start();
+        cached(&server);
+        let proxy = ChaosProxy::start(server.addr()).await.unwrap();
+        let backend = std::sync::Arc::new(backend(&proxy.url()).await);
+        proxy.set_direction(
+            Direction::ToClient,
+            Fault::Delay(Duration::from_millis(300)),
+        );
+        occupy(&backend, "orphan_holder_{1}").await;
+        let k = key("orphan_{2}");
+        let gave_up = tokio::time::timeout(
+            Duration::from_millis(100),
+            backend.acquire(&claim(&k, Token::random())),
+        )
+        .await;
+        assert!(
+            gave_up.is_err(),
+            "the claim was answered before its caller gave up"
+        );
+        assert_eq!(
+            get(&server, k.fence()),
+            redis::Value::BulkString(b"1".to_vec()),
+            "sent"
+        );
+        let gone =
+            redlock_testkit::wait_until(Duration::from_secs(5), Duration::from_millis(20), || {
+                get(&server, k.full()) == redis::Value::Nil
+            });
+        assert!(
+            gone,
+            "the grant of a caller that gave up is left held by nobody"
+        );
+    }
+
+    /// A caller that gives up before the flush took its claim sends nothing: the claim
+    /// never reaches the server (no increment of its counter, no key).
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_claim_given_up_while_queued_is_never_sent() {
+        let server = RedisServer::start();
+        cached(&server);
+        let proxy = ChaosProxy::start(server.addr()).await.unwrap();
+        let backend = std::sync::Arc::new(backend(&proxy.url()).await);
+        proxy.set_direction(
+            Direction::ToClient,
+            Fault::Delay(Duration::from_millis(300)),
+        );
+        occupy(&backend, "queued_holder_{1}").await;
+        let k = key("queued_{2}");
+        // Polled once (queued, the flush spawned but not run: one thread), then dropped.
+        assert!(backend
+            .acquire(&claim(&k, Token::random()))
+            .now_or_never()
+            .is_none());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(
+            get(&server, k.fence()),
+            redis::Value::Nil,
+            "the claim was sent"
+        );
+        assert_eq!(get(&server, k.full()), redis::Value::Nil);
+    }
+
+    /// Claims queued together are decided one by one: on one slot's counter, 64 claims get
+    /// 64 distinct fences, each key holds its own token, and each release releases its
+    /// own key; and the server saw fewer calls than requests.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn coalesced_claims_get_distinct_fences_and_release_their_own_keys() {
+        let server = RedisServer::start();
+        let backend = std::sync::Arc::new(backend(&server.url()).await);
+        server.cmd_sync(&["CONFIG", "RESETSTAT"]).unwrap();
+        let keys: Vec<LockKey> = (0..64).map(|i| key(&format!("many_{i}_{{7}}"))).collect();
+        let tokens: Vec<Token> = (0..64).map(|_| Token::random()).collect();
+        let fences = futures_util::future::join_all(
+            keys.iter()
+                .zip(&tokens)
+                .map(|(k, t)| acquire(&backend, k, *t)),
+        )
+        .await;
+        let mut fences: Vec<u64> = fences
+            .into_iter()
+            .map(|a| match a {
+                Ok(Attempt::Acquired { fence, .. }) => fence,
+                other => panic!("not granted: {other:?}"),
+            })
+            .collect();
+        fences.sort_unstable();
+        assert_eq!(fences, (1..=64).collect::<Vec<_>>());
+        for (k, t) in keys.iter().zip(&tokens) {
+            let redis::Value::BulkString(v) = get(&server, k.full()) else {
+                panic!("{} not held", k.full())
+            };
+            assert_eq!(&v[..16], t.as_bytes(), "{} holds its own token", k.full());
+        }
+        let released =
+            futures_util::future::join_all(keys.iter().zip(&tokens).map(|(k, t)| {
+                backend.release(LeaseRef::new(k, *t, Mode::Exclusive), Duration::ZERO)
+            }))
+            .await;
+        assert!(
+            released.iter().all(|r| matches!(r, Ok(true))),
+            "{released:?}"
+        );
+        assert!(keys
+            .iter()
+            .all(|k| get(&server, k.full()) == redis::Value::Nil));
+        let calls = server.command_calls(&["evalsha", "eval"]);
+        assert!(
+            calls < 128,
+            "{calls} script calls for 64 claims and 64 releases"
+        );
+    }
+
+    /// A batch whose connection drops under it is sent again: each claim finds its own
+    /// token and is granted once, with the fence it drew the first time.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_batch_cut_by_a_dropped_connection_is_granted_once_when_sent_again() {
+        let server = RedisServer::start();
+        cached(&server);
+        let proxy = ChaosProxy::start(server.addr()).await.unwrap();
+        let backend = std::sync::Arc::new(backend(&proxy.url()).await);
+        proxy.set_direction(Direction::ToClient, Fault::Blackhole);
+        occupy(&backend, "resent_holder_{1}").await;
+        let keys: Vec<LockKey> = (0..4).map(|i| key(&format!("resent_{i}_{{3}}"))).collect();
+        let tokens: Vec<Token> = (0..4).map(|_| Token::random()).collect();
+        let claims = futures_util::future::join_all(
+            keys.iter()
+                .zip(&tokens)
+                .map(|(k, t)| acquire(&backend, k, *t)),
+        );
+        let cut = async {
+            let applied = redlock_testkit::wait_until(
+                Duration::from_secs(5),
+                Duration::from_millis(10),
+                || get(&server, "lock:fence:{3}") == redis::Value::BulkString(b"4".to_vec()),
+            );
+            assert!(applied, "the batch was applied");
+            proxy.reset_all();
+            proxy.heal();
+        };
+        let (claims, ()) = tokio::join!(claims, cut);
+        let mut fences: Vec<u64> = claims
+            .into_iter()
+            .map(|a| match a {
+                Ok(Attempt::Acquired { fence, .. }) => fence,
+                other => panic!("not granted after the resend: {other:?}"),
+            })
+            .collect();
+        fences.sort_unstable();
+        assert_eq!(fences, vec![1, 2, 3, 4], "each claim's first fence");
+        for (k, t) in keys.iter().zip(&tokens) {
+            let redis::Value::BulkString(v) = get(&server, k.full()) else {
+                panic!("{} not held", k.full())
+            };
+            assert_eq!(&v[..16], t.as_bytes());
+        }
+    }
+}
