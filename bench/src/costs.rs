@@ -130,11 +130,9 @@ impl Measured {
     fn of(s: CommandStat, ops: usize, keys: usize) -> Self {
         let ops = ops.max(1);
         Self {
-            us_per_call: if keys == 1 {
-                s.usec as f64 / s.calls.max(1) as f64
-            } else {
-                s.usec as f64 / (ops * keys) as f64
-            },
+            // Per request (per key for lock_all), not per call: concurrent plain
+            // requests share calls (coalescing), and the server's time is what counts.
+            us_per_call: s.usec as f64 / (ops * keys) as f64,
             calls_per_op: s.calls as f64 / ops as f64,
         }
     }
@@ -408,13 +406,11 @@ pub async fn run(cfg: &Config, url: &str, set: Option<&[String]>) -> Res<Costs> 
     let (set_us, cad) = baselines(&mut probe, url, n).await?;
     let measured = requests(&mut probe, &locks, n).await?;
     let mut t = Table::new(
-        format!(
-            "server time per script call ({n} requests each, distinct keys, INFO commandstats)"
-        ),
+        format!("server time per request ({n} requests each, distinct keys, INFO commandstats)"),
         &[
             "request",
             "scripts/request",
-            "µs/call",
+            "µs/request",
             "÷ compare-and-delete",
             "budget",
             "",
@@ -483,8 +479,8 @@ pub async fn run(cfg: &Config, url: &str, set: Option<&[String]>) -> Res<Costs> 
             },
         ]);
     }
-    t.note("µs/call: the server's usec per EVALSHA of the phase (its nested redis.calls included), per key for lock_all; a renewal is one lock's share of a watchdog batch");
-    t.note("scripts/request: script calls the server saw per request (1.00: no retry, no extra round trip)");
+    t.note("µs/request: the server's usec in EVALSHA over the phase (nested redis.calls included) ÷ its requests, per key for lock_all; a renewal is one lock's share of a watchdog batch");
+    t.note("scripts/request: script calls the server saw per request (1.00: one call each; below 1: concurrent plain locks and releases shared calls)");
     t.print();
     if broken.is_empty() {
         println!("budgets: every script within its budget");

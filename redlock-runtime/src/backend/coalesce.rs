@@ -4,10 +4,10 @@
 //! Each `EVALSHA` costs the server a fixed set-up (the script's `KEYS`/`ARGV` tables, the
 //! call, the reply) on top of its work; 64 tasks locking 64 keys need not pay it 64
 //! times. A request goes alone, at once, while fewer than [`ALONE_BELOW`] calls are in
-//! flight on the connection, so a lone caller pays nothing. Past that it is queued, and
-//! a flush task sends the queue as one call after one scheduler round (`yield_now`), so
-//! the requests made by the tasks that run meanwhile join it. Flushes do not wait for
-//! one another: at a distance, calls stay pipelined.
+//! flight on the connection, so a lone caller pays one uncontended mutex. Past that it
+//! is queued, and a flush task sends the queue as one call after one scheduler round
+//! (`yield_now`), so the requests made by the tasks that run meanwhile join it. Flushes
+//! do not wait for one another: at a distance, calls stay pipelined.
 //!
 //! A queued caller that gives up (its future dropped) before the flush takes its request
 //! is skipped: nothing is sent for it. One that gives up after is answered to nobody;
@@ -24,11 +24,16 @@ use redis::aio::ConnectionManager;
 use redis::{RedisResult, Value};
 use tokio::sync::oneshot;
 
-/// Calls in flight on a connection below which a request goes alone.
-const ALONE_BELOW: usize = 1;
+/// Calls in flight on a connection below which a request goes alone: two callers keep
+/// two calls in flight without waiting for a flush (at a distance, one caller queued
+/// behind the other's round trip would halve their throughput).
+const ALONE_BELOW: usize = 2;
 
-/// Most requests in one call (a larger queue goes as several calls).
-const MOST_PER_CALL: usize = 256;
+/// Most requests in one call; a larger queue goes as several calls, sent together. Each
+/// call then holds the server for tens of microseconds, not hundreds (other clients wait
+/// behind a script), and the server works on one call while the client takes the
+/// replies of the one before.
+const MOST_PER_CALL: usize = 16;
 
 /// A queued request's state: waiting in the queue, taken by a flush, or given up.
 const QUEUED: u8 = 0;
@@ -268,14 +273,16 @@ mod tests {
         server.cmd_sync(&["GET", key]).unwrap()
     }
 
-    /// Takes the one call allowed alone: a claim on `holder` whose reply the proxy holds
-    /// back; every claim made meanwhile is queued.
+    /// Takes the calls allowed alone: claims on `holder`'s keys whose replies the proxy
+    /// holds back; every claim made meanwhile is queued.
     async fn occupy(backend: &std::sync::Arc<SingleBackend>, holder: &'static str) {
-        let backend = backend.clone();
-        tokio::spawn(async move {
-            let k = key(holder);
-            backend.acquire(&claim(&k, Token::random())).await
-        });
+        for i in 0..super::ALONE_BELOW {
+            let backend = backend.clone();
+            tokio::spawn(async move {
+                let k = key(&format!("{holder}_{i}_{{1}}"));
+                backend.acquire(&claim(&k, Token::random())).await
+            });
+        }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
@@ -293,7 +300,7 @@ mod tests {
             Direction::ToClient,
             Fault::Delay(Duration::from_millis(300)),
         );
-        occupy(&backend, "orphan_holder_{1}").await;
+        occupy(&backend, "orphan_holder").await;
         let k = key("orphan_{2}");
         let gave_up = tokio::time::timeout(
             Duration::from_millis(100),
@@ -331,7 +338,7 @@ mod tests {
             Direction::ToClient,
             Fault::Delay(Duration::from_millis(300)),
         );
-        occupy(&backend, "queued_holder_{1}").await;
+        occupy(&backend, "queued_holder").await;
         let k = key("queued_{2}");
         // Polled once (queued, the flush spawned but not run: one thread), then dropped.
         assert!(backend
@@ -406,7 +413,7 @@ mod tests {
         let proxy = ChaosProxy::start(server.addr()).await.unwrap();
         let backend = std::sync::Arc::new(backend(&proxy.url()).await);
         proxy.set_direction(Direction::ToClient, Fault::Blackhole);
-        occupy(&backend, "resent_holder_{1}").await;
+        occupy(&backend, "resent_holder").await;
         let keys: Vec<LockKey> = (0..4).map(|i| key(&format!("resent_{i}_{{3}}"))).collect();
         let tokens: Vec<Token> = (0..4).map(|_| Token::random()).collect();
         let claims = futures_util::future::join_all(

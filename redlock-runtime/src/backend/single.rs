@@ -1,9 +1,11 @@
 //! One Redis server (a primary, optionally with replicas for `min_replicas`).
 //!
 //! Commands go over one multiplexed, auto-reconnecting [`ConnectionManager`] with
-//! `TCP_NODELAY`; wake-ups arrive on a second RESP3 connection (see `notify`). `WAIT`
-//! blocks the connection it runs on, so each acquisition with `min_replicas` runs on a
-//! connection of its own from a small pool ([`WaitPool`]).
+//! `TCP_NODELAY`; plain exclusive acquires and releases made while another call is in
+//! flight share one script call (see `coalesce`); wake-ups arrive on a second RESP3
+//! connection (see `notify`). `WAIT` blocks the connection it runs on, so each
+//! acquisition with `min_replicas` runs on a connection of its own from a small pool
+//! ([`WaitPool`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
