@@ -211,6 +211,7 @@ impl<R: Batched> Coalescer<R> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
     use std::time::Duration;
 
     use futures_util::FutureExt;
@@ -273,17 +274,24 @@ mod tests {
         server.cmd_sync(&["GET", key]).unwrap()
     }
 
-    /// Takes the calls allowed alone: claims on `holder`'s keys whose replies the proxy
-    /// holds back; every claim made meanwhile is queued.
-    async fn occupy(backend: &std::sync::Arc<SingleBackend>, holder: &'static str) {
+    /// A backend behind a proxy that holds replies back as `replies` says, its calls
+    /// allowed alone taken by claims whose replies are held: every claim made meanwhile
+    /// is queued.
+    async fn occupied(replies: Fault) -> (RedisServer, ChaosProxy, Arc<SingleBackend>) {
+        let server = RedisServer::start();
+        cached(&server);
+        let proxy = ChaosProxy::start(server.addr()).await.unwrap();
+        let backend = Arc::new(backend(&proxy.url()).await);
+        proxy.set_direction(Direction::ToClient, replies);
         for i in 0..super::ALONE_BELOW {
             let backend = backend.clone();
             tokio::spawn(async move {
-                let k = key(&format!("{holder}_{i}_{{1}}"));
+                let k = key(&format!("occupying_{i}_{{1}}"));
                 backend.acquire(&claim(&k, Token::random())).await
             });
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
+        (server, proxy, backend)
     }
 
     /// A caller that gives up after the flush sent its claim is answered to nobody: the
@@ -292,15 +300,7 @@ mod tests {
     /// manager at all), and the key would stay held by nobody for its ttl.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_claim_given_up_after_it_was_sent_is_released_by_the_flush() {
-        let server = RedisServer::start();
-        cached(&server);
-        let proxy = ChaosProxy::start(server.addr()).await.unwrap();
-        let backend = std::sync::Arc::new(backend(&proxy.url()).await);
-        proxy.set_direction(
-            Direction::ToClient,
-            Fault::Delay(Duration::from_millis(300)),
-        );
-        occupy(&backend, "orphan_holder").await;
+        let (server, _proxy, backend) = occupied(Fault::Delay(Duration::from_millis(300))).await;
         let k = key("orphan_{2}");
         let gave_up = tokio::time::timeout(
             Duration::from_millis(100),
@@ -330,15 +330,7 @@ mod tests {
     /// never reaches the server (no increment of its counter, no key).
     #[tokio::test(flavor = "current_thread")]
     async fn a_claim_given_up_while_queued_is_never_sent() {
-        let server = RedisServer::start();
-        cached(&server);
-        let proxy = ChaosProxy::start(server.addr()).await.unwrap();
-        let backend = std::sync::Arc::new(backend(&proxy.url()).await);
-        proxy.set_direction(
-            Direction::ToClient,
-            Fault::Delay(Duration::from_millis(300)),
-        );
-        occupy(&backend, "queued_holder").await;
+        let (server, _proxy, backend) = occupied(Fault::Delay(Duration::from_millis(300))).await;
         let k = key("queued_{2}");
         // Polled once (queued, the flush spawned but not run: one thread), then dropped.
         assert!(backend
@@ -360,7 +352,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn coalesced_claims_get_distinct_fences_and_release_their_own_keys() {
         let server = RedisServer::start();
-        let backend = std::sync::Arc::new(backend(&server.url()).await);
+        let backend = Arc::new(backend(&server.url()).await);
         server.cmd_sync(&["CONFIG", "RESETSTAT"]).unwrap();
         let keys: Vec<LockKey> = (0..64).map(|i| key(&format!("many_{i}_{{7}}"))).collect();
         let tokens: Vec<Token> = (0..64).map(|_| Token::random()).collect();
@@ -408,12 +400,7 @@ mod tests {
     /// token and is granted once, with the fence it drew the first time.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_batch_cut_by_a_dropped_connection_is_granted_once_when_sent_again() {
-        let server = RedisServer::start();
-        cached(&server);
-        let proxy = ChaosProxy::start(server.addr()).await.unwrap();
-        let backend = std::sync::Arc::new(backend(&proxy.url()).await);
-        proxy.set_direction(Direction::ToClient, Fault::Blackhole);
-        occupy(&backend, "resent_holder").await;
+        let (server, proxy, backend) = occupied(Fault::Blackhole).await;
         let keys: Vec<LockKey> = (0..4).map(|i| key(&format!("resent_{i}_{{3}}"))).collect();
         let tokens: Vec<Token> = (0..4).map(|_| Token::random()).collect();
         let claims = futures_util::future::join_all(
