@@ -2,6 +2,8 @@
 //! ([`Coalescer`](super::coalesce::Coalescer)): `acquire_batch.lua` and
 //! `release_batch.lua`, one reply per request.
 
+use std::time::Duration;
+
 use redis::aio::ConnectionManager;
 use redis::{RedisResult, Value};
 
@@ -28,7 +30,8 @@ pub(crate) struct ReleaseRequest {
 
 impl Batched for AcquireRequest {
     /// Sent again once if the connection dropped under it: a claim applied the first
-    /// time finds its own token and is granted again (`acquire_batch.lua`).
+    /// time finds its own token and is granted again (`acquire_batch.lua`). Not counted in
+    /// `SingleBackend::resends`, which only Redlock reads: its nodes never coalesce.
     async fn send(con: ConnectionManager, batch: &[Self]) -> RedisResult<Vec<RedisResult<Value>>> {
         let mut keys = Vec::with_capacity(batch.len() * 2);
         let mut args: Vec<Vec<u8>> = Vec::with_capacity(batch.len() * 2 + 2);
@@ -41,38 +44,30 @@ impl Batched for AcquireRequest {
             args.push(claim.ttl_ms.to_string().into_bytes());
         }
         let reply: Value = reconnecting(|| ACQUIRE_BATCH.invoke(&con, &keys, &args[..])).await?;
-        Ok(per_request(reply)?
-            .into_iter()
-            .map(|outcome| match outcome {
-                // `{message}`: this claim's counter failed it (a refusal has two items).
-                Ok(Value::Array(mut items)) if items.len() == 1 => {
-                    let message = redis::from_redis_value::<String>(items.remove(0))
-                        .unwrap_or_else(|e| format!("unreadable failure: {e}"));
-                    Err(redis::RedisError::from((
-                        redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
-                        "acquire failed",
-                        message,
-                    )))
-                }
-                other => other,
-            })
-            .collect())
+        per_request(reply)
     }
 
     /// A grant, or an outcome not known, is released (with its wake-up): nobody holds it.
+    /// Tried again after [`ORPHAN_RETRIES`] while it fails: this is the only undo once
+    /// the manager's own may have reached the server before the grant.
     async fn orphaned(self, con: ConnectionManager, outcome: RedisResult<Value>) {
         if let Ok(Value::Array(_)) = outcome {
             return;
         }
-        let released = RELEASE
-            .invoke::<i64, _, _, _>(
-                &con,
-                &[self.key.as_str()],
-                (self.token.as_bytes(), "PUBLISH"),
-            )
-            .await;
+        let keys = [self.key.as_str()];
+        let args = (self.token.as_bytes(), "PUBLISH");
+        let mut released = RELEASE.invoke::<i64, _, _, _>(&con, &keys, args).await;
+        for pause in ORPHAN_RETRIES {
+            if released.is_ok() {
+                break;
+            }
+            tokio::time::sleep(pause).await;
+            released = RELEASE.invoke::<i64, _, _, _>(&con, &keys, args).await;
+        }
         tracing::debug!(
+            target: "redlock",
             key = %self.key,
+            backend = "single",
             ?released,
             "coalesced acquire answered after its caller gave up: released"
         );
@@ -107,14 +102,85 @@ impl Batched for ReleaseRequest {
     async fn orphaned(self, _con: ConnectionManager, _outcome: RedisResult<Value>) {}
 }
 
-/// A batch script's array reply as one outcome per request.
+/// Pauses before the orphaned grant's release is sent again (the watchdog's release
+/// retries).
+const ORPHAN_RETRIES: [Duration; 3] = [
+    Duration::from_millis(200),
+    Duration::from_millis(800),
+    Duration::from_secs(2),
+];
+
+/// A batch script's array reply as one outcome per request: `{message}` (a one-item
+/// array; a refusal has two) is that request's failure, the error the server would have
+/// answered the request alone.
 fn per_request(reply: Value) -> RedisResult<Vec<RedisResult<Value>>> {
     match reply {
-        Value::Array(items) => Ok(items.into_iter().map(Ok).collect()),
+        Value::Array(items) => Ok(items
+            .into_iter()
+            .map(|item| match item {
+                Value::Array(mut failure) if failure.len() == 1 => {
+                    let message = redis::from_redis_value::<String>(failure.remove(0))
+                        .unwrap_or_else(|e| format!("ERR unreadable failure: {e}"));
+                    Err(server_error(&message))
+                }
+                other => Ok(other),
+            })
+            .collect()),
         other => Err(redis::RedisError::from((
             redis::ErrorKind::UnexpectedReturnType,
             "a batch script answered something other than an array",
             format!("{other:?}"),
         ))),
+    }
+}
+
+/// The error a server reply `-message` makes (the text as the server wrote it).
+fn server_error(message: &str) -> redis::RedisError {
+    let line = format!("-{}\r\n", message.replace(['\r', '\n'], " "));
+    match redis::parse_redis_value(line.as_bytes()) {
+        Ok(Value::ServerError(e)) => e.into(),
+        _ => redis::RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
+            "script failed",
+            message.to_owned(),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A failed request of a batch reads as the error the server would have answered it
+    /// alone: its code, and its text.
+    #[test]
+    fn a_failed_request_is_the_servers_own_error() {
+        let reply = Value::Array(vec![
+            Value::Int(7),
+            Value::Array(vec![Value::BulkString(
+                b"WRONGTYPE Operation against a key holding the wrong kind of value".to_vec(),
+            )]),
+            Value::Array(vec![Value::Int(15), Value::BulkString(b"00ff".to_vec())]),
+            Value::Array(vec![Value::BulkString(
+                b"ERR fencing counter lock:fence:{4} holds no positive integer".to_vec(),
+            )]),
+        ]);
+        let outcomes = per_request(reply).unwrap();
+        assert_eq!(outcomes[0], Ok(Value::Int(7)));
+        let wrong = outcomes[1].as_ref().unwrap_err();
+        assert_eq!(wrong.code(), Some("WRONGTYPE"));
+        assert!(wrong.to_string().contains("wrong kind of value"), "{wrong}");
+        assert!(matches!(outcomes[2], Ok(Value::Array(ref v)) if v.len() == 2));
+        let counter = outcomes[3].as_ref().unwrap_err();
+        assert!(
+            counter
+                .to_string()
+                .contains("fencing counter lock:fence:{4}"),
+            "{counter}"
+        );
+        assert!(
+            per_request(Value::Int(1)).is_err(),
+            "a reply that is no array"
+        );
     }
 }

@@ -75,7 +75,7 @@ struct Queued<R> {
     state: Arc<AtomicU8>,
 }
 
-/// A call going alone: counted in flight until dropped.
+/// A call in flight (a caller's alone, or a flush's): counted until dropped.
 pub(crate) struct Alone<'a, R> {
     coalescer: &'a Coalescer<R>,
 }
@@ -158,35 +158,35 @@ impl<R: Batched> Coalescer<R> {
     /// [`MOST_PER_CALL`]) and answers each caller.
     async fn flush(self: Arc<Self>, con: ConnectionManager) {
         tokio::task::yield_now().await;
-        let taken: Vec<Queued<R>> = {
+        let mut calls = Vec::new();
+        {
             let mut state = self.lock();
             state.flush_pending = false;
-            let taken: Vec<_> = std::mem::take(&mut state.queue)
+            let mut taken = std::mem::take(&mut state.queue)
                 .into_iter()
                 .filter(|q| {
                     q.state
                         .compare_exchange(QUEUED, TAKEN, Ordering::AcqRel, Ordering::Acquire)
                         .is_ok()
                 })
-                .collect();
-            state.in_flight += taken.len().div_ceil(MOST_PER_CALL);
-            taken
-        };
-        let mut rest = taken.into_iter().peekable();
-        let mut calls = Vec::new();
-        while rest.peek().is_some() {
-            let part: Vec<Queued<R>> = rest.by_ref().take(MOST_PER_CALL).collect();
-            calls.push(self.call(con.clone(), part));
+                .peekable();
+            while taken.peek().is_some() {
+                let part: Vec<Queued<R>> = taken.by_ref().take(MOST_PER_CALL).collect();
+                // Counted in flight under the lock; the guard gives it back however the
+                // call ends (answered, panicked, or the task aborted).
+                state.in_flight += 1;
+                calls.push(self.call(con.clone(), part, Alone { coalescer: &self }));
+            }
         }
         futures_util::future::join_all(calls).await;
     }
 
     /// One call for `part`; every caller answered, the outcomes of those gone handed on.
-    async fn call(&self, con: ConnectionManager, part: Vec<Queued<R>>) {
+    async fn call(&self, con: ConnectionManager, part: Vec<Queued<R>>, flight: Alone<'_, R>) {
         let (requests, replies): (Vec<R>, Vec<_>) =
             part.into_iter().map(|q| (q.request, q.reply)).unzip();
         let outcomes = R::send(con.clone(), &requests).await;
-        self.lock().in_flight -= 1;
+        drop(flight);
         let outcomes = match outcomes {
             Ok(outcomes) if outcomes.len() == requests.len() => outcomes,
             Ok(other) => {

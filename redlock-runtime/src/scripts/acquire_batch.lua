@@ -9,9 +9,11 @@
 -- milliseconds
 -- Returns one reply per claim, in order, each what acquire.lua returns: the fencing
 -- token (an integer below 2^53, else its decimal digits), {pttl, holder} when someone
--- else holds the key, or {message} when the counter yields no positive integer (what
--- acquire.lua fails with: an error reply nested in the array would fail the whole call
--- in the client, every claim with it).
+-- else holds the key, or {message} when the claim fails (what acquire.lua fails with:
+-- a counter that yields no positive integer, a key that holds no string; an error reply
+-- nested in the array would fail the whole call in the client, every claim with it).
+-- A failing claim keeps what it wrote before failing, as acquire.lua does, and the
+-- claims after it are decided all the same.
 
 local function claim(key, counter, token, ttl)
   local n = redis.pcall('INCR', counter)
@@ -57,6 +59,10 @@ end
 
 local replies = {}
 for i = 1, #KEYS / 2 do
-  replies[i] = claim(KEYS[2 * i - 1], KEYS[2 * i], ARGV[2 * i + 1], ARGV[2 * i + 2])
+  local ok, reply = pcall(claim, KEYS[2 * i - 1], KEYS[2 * i], ARGV[2 * i + 1], ARGV[2 * i + 2])
+  if not ok then
+    reply = {type(reply) == 'table' and reply.err or tostring(reply)}
+  end
+  replies[i] = reply
 end
 return replies
