@@ -76,11 +76,11 @@ struct Queued<R> {
 }
 
 /// A call in flight (a caller's alone, or a flush's): counted until dropped.
-pub(crate) struct Alone<'a, R> {
+pub(crate) struct InFlight<'a, R> {
     coalescer: &'a Coalescer<R>,
 }
 
-impl<R> Drop for Alone<'_, R> {
+impl<R> Drop for InFlight<'_, R> {
     fn drop(&mut self) {
         self.coalescer.lock().in_flight -= 1;
     }
@@ -117,11 +117,11 @@ impl<R: Batched> Coalescer<R> {
 
     /// Leave to go alone when fewer than [`ALONE_BELOW`] calls are in flight (keep the
     /// guard until the reply is in), else `None`: [`queue`](Self::queue) the request.
-    pub(crate) fn alone(&self) -> Option<Alone<'_, R>> {
+    pub(crate) fn alone(&self) -> Option<InFlight<'_, R>> {
         let mut state = self.lock();
         (state.in_flight < ALONE_BELOW).then(|| {
             state.in_flight += 1;
-            Alone { coalescer: self }
+            InFlight { coalescer: self }
         })
     }
 
@@ -175,14 +175,14 @@ impl<R: Batched> Coalescer<R> {
                 // Counted in flight under the lock; the guard gives it back however the
                 // call ends (answered, panicked, or the task aborted).
                 state.in_flight += 1;
-                calls.push(self.call(con.clone(), part, Alone { coalescer: &self }));
+                calls.push(self.call(con.clone(), part, InFlight { coalescer: &self }));
             }
         }
         futures_util::future::join_all(calls).await;
     }
 
     /// One call for `part`; every caller answered, the outcomes of those gone handed on.
-    async fn call(&self, con: ConnectionManager, part: Vec<Queued<R>>, flight: Alone<'_, R>) {
+    async fn call(&self, con: ConnectionManager, part: Vec<Queued<R>>, flight: InFlight<'_, R>) {
         let (requests, replies): (Vec<R>, Vec<_>) =
             part.into_iter().map(|q| (q.request, q.reply)).unzip();
         let outcomes = R::send(con.clone(), &requests).await;
