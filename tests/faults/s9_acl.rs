@@ -222,11 +222,12 @@ async fn workload(
         return Err("force_unlock found nothing".into());
     }
     // min_replicas: WAIT; on one server (no replica) then the release of a lock no
-    // replica acknowledged.
-    match a
-        .lock_with(&untagged, LockOptions::new().min_replicas(1))
-        .await
-    {
+    // replica acknowledged. The ttl sets the WAIT's bound (ttl/10): the manager's 150 ms
+    // gave a replica 15 ms to acknowledge, which a loaded machine missed one run in ten.
+    let replicas = LockOptions::new()
+        .min_replicas(1)
+        .ttl(Duration::from_secs(5));
+    match a.lock_with(&untagged, replicas).await {
         Err(LockError::ReplicasUnavailable { .. }) if !replicated => {}
         Ok(g) if replicated => g.release().await.map_err(e("release min_replicas"))?,
         other => return Err(format!("min_replicas: {other:?}")),
