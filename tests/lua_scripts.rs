@@ -577,7 +577,12 @@ fn acquire_all_is_all_or_nothing() {
         other => panic!("odd miss: {other:?}"),
     }
     assert!(!r.exists(a) && !r.exists(c), "no key left behind");
-    assert!(!r.exists(F), "no fence issued");
+    let counter: Option<u64> = r.con.get(F).unwrap();
+    assert_eq!(
+        counter,
+        Some(0),
+        "no fence issued: the increments taken back"
+    );
     let _: () = r.con.del(b).unwrap();
     let grant: Vec<u64> = r
         .eval(ACQUIRE_ALL, &[a, b, c, F, F, F], (&token(1)[..], 30_000))
@@ -609,6 +614,28 @@ fn acquire_all_is_all_or_nothing() {
         "{reply:?}"
     );
     assert!(!r.exists(a));
+}
+
+/// A key of another type among them fails the call (the server's own `WRONGTYPE`)
+/// after the keys before it were written and their counters incremented: all of that is
+/// taken back, so a failed `lock_all` leaves no lock behind and no fence issued; a key
+/// this token held before the call (a retry) is left as it was.
+#[test]
+fn acquire_all_takes_back_what_it_took_when_a_key_fails() {
+    let mut r = redis();
+    let (a, b, c) = ("lock:a_{7}", "lock:b_{7}", "lock:c_{7}");
+    let mine = [&token(1)[..], b"|1||1"].concat();
+    let _: () = r.con.set(a, &mine[..]).unwrap();
+    let _: () = r.con.hset(c, "f", "v").unwrap();
+    let err = r
+        .eval::<Value>(ACQUIRE_ALL, &[a, b, c, F, F, F], (&token(1)[..], 30_000))
+        .unwrap_err();
+    assert_eq!(err.code(), Some("WRONGTYPE"), "{err}");
+    assert!(!r.exists(b), "the key this call wrote is given back");
+    let kept: Vec<u8> = r.con.get(a).unwrap();
+    assert_eq!(kept, mine, "a key held before the call is as it was");
+    let counter: Option<u64> = r.con.get(F).unwrap();
+    assert_eq!(counter, Some(0), "no fence issued");
 }
 
 #[test]
