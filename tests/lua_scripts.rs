@@ -638,6 +638,30 @@ fn acquire_all_takes_back_what_it_took_when_a_key_fails() {
     assert_eq!(counter, Some(0), "no fence issued");
 }
 
+/// A counter at 2^63 - 1 cannot issue the second key's fence (`INCR` overflows): the
+/// first key, written with a fence of another counter, is given back and that counter
+/// decremented, so no fence was issued and no lock is left.
+#[test]
+fn acquire_all_takes_back_the_keys_before_a_counter_that_overflows() {
+    let mut r = redis();
+    let (a, b) = ("lock:a_{7}", "lock:b_{8}");
+    let full = "lock:fence:{8}";
+    let _: () = r.con.set(F, 41).unwrap();
+    let _: () = r.con.set(full, i64::MAX).unwrap();
+    let err = r
+        .eval::<Value>(ACQUIRE_ALL, &[a, b, F, full], (&token(1)[..], 30_000))
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("fencing counter lock:fence:{8}"),
+        "{err}"
+    );
+    assert!(!r.exists(a), "the first key is given back");
+    let counter: u64 = r.con.get(F).unwrap();
+    assert_eq!(counter, 41, "the first key's fence taken back");
+    let untouched: i64 = r.con.get(full).unwrap();
+    assert_eq!(untouched, i64::MAX);
+}
+
 #[test]
 fn retries_are_idempotent() {
     let mut r = redis();
