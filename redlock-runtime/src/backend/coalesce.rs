@@ -396,6 +396,47 @@ mod tests {
         );
     }
 
+    /// A release batch whose connection drops after the server applied it is sent again:
+    /// the keys are gone by then, and each release still answers "released" (the first
+    /// send's), not "the lock was gone" (a lock lost to its ttl). Of the four releases,
+    /// two go alone (the releases' own calls in flight) and two as a batch: both paths.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_release_batch_cut_after_it_was_applied_reports_released() {
+        let (server, proxy, proxied) = occupied(Fault::Blackhole).await;
+        let direct = backend(&server.url()).await;
+        let keys: Vec<LockKey> = (0..4).map(|i| key(&format!("unheld_{i}_{{4}}"))).collect();
+        let tokens: Vec<Token> = (0..4).map(|_| Token::random()).collect();
+        for (k, t) in keys.iter().zip(&tokens) {
+            let granted = acquire(&direct, k, *t).await;
+            assert!(
+                matches!(granted, Ok(Attempt::Acquired { .. })),
+                "{granted:?}"
+            );
+        }
+        let releases =
+            futures_util::future::join_all(keys.iter().zip(&tokens).map(|(k, t)| {
+                proxied.release(LeaseRef::new(k, *t, Mode::Exclusive), Duration::ZERO)
+            }));
+        let cut = async {
+            let applied = redlock_testkit::wait_until(
+                Duration::from_secs(5),
+                Duration::from_millis(10),
+                || {
+                    keys.iter()
+                        .all(|k| get(&server, k.full()) == redis::Value::Nil)
+                },
+            );
+            assert!(applied, "the batch was applied");
+            proxy.reset_all();
+            proxy.heal();
+        };
+        let (released, ()) = tokio::join!(releases, cut);
+        assert!(
+            released.iter().all(|r| matches!(r, Ok(true))),
+            "{released:?}"
+        );
+    }
+
     /// A batch whose connection drops under it is sent again: each claim finds its own
     /// token and is granted once, with the fence it drew the first time.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
