@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use redis::aio::ConnectionManager;
 use redis::{RedisResult, Value};
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, Notify};
 
 /// Calls in flight on a connection below which a request goes alone: two callers keep
 /// two calls in flight without waiting for a flush (at a distance, one caller queued
@@ -59,6 +59,8 @@ pub(crate) trait Batched: Send + Sync + Sized + 'static {
 /// One connection's queue of requests of one kind.
 pub(crate) struct Coalescer<R> {
     state: Mutex<State<R>>,
+    /// Told when the last flush task ends (see [`settled`](Coalescer::settled)).
+    flushes_done: Notify,
 }
 
 struct State<R> {
@@ -67,6 +69,9 @@ struct State<R> {
     queue: Vec<Queued<R>>,
     /// A flush task is spawned and has not taken the queue yet.
     flush_pending: bool,
+    /// Flush tasks spawned and not ended: their calls, and the releases of grants whose
+    /// callers gave up, still to come.
+    flushes: usize,
 }
 
 struct Queued<R> {
@@ -83,6 +88,20 @@ pub(crate) struct InFlight<'a, R> {
 impl<R> Drop for InFlight<'_, R> {
     fn drop(&mut self) {
         self.coalescer.lock().in_flight -= 1;
+    }
+}
+
+/// A flush task spawned: counted until dropped, however the task ends (run, panicked,
+/// or dropped unpolled with its runtime).
+struct Flushing<R>(Arc<Coalescer<R>>);
+
+impl<R> Drop for Flushing<R> {
+    fn drop(&mut self) {
+        let mut state = self.0.lock();
+        state.flushes -= 1;
+        if state.flushes == 0 {
+            self.0.flushes_done.notify_waiters();
+        }
     }
 }
 
@@ -111,7 +130,21 @@ impl<R: Batched> Coalescer<R> {
                 in_flight: 0,
                 queue: Vec::new(),
                 flush_pending: false,
+                flushes: 0,
             }),
+            flushes_done: Notify::new(),
+        }
+    }
+
+    /// Returns once no flush task is running: every queued request answered, and every
+    /// grant whose caller gave up released (what `LockManager::shutdown` waits for).
+    pub(crate) async fn settled(&self) {
+        loop {
+            let told = self.flushes_done.notified();
+            if self.lock().flushes == 0 {
+                return;
+            }
+            told.await;
         }
     }
 
@@ -141,10 +174,12 @@ impl<R: Batched> Coalescer<R> {
                 reply,
                 state,
             });
-            !std::mem::replace(&mut queue.flush_pending, true)
+            let spawn = !std::mem::replace(&mut queue.flush_pending, true);
+            queue.flushes += usize::from(spawn);
+            spawn
         };
         if spawn {
-            tokio::spawn(self.clone().flush(con.clone()));
+            tokio::spawn(Flushing(self.clone()).flush(con.clone()));
         }
         outcome.await.unwrap_or_else(|_| {
             Err(redis::RedisError::from((
@@ -152,33 +187,6 @@ impl<R: Batched> Coalescer<R> {
                 "the coalesced call was dropped before it answered",
             )))
         })
-    }
-
-    /// After one scheduler round, sends what is queued (as calls of at most
-    /// [`MOST_PER_CALL`]) and answers each caller.
-    async fn flush(self: Arc<Self>, con: ConnectionManager) {
-        tokio::task::yield_now().await;
-        let mut calls = Vec::new();
-        {
-            let mut state = self.lock();
-            state.flush_pending = false;
-            let mut taken = std::mem::take(&mut state.queue)
-                .into_iter()
-                .filter(|q| {
-                    q.state
-                        .compare_exchange(QUEUED, TAKEN, Ordering::AcqRel, Ordering::Acquire)
-                        .is_ok()
-                })
-                .peekable();
-            while taken.peek().is_some() {
-                let part: Vec<Queued<R>> = taken.by_ref().take(MOST_PER_CALL).collect();
-                // Counted in flight under the lock; the guard gives it back however the
-                // call ends (answered, panicked, or the task aborted).
-                state.in_flight += 1;
-                calls.push(self.call(con.clone(), part, InFlight { coalescer: &self }));
-            }
-        }
-        futures_util::future::join_all(calls).await;
     }
 
     /// One call for `part`; every caller answered, the outcomes of those gone handed on.
@@ -206,6 +214,36 @@ impl<R: Batched> Coalescer<R> {
             }
         }
         futures_util::future::join_all(orphans).await;
+    }
+}
+
+impl<R: Batched> Flushing<R> {
+    /// After one scheduler round, sends what is queued (as calls of at most
+    /// [`MOST_PER_CALL`]) and answers each caller.
+    async fn flush(self, con: ConnectionManager) {
+        let coalescer = &self.0;
+        tokio::task::yield_now().await;
+        let mut calls = Vec::new();
+        {
+            let mut state = coalescer.lock();
+            state.flush_pending = false;
+            let mut taken = std::mem::take(&mut state.queue)
+                .into_iter()
+                .filter(|q| {
+                    q.state
+                        .compare_exchange(QUEUED, TAKEN, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok()
+                })
+                .peekable();
+            while taken.peek().is_some() {
+                let part: Vec<Queued<R>> = taken.by_ref().take(MOST_PER_CALL).collect();
+                // Counted in flight under the lock; the guard gives it back however the
+                // call ends (answered, panicked, or the task aborted).
+                state.in_flight += 1;
+                calls.push(coalescer.call(con.clone(), part, InFlight { coalescer }));
+            }
+        }
+        futures_util::future::join_all(calls).await;
     }
 }
 
@@ -323,6 +361,34 @@ mod tests {
         assert!(
             gone,
             "the grant of a caller that gave up is left held by nobody"
+        );
+    }
+
+    /// `settled` (what `LockManager::shutdown` waits for) returns only once the flush
+    /// has released the grant of a caller that gave up: a process that exits right after
+    /// its shutdown leaves no lock held by nobody.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn settled_waits_for_the_release_of_a_grant_whose_caller_gave_up() {
+        let (server, _proxy, backend) = occupied(Fault::Delay(Duration::from_millis(300))).await;
+        let k = key("settled_{2}");
+        let gave_up = tokio::time::timeout(
+            Duration::from_millis(100),
+            backend.acquire(&claim(&k, Token::random())),
+        )
+        .await;
+        assert!(gave_up.is_err(), "answered before its caller gave up");
+        tokio::time::timeout(Duration::from_secs(5), backend.settled())
+            .await
+            .expect("settled within 5 s");
+        assert_eq!(
+            get(&server, k.fence()),
+            redis::Value::BulkString(b"1".to_vec()),
+            "granted"
+        );
+        assert_eq!(
+            get(&server, k.full()),
+            redis::Value::Nil,
+            "settled before the grant was released"
         );
     }
 

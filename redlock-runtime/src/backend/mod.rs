@@ -347,6 +347,13 @@ pub(crate) trait Store {
     fn has_channels(&self) -> bool {
         true
     }
+
+    /// Returns once the work the backend does on its own behalf is done: the shared
+    /// calls of one server's queued requests, and the releases of grants whose callers
+    /// gave up (what `LockManager::shutdown` waits for). Nothing, for the others.
+    fn settled(&self) -> impl Future<Output = ()> + Send {
+        std::future::ready(())
+    }
 }
 
 /// A backend's handle on the manager's waiters: all it may do is wake them. Weak, so
@@ -513,5 +520,9 @@ impl Backend {
 
     pub(crate) fn has_channels(&self) -> bool {
         dispatch!(self, b => b.has_channels())
+    }
+
+    pub(crate) async fn settled(&self) {
+        dispatch!(self, b => b.settled().await)
     }
 }

@@ -671,6 +671,12 @@ impl Store for SentinelBackend {
     fn interests(&self) -> usize {
         self.current().backend.interests()
     }
+
+    /// The current master's (a master left behind by a failover answers its callers'
+    /// requests, or fails them, on its own).
+    async fn settled(&self) {
+        self.current().backend.settled().await
+    }
 }
 
 #[cfg(test)]

@@ -573,6 +573,12 @@ impl Store for SingleBackend {
     fn interests(&self) -> usize {
         self.subscriber.interests()
     }
+
+    async fn settled(&self) {
+        if let Some(c) = &self.coalescing {
+            futures_util::future::join(c.acquires.settled(), c.releases.settled()).await;
+        }
+    }
 }
 
 /// One outcome per lock from the replies of a renew pipeline, chunk by chunk: a chunk

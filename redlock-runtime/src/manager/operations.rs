@@ -255,7 +255,8 @@ impl LockManager {
     }
 
     /// Releases every lock this manager's guards hold and finishes the releases it was
-    /// doing in the background (of guards dropped just before), within `within`: what
+    /// doing in the background (of guards dropped just before, and of locks granted to
+    /// callers that had given up, whose requests shared a call), within `within`: what
     /// a process calls on its way out, so that its locks are free at once rather than
     /// at their ttl. A lock taken with
     /// [`hold_at_least`](crate::LockOptions::hold_at_least) is kept until its minimum
@@ -302,6 +303,7 @@ impl LockManager {
         let done = async {
             let results = released.await;
             shared.drained().await;
+            shared.backend.settled().await;
             results
         };
         let results = tokio::time::timeout(within, done)
