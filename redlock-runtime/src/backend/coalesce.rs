@@ -335,9 +335,11 @@ mod tests {
     /// A caller that gives up after the flush sent its claim is answered to nobody: the
     /// flush releases the grant once the reply is in. Nothing else would: the manager's
     /// undo of a dropped attempt may reach the server before the grant (here there is no
-    /// manager at all), and the key would stay held by nobody for its ttl.
+    /// manager at all), and the key would stay held by nobody for its ttl. And `settled`
+    /// (what `LockManager::shutdown` waits for) returns only after that release, so a
+    /// process that exits right after its shutdown leaves no such lock either.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_claim_given_up_after_it_was_sent_is_released_by_the_flush() {
+    async fn a_claim_given_up_after_it_was_sent_is_released_by_the_flush_before_settled() {
         let (server, _proxy, backend) = occupied(Fault::Delay(Duration::from_millis(300))).await;
         let k = key("orphan_{2}");
         let gave_up = tokio::time::timeout(
@@ -349,34 +351,6 @@ mod tests {
             gave_up.is_err(),
             "the claim was answered before its caller gave up"
         );
-        assert_eq!(
-            get(&server, k.fence()),
-            redis::Value::BulkString(b"1".to_vec()),
-            "sent"
-        );
-        let gone =
-            redlock_testkit::wait_until(Duration::from_secs(5), Duration::from_millis(20), || {
-                get(&server, k.full()) == redis::Value::Nil
-            });
-        assert!(
-            gone,
-            "the grant of a caller that gave up is left held by nobody"
-        );
-    }
-
-    /// `settled` (what `LockManager::shutdown` waits for) returns only once the flush
-    /// has released the grant of a caller that gave up: a process that exits right after
-    /// its shutdown leaves no lock held by nobody.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn settled_waits_for_the_release_of_a_grant_whose_caller_gave_up() {
-        let (server, _proxy, backend) = occupied(Fault::Delay(Duration::from_millis(300))).await;
-        let k = key("settled_{2}");
-        let gave_up = tokio::time::timeout(
-            Duration::from_millis(100),
-            backend.acquire(&claim(&k, Token::random())),
-        )
-        .await;
-        assert!(gave_up.is_err(), "answered before its caller gave up");
         tokio::time::timeout(Duration::from_secs(5), backend.settled())
             .await
             .expect("settled within 5 s");
@@ -388,7 +362,7 @@ mod tests {
         assert_eq!(
             get(&server, k.full()),
             redis::Value::Nil,
-            "settled before the grant was released"
+            "the grant of a caller that gave up is left held by nobody once settled"
         );
     }
 
