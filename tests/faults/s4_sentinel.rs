@@ -38,6 +38,7 @@
 //! *same* token as the first; the fenced resource rejects its `begin` (equal is not newer),
 //! which keeps the resource safe but shows that after a failover tokens are not unique.
 
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -453,4 +454,90 @@ async fn s4_sentinel_failover_loses_locks_unless_min_replicas() {
             "{v:?}: fencing missed a reused token"
         );
     }
+}
+
+/// Coalescing across a failover: 32 tasks of one Sentinel manager lock and release keys
+/// of their own in a loop, so that past two calls in flight their requests share calls,
+/// and the master is killed (-9) under them. Every lock + release is answered, granted or
+/// failed, within a bound (none waits forever on a batch the kill cut), and once the
+/// replica is promoted every task locks and releases again on the new master.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s4_shared_calls_cut_by_a_failover_answer_every_caller() {
+    require_redis!();
+    let _heavy = HEAVY.lock().await;
+    let mut sent = tokio::task::block_in_place(Sentinels::start);
+    let locks = sentinel_manager(&sent).await;
+    let failed_over = Arc::new(AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
+    let granted_pairs = Arc::new(AtomicU32::new(0));
+    let tasks: Vec<_> = (0..32)
+        .map(|task| {
+            let (locks, failed_over, stop) = (locks.clone(), failed_over.clone(), stop.clone());
+            let granted_pairs = granted_pairs.clone();
+            tokio::spawn(async move {
+                let (mut before, mut after, mut errors) = (0u32, 0u32, Vec::new());
+                let options = LockOptions::new()
+                    .ttl(Duration::from_secs(5))
+                    .wait(Duration::from_secs(2));
+                for n in 0..100_000u32 {
+                    if stop.load(Ordering::Acquire) {
+                        break;
+                    }
+                    let since_failover = failed_over.load(Ordering::Acquire);
+                    // A key per attempt: a lock that the kill left behind on the promoted
+                    // replica (its release failed) holds a key nobody asks for again.
+                    let key = format!("shared_calls_{task}_{n}");
+                    let pair = async {
+                        locks
+                            .lock_with(&key, options.clone())
+                            .await?
+                            .release()
+                            .await
+                    };
+                    let outcome = tokio::time::timeout(Duration::from_secs(30), pair)
+                        .await
+                        .unwrap_or_else(|_| {
+                            panic!("task {task}: a lock + release unanswered for 30 s")
+                        });
+                    match outcome {
+                        Ok(_) if since_failover => after += 1,
+                        Ok(_) => {
+                            before += 1;
+                            granted_pairs.fetch_add(1, Ordering::AcqRel);
+                        }
+                        Err(e) => {
+                            errors.push(e.to_string());
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                    }
+                }
+                (before, after, errors)
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The requests did share calls: fewer script calls than the requests answered.
+    let granted = granted_pairs.load(Ordering::Acquire);
+    let calls = sent.master().command_calls(&["evalsha", "eval"]);
+    assert!(
+        granted > 0 && calls < 2 * u64::from(granted),
+        "{calls} script calls for {granted} lock + release pairs before the kill"
+    );
+    tokio::task::block_in_place(|| sent.kill_master());
+    tokio::task::block_in_place(|| sent.wait_failover(Duration::from_secs(30)));
+    failed_over.store(true, Ordering::Release);
+    // Long enough for the manager to follow the Sentinels and for every task to go round.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    stop.store(true, Ordering::Release);
+    let mut errors = 0;
+    for (task, t) in tasks.into_iter().enumerate() {
+        let (before, after, failed) = t.await.expect("task panicked");
+        assert!(before > 0, "task {task}: nothing granted before the kill");
+        assert!(
+            after > 0,
+            "task {task}: nothing granted after the failover; its errors: {failed:?}"
+        );
+        errors += failed.len();
+    }
+    eprintln!("s4 shared calls: {errors} lock + release errors across the failover");
 }
