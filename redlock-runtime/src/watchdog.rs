@@ -23,7 +23,7 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::{mpsc, Notify, OwnedMutexGuard};
 use tracing::Instrument;
 
-use crate::backend::{LeaseRef, Renewal, Renewed};
+use crate::backend::{LeaseRef, Renewal, Renewed, RELEASE_RETRIES};
 use crate::error::chain;
 use crate::key::LockKey;
 use crate::kind::Mode;
@@ -421,14 +421,6 @@ async fn do_job(shared: &Shared, job: Job) {
         }
     }
 }
-
-/// Pauses between background release attempts: a dropped connection or a failover gets
-/// a few seconds to recover before the ttl is left to free the lock.
-const RELEASE_RETRIES: [Duration; 3] = [
-    Duration::from_millis(200),
-    Duration::from_millis(800),
-    Duration::from_secs(2),
-];
 
 /// Releases `lease`, keeping the key for `keep()` more when that is not zero
 /// (`hold_at_least`, measured again before each try).

@@ -2,13 +2,11 @@
 //! ([`Coalescer`](super::coalesce::Coalescer)): `acquire_batch.lua` and
 //! `release_batch.lua`, one reply per request.
 
-use std::time::Duration;
-
 use redis::aio::ConnectionManager;
 use redis::{RedisResult, Value};
 
 use super::coalesce::Batched;
-use super::server::{is_dropped, reconnecting};
+use super::server::{is_dropped, reconnecting, RELEASE_RETRIES};
 use crate::info::{owner_suffix, unix_ms_now};
 use crate::kind::Mode;
 use crate::scripts::{ACQUIRE_BATCH, RELEASE, RELEASE_BATCH};
@@ -48,7 +46,7 @@ impl Batched for AcquireRequest {
     }
 
     /// A grant, or an outcome not known, is released (with its wake-up): nobody holds it.
-    /// Tried again after [`ORPHAN_RETRIES`] while it fails: this is the only undo once
+    /// Tried again after [`RELEASE_RETRIES`] while it fails: this is the only undo once
     /// the manager's own may have reached the server before the grant.
     async fn orphaned(self, con: ConnectionManager, outcome: RedisResult<Value>) {
         if let Ok(Value::Array(_)) = outcome {
@@ -57,7 +55,7 @@ impl Batched for AcquireRequest {
         let keys = [self.key.as_str()];
         let args = (self.token.as_bytes(), "PUBLISH");
         let mut released = RELEASE.invoke::<i64, _, _, _>(&con, &keys, args).await;
-        for pause in ORPHAN_RETRIES {
+        for pause in RELEASE_RETRIES {
             if released.is_ok() {
                 break;
             }
@@ -101,14 +99,6 @@ impl Batched for ReleaseRequest {
     /// Nothing to do: the release was applied, or the lock's ttl frees it.
     async fn orphaned(self, _con: ConnectionManager, _outcome: RedisResult<Value>) {}
 }
-
-/// Pauses before the orphaned grant's release is sent again (the watchdog's release
-/// retries).
-const ORPHAN_RETRIES: [Duration; 3] = [
-    Duration::from_millis(200),
-    Duration::from_millis(800),
-    Duration::from_secs(2),
-];
 
 /// A batch script's array reply as one outcome per request: `{message}` (a one-item
 /// array; a refusal has two) is that request's failure, the error the server would have

@@ -40,7 +40,7 @@ pub(crate) use cluster::{ClusterBackend, ClusterNodes};
 pub(crate) use memory::MemoryBackend;
 pub(crate) use redlock::{RedlockBackend, DEFAULT_NODE_TIMEOUT};
 pub(crate) use sentinel::SentinelBackend;
-pub(crate) use server::Timeouts;
+pub(crate) use server::{Timeouts, RELEASE_RETRIES};
 pub(crate) use single::SingleBackend;
 
 use crate::info::LockInfo;

@@ -496,9 +496,11 @@ impl<C> WaitPool<C> {
     }
 }
 
-/// Pauses before the fallback releases of a [`WaitAttempt`] undone after its
-/// connection failed.
-const UNDO_RETRIES: [Duration; 3] = [
+/// Pauses between the tries of a release made in the background, while it fails (a
+/// dropped connection or a failover gets a few seconds to recover before the ttl is left
+/// to free the lock): the watchdog's releases, the undo of a [`WaitAttempt`] whose
+/// connection failed, and the release of a coalesced grant whose caller gave up.
+pub(crate) const RELEASE_RETRIES: [Duration; 3] = [
     Duration::from_millis(200),
     Duration::from_millis(800),
     Duration::from_secs(2),
@@ -594,7 +596,7 @@ where
         runtime.spawn(async move {
             let mut outcome = release.query_async::<i64>(&mut con).await;
             drop(con);
-            for pause in UNDO_RETRIES {
+            for pause in RELEASE_RETRIES {
                 let Err(e) = &outcome else {
                     return;
                 };
