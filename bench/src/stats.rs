@@ -27,6 +27,11 @@ impl Runs {
         (hi - lo) / 2.0 / m
     }
 
+    /// How many runs are above `x`.
+    pub fn above(&self, x: f64) -> usize {
+        self.0.iter().filter(|&&r| r > x).count()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }

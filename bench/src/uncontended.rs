@@ -181,6 +181,22 @@ pub async fn compare(cfg: &Config, url: &str, pid: u32, tasks: usize, title: &st
             Err(e) => t.na(name, e),
         }
     }
+    let ops = |wanted: &str| {
+        let found = impls.iter().zip(&results).find(|((n, _), _)| n == wanted);
+        found.and_then(|(_, r)| r.as_ref().ok()).map(|m| &m.ops)
+    };
+    if let (Some(ours), Some(theirs)) = (ops("redlock"), ops(RSLOCK)) {
+        // Both measured in the same slices: their own ratio is steadier than two ratios
+        // to raw, which each carry raw's noise too.
+        let vs = paired(ours, theirs);
+        t.note(format!(
+            "redlock ÷ {RSLOCK}, run by run: median {:.3} ±{:.1}%, redlock ahead in {} of {} runs",
+            vs.median(),
+            vs.spread() * 100.0,
+            vs.above(1.0),
+            vs.0.len()
+        ));
+    }
     t.note("÷ raw: median (±half-range) over runs of ops/s ÷ the same run's raw redis-rs (SET NX PX + EVALSHA compare-and-delete, one multiplexed connection, TCP_NODELAY)");
     t.note("redlock: LockManager::lock + LockGuard::release (default options: 30 s ttl, watchdog on); in-memory: no network, for scale");
     t.note("CPU µs/op: user+system time of this process / of redis-server over the run ÷ operations (lock+release pairs)");
