@@ -38,11 +38,11 @@ use std::time::{Duration, Instant};
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::{LeaseRef, Renewal, ReplicaWait};
 use crate::key::LockKey;
 use crate::kind::Mode;
 use crate::stats::{self, Hold, Loss, Release};
 use crate::token::Token;
+use crate::wire::{LeaseRef, Renewal, ReplicaWait};
 
 static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
 

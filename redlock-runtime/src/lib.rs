@@ -17,7 +17,6 @@ mod key;
 mod kind;
 mod lease;
 mod manager;
-mod multi_guard;
 mod node;
 mod notify;
 mod options;
@@ -28,6 +27,7 @@ mod tls;
 mod token;
 mod waiters;
 mod watchdog;
+mod wire;
 
 #[doc(hidden)]
 pub mod macro_support;
@@ -47,9 +47,8 @@ pub use redis;
 pub use key::MAX_KEY_LEN;
 pub use kind::LockKind;
 pub use manager::{
-    LockGuard, LockManager, LockManagerBuilder, DEFAULT_MAX_WAITERS_PER_KEY, DEFAULT_PREFIX,
-    DEFAULT_SLOW_ACQUISITION, DEFAULT_TTL, DEFAULT_WAIT,
+    LockGuard, LockManager, LockManagerBuilder, MultiGuard, DEFAULT_MAX_WAITERS_PER_KEY,
+    DEFAULT_PREFIX, DEFAULT_SLOW_ACQUISITION, DEFAULT_TTL, DEFAULT_WAIT,
 };
-pub use multi_guard::MultiGuard;
 pub use node::IntoNode;
 pub use options::{LockOptions, MAX_TTL, MIN_TTL};

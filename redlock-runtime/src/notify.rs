@@ -30,8 +30,8 @@ use redis::aio::ConnectionManager;
 use redis::{PushInfo, PushKind, Value};
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
-use crate::backend::Wake;
 use crate::error::chain;
+use crate::waiters::Wake;
 use crate::LockError;
 
 /// One node's subscriber connection.

@@ -22,9 +22,8 @@
 //! lock path pays nothing for them.
 
 use std::borrow::Cow;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use crate::options::Resolved;
 use crate::{LockError, LockKind};
 
 /// Why a lock was lost, for logs and `redlock_lost_total{reason}`.
@@ -123,17 +122,16 @@ mod on {
         }
     }
 
-    /// Counts an acquisition (with `opts`, started at `started`) and, when it was
-    /// granted or timed out, records how long it waited.
+    /// Counts an acquisition (of a lock named `name`, that could wait `wait`, started
+    /// at `started`) and, when it was granted or timed out, records how long it waited.
     pub(crate) fn acquisition<T>(
         result: &Result<T, LockError>,
         kind: LockKind,
         backend: &'static str,
-        opts: &Resolved,
+        (name, wait): (&Name, Duration),
         started: Instant,
     ) {
-        let outcome = outcome(result, opts.wait.is_zero());
-        let name = &opts.name;
+        let outcome = outcome(result, wait.is_zero());
         let kind = kind_label(kind);
         counter!(
             "redlock_acquire_total",
@@ -234,7 +232,7 @@ mod on {
         _: &Result<T, LockError>,
         _: LockKind,
         _: &'static str,
-        _: &Resolved,
+        _: (&Name, Duration),
         _: Instant,
     ) {
     }

@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
 use tokio::sync::{Notify, Semaphore};
 
@@ -171,6 +171,37 @@ impl Waiters {
 impl Drop for Place<'_> {
     fn drop(&mut self) {
         self.waiters.leave(self.key);
+    }
+}
+
+/// A backend's handle on the manager's waiters: all it may do is wake them. Weak, so
+/// that a backend's tasks (and the process-wide in-memory store) never keep a dropped
+/// manager's waiters alive; once the manager is gone, waking does nothing.
+#[derive(Clone, Default)]
+pub(crate) struct Wake(Weak<Waiters>);
+
+impl Wake {
+    pub(crate) fn new(waiters: &Arc<Waiters>) -> Self {
+        Self(Arc::downgrade(waiters))
+    }
+
+    /// Wakes the head waiting for `key`, if any (a release was heard).
+    pub(crate) fn wake(&self, key: &str) {
+        if let Some(waiters) = self.0.upgrade() {
+            waiters.wake(key);
+        }
+    }
+
+    /// Wakes every head (after a reconnect: notifications may have been lost).
+    pub(crate) fn wake_all(&self) {
+        if let Some(waiters) = self.0.upgrade() {
+            waiters.wake_all();
+        }
+    }
+
+    /// Whether the manager is gone (nobody is left to wake).
+    pub(crate) fn is_gone(&self) -> bool {
+        self.0.strong_count() == 0
     }
 }
 

@@ -23,7 +23,7 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::{mpsc, Notify, OwnedMutexGuard};
 use tracing::Instrument;
 
-use crate::backend::{LeaseRef, Renewal, Renewed, RELEASE_RETRIES};
+use crate::backend::{Renewed, RELEASE_RETRIES};
 use crate::error::chain;
 use crate::key::LockKey;
 use crate::kind::Mode;
@@ -31,6 +31,7 @@ use crate::lease::{self, Lease};
 use crate::manager::Shared;
 use crate::stats::{self, Loss, Release, Renewing};
 use crate::token::Token;
+use crate::wire::{LeaseRef, Renewal};
 
 /// Work handed to the task.
 pub(crate) enum Job {
@@ -530,8 +531,9 @@ mod tests {
     use futures_util::FutureExt;
 
     use super::*;
-    use crate::backend::{Backend, MemoryBackend, Wake};
+    use crate::backend::{Backend, MemoryBackend};
     use crate::waiters::Waiters;
+    use crate::waiters::Wake;
 
     fn shared() -> Shared {
         let waiters = Arc::new(Waiters::new(1, Box::new(|_| {})));

@@ -61,9 +61,7 @@ use super::server::{
     script_loads, ttl_ms, unexpected, ScriptCall, Timeouts, WaitAttempt, WaitPool,
     MAX_REPLICA_WAIT, MAX_SCAN_STEPS,
 };
-use super::{
-    Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, ReplicaWait, Seen, Store, Together, Wake,
-};
+use super::{Attempt, Claim, Policies, Renewed, Seen, Store, Together};
 use crate::error::chain;
 use crate::info::LockInfo;
 use crate::key::{key_slot, LockKey, SLOTS};
@@ -71,6 +69,8 @@ use crate::kind::Mode;
 use crate::notify::{channel_of, ChannelLocks, Interest};
 use crate::scripts::{ACQUIRE, RELEASE};
 use crate::token::Token;
+use crate::waiters::Wake;
+use crate::wire::{LeaseRef, Renewal, ReplicaWait};
 use crate::LockError;
 
 /// Renewals per script call (one slot's locks per call).

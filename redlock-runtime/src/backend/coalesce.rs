@@ -249,6 +249,7 @@ impl<R: Batched> Flushing<R> {
 
 #[cfg(test)]
 mod tests {
+    use crate::wire::LeaseRef;
     use std::sync::Arc;
     use std::time::Duration;
 
@@ -257,11 +258,12 @@ mod tests {
     use redlock_testkit::{ChaosProxy, Direction, Fault, RedisServer};
 
     use crate::backend::server::Timeouts;
-    use crate::backend::{Attempt, Claim, LeaseRef, SingleBackend, Store, Wake};
+    use crate::backend::{Attempt, Claim, SingleBackend, Store};
     use crate::key::LockKey;
     use crate::kind::Mode;
     use crate::scripts::{ACQUIRE, ACQUIRE_BATCH, RELEASE, RELEASE_BATCH};
     use crate::token::Token;
+    use crate::waiters::Wake;
 
     const TTL: Duration = Duration::from_secs(30);
 

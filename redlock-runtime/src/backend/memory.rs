@@ -17,11 +17,13 @@ use std::time::{Duration, Instant, SystemTime};
 
 use super::glob::glob_match;
 use super::server::{lock_keys, scan_glob};
-use super::{Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Seen, Store, Together, Wake};
+use super::{Attempt, Claim, Policies, Renewed, Seen, Store, Together};
 use crate::info::{self, LockInfo, SharedHolder};
 use crate::key::LockKey;
 use crate::kind::{LockKind, Mode};
 use crate::token::Token;
+use crate::waiters::Wake;
+use crate::wire::{LeaseRef, Renewal};
 use crate::LockError;
 
 /// A fencing counter that cannot issue another token.

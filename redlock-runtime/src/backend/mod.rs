@@ -33,7 +33,6 @@ mod server;
 mod single;
 
 use std::future::Future;
-use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 pub(crate) use cluster::{ClusterBackend, ClusterNodes};
@@ -47,7 +46,7 @@ use crate::info::LockInfo;
 use crate::key::LockKey;
 use crate::kind::Mode;
 use crate::token::Token;
-use crate::waiters::Waiters;
+use crate::wire::{LeaseRef, Renewal, ReplicaWait};
 use crate::LockError;
 
 /// The outcome of one acquisition attempt.
@@ -74,31 +73,11 @@ pub(crate) enum Together {
     Held(Option<Duration>),
 }
 
-/// What to `WAIT` for after every request that sets a lease's expiry (`min_replicas`):
-/// the acquire, and every extend, renewal and keep of the lease it grants.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct ReplicaWait {
-    pub(crate) replicas: u32,
-    pub(crate) timeout: Duration,
-}
-
 /// A uniformly random duration in `0..=max`.
 pub(crate) fn jitter(max: Duration) -> Duration {
     let span = u64::try_from(max.as_micros()).unwrap_or(u64::MAX).max(1);
     let r = getrandom::u64().unwrap_or(0);
     Duration::from_micros(r % span.saturating_add(1))
-}
-
-/// One lock the watchdog renews.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Renewal<'a> {
-    pub(crate) key: &'a LockKey,
-    pub(crate) token: Token,
-    pub(crate) ttl: Duration,
-    /// The key alone, or a shared holder's place in it.
-    pub(crate) mode: Mode,
-    /// The lease's `min_replicas`: the renewal counts only once acknowledged by them.
-    pub(crate) replicas: Option<ReplicaWait>,
 }
 
 /// What one renewal of a batch found.
@@ -150,34 +129,6 @@ pub(crate) struct Intent {
     /// withdraws it, whatever earlier attempts were told: one may have registered it
     /// with its reply lost.
     pub(crate) until: Duration,
-}
-
-/// A held lock, as its release and extends name it.
-///
-/// Every request on a lease carries this (renewals its fields): what a lease's requests
-/// must all obey travels with it. A backend that has replicas applies `replicas` to
-/// every request that sets the expiry (extend, renewal, a release that keeps the key):
-/// such a request counts only once that many replicas acknowledged it.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct LeaseRef<'a> {
-    pub(crate) key: &'a LockKey,
-    pub(crate) token: Token,
-    /// The key alone, or a shared holder's place in it.
-    pub(crate) mode: Mode,
-    /// The lease's `min_replicas`, if any.
-    pub(crate) replicas: Option<ReplicaWait>,
-}
-
-impl<'a> LeaseRef<'a> {
-    /// A lease without replicas to wait for (an attempt's undo, a Redlock node's part).
-    pub(crate) fn new(key: &'a LockKey, token: Token, mode: Mode) -> Self {
-        Self {
-            key,
-            token,
-            mode,
-            replicas: None,
-        }
-    }
 }
 
 /// The grant an operator was shown (by `inspect` or `list`): a force-unlock given one
@@ -353,37 +304,6 @@ pub(crate) trait Store {
     /// gave up (what `LockManager::shutdown` waits for). Nothing, for the others.
     fn settled(&self) -> impl Future<Output = ()> + Send {
         std::future::ready(())
-    }
-}
-
-/// A backend's handle on the manager's waiters: all it may do is wake them. Weak, so
-/// that a backend's tasks (and the process-wide in-memory store) never keep a dropped
-/// manager's waiters alive; once the manager is gone, waking does nothing.
-#[derive(Clone, Default)]
-pub(crate) struct Wake(Weak<Waiters>);
-
-impl Wake {
-    pub(crate) fn new(waiters: &Arc<Waiters>) -> Self {
-        Self(Arc::downgrade(waiters))
-    }
-
-    /// Wakes the head waiting for `key`, if any (a release was heard).
-    pub(crate) fn wake(&self, key: &str) {
-        if let Some(waiters) = self.0.upgrade() {
-            waiters.wake(key);
-        }
-    }
-
-    /// Wakes every head (after a reconnect: notifications may have been lost).
-    pub(crate) fn wake_all(&self) {
-        if let Some(waiters) = self.0.upgrade() {
-            waiters.wake_all();
-        }
-    }
-
-    /// Whether the manager is gone (nobody is left to wake).
-    pub(crate) fn is_gone(&self) -> bool {
-        self.0.strong_count() == 0
     }
 }
 

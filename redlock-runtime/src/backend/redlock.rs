@@ -134,10 +134,7 @@ use tokio_util::sync::CancellationToken;
 use super::glob::glob_match;
 use super::server::{marker, release_call, scan_glob, INSPECT_BATCH};
 use super::single::SingleBackend;
-use super::{
-    jitter, Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Seen, Store, Timeouts, Together,
-    Wake,
-};
+use super::{jitter, Attempt, Claim, Policies, Renewed, Seen, Store, Timeouts, Together};
 use crate::error::chain;
 use crate::info::{soonest_to_expire_first, LockInfo, SharedHolder};
 use crate::key::{LockKey, PLACE_INFIX};
@@ -146,6 +143,8 @@ use crate::lease::drift;
 use crate::notify::Hearing;
 use crate::scripts::FENCE_FLOOR;
 use crate::token::Token;
+use crate::waiters::Wake;
+use crate::wire::{LeaseRef, Renewal};
 use crate::LockError;
 
 /// The default bound on each node's reply.

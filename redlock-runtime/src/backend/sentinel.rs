@@ -33,16 +33,15 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, ConnectionAddr, ConnectionInfo, ErrorKind};
 use tokio::sync::{oneshot, watch, Mutex};
 
-use super::{
-    Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, Seen, SingleBackend, Store, Timeouts,
-    Together, Wake,
-};
+use super::{Attempt, Claim, Policies, Renewed, Seen, SingleBackend, Store, Timeouts, Together};
 use crate::error::chain;
 use crate::info::LockInfo;
 use crate::key::LockKey;
 use crate::kind::Mode;
 use crate::notify::Channels;
 use crate::token::Token;
+use crate::waiters::Wake;
+use crate::wire::{LeaseRef, Renewal};
 use crate::LockError;
 
 /// How often the Sentinels are asked when nothing went wrong (an announcement of

@@ -14,7 +14,7 @@ use redis::{FromRedisValue, Value};
 
 use redis::Cmd;
 
-use super::{Attempt, Claim, LeaseRef, Renewal, Renewed, ReplicaWait, Seen, Together};
+use super::{Attempt, Claim, Renewed, Seen, Together};
 use crate::error::chain;
 use crate::info::{decode_inspect, owner_suffix, unix_ms_now, LockInfo};
 use crate::key::LockKey;
@@ -24,6 +24,7 @@ use crate::scripts::{
     RELEASE_SHARED, RENEW, RENEW_SHARED,
 };
 use crate::token::Token;
+use crate::wire::{LeaseRef, Renewal, ReplicaWait};
 use crate::LockError;
 
 /// Connection timeouts for Redis backends.

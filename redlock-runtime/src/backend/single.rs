@@ -24,15 +24,15 @@ use super::server::{
     scan_keys_on, scan_places_on, script_loads, ttl_ms, unexpected, ScriptCall, Timeouts,
     WaitAttempt, WaitPool, MAX_REPLICA_WAIT,
 };
-use super::{
-    Attempt, Claim, LeaseRef, Policies, Renewal, Renewed, ReplicaWait, Seen, Store, Together, Wake,
-};
+use super::{Attempt, Claim, Policies, Renewed, Seen, Store, Together};
 use crate::info::LockInfo;
 use crate::key::LockKey;
 use crate::kind::Mode;
 use crate::notify::{push_handler, Channels, Subscriber};
 use crate::scripts::{ACQUIRE, RELEASE};
 use crate::token::Token;
+use crate::waiters::Wake;
+use crate::wire::{LeaseRef, Renewal, ReplicaWait};
 use crate::LockError;
 
 /// Renewals per script call: large batches, yet each call stays well under a millisecond
@@ -604,7 +604,7 @@ mod tests {
     use redlock_testkit::{ChaosProxy, Direction, Fault, RedisServer};
 
     use super::*;
-    use crate::backend::ReplicaWait;
+
     use crate::token::Token;
 
     /// Review finding 8: the undo of an acquire + `WAIT` attempt cut short went on the

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use tracing::Instrument;
 
 use super::LockManager;
-use crate::backend::{jitter, Attempt, Claim, Intent, LeaseRef, ReplicaWait, Together};
+use crate::backend::{jitter, Attempt, Claim, Intent, Together};
 use crate::error::chain;
 use crate::key::LockKey;
 use crate::kind::Mode;
@@ -19,6 +19,7 @@ use crate::stats;
 use crate::token::Token;
 use crate::waiters::Subscription;
 use crate::watchdog::Job;
+use crate::wire::{LeaseRef, ReplicaWait};
 use crate::{LockError, LockGuard, LockKind, MultiGuard};
 
 /// How often a head polls while it cannot hear releases.
@@ -136,7 +137,13 @@ impl LockManager {
         }
         .instrument(span.clone())
         .await;
-        stats::acquisition(&result, mode.kind(), self.backend_name(), &opts, started);
+        stats::acquisition(
+            &result,
+            mode.kind(),
+            self.backend_name(),
+            (&opts.name, opts.wait),
+            started,
+        );
         let waited = started.elapsed();
         let outcome = stats::outcome(&result, opts.wait.is_zero());
         match &result {
@@ -206,7 +213,7 @@ impl LockManager {
                             &granted,
                             LockKind::Exclusive,
                             self.backend_name(),
-                            &opts,
+                            (&opts.name, opts.wait),
                             started,
                         );
                     }
@@ -217,7 +224,7 @@ impl LockManager {
                         &together,
                         LockKind::Exclusive,
                         self.backend_name(),
-                        &opts,
+                        (&opts.name, opts.wait),
                         started,
                     );
                 }

@@ -8,6 +8,7 @@ use tokio::sync::mpsc;
 
 use super::Shared;
 use super::{Inner, LockManager};
+use crate::waiters::Wake;
 use std::fmt;
 
 use redis::cluster::ClusterClient;
@@ -15,7 +16,7 @@ use redis::ConnectionInfo;
 
 use crate::backend::{
     Backend, ClusterBackend, ClusterNodes, MemoryBackend, RedlockBackend, SentinelBackend,
-    SingleBackend, Timeouts, Wake, DEFAULT_NODE_TIMEOUT,
+    SingleBackend, Timeouts, DEFAULT_NODE_TIMEOUT,
 };
 use crate::error::chain;
 use crate::key::check_prefix;

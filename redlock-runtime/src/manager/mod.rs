@@ -15,6 +15,7 @@
 mod acquire;
 mod builder;
 mod guard;
+mod multi_guard;
 mod state;
 
 use std::fmt;
@@ -33,6 +34,7 @@ pub use builder::{
     DEFAULT_TTL, DEFAULT_WAIT,
 };
 pub use guard::LockGuard;
+pub use multi_guard::MultiGuard;
 pub(crate) use state::Shared;
 
 /// Hands out distributed locks over one backend. Cheap to clone (an `Arc` inside); make

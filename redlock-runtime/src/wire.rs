@@ -1,0 +1,56 @@
+//! What a lease's requests carry across the network: the lease they name, and the
+//! replicas every request that sets its expiry waits for.
+
+use std::time::Duration;
+
+use crate::key::LockKey;
+use crate::kind::Mode;
+use crate::token::Token;
+
+/// A held lock, as its release and extends name it.
+///
+/// Every request on a lease carries this (renewals its fields): what a lease's requests
+/// must all obey travels with it. A backend that has replicas applies `replicas` to
+/// every request that sets the expiry (extend, renewal, a release that keeps the key):
+/// such a request counts only once that many replicas acknowledged it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LeaseRef<'a> {
+    pub(crate) key: &'a LockKey,
+    pub(crate) token: Token,
+    /// The key alone, or a shared holder's place in it.
+    pub(crate) mode: Mode,
+    /// The lease's `min_replicas`, if any.
+    pub(crate) replicas: Option<ReplicaWait>,
+}
+
+impl<'a> LeaseRef<'a> {
+    /// A lease without replicas to wait for (an attempt's undo, a Redlock node's part).
+    pub(crate) fn new(key: &'a LockKey, token: Token, mode: Mode) -> Self {
+        Self {
+            key,
+            token,
+            mode,
+            replicas: None,
+        }
+    }
+}
+
+/// What to `WAIT` for after every request that sets a lease's expiry (`min_replicas`):
+/// the acquire, and every extend, renewal and keep of the lease it grants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ReplicaWait {
+    pub(crate) replicas: u32,
+    pub(crate) timeout: Duration,
+}
+
+/// One lock the watchdog renews.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Renewal<'a> {
+    pub(crate) key: &'a LockKey,
+    pub(crate) token: Token,
+    pub(crate) ttl: Duration,
+    /// The key alone, or a shared holder's place in it.
+    pub(crate) mode: Mode,
+    /// The lease's `min_replicas`: the renewal counts only once acknowledged by them.
+    pub(crate) replicas: Option<ReplicaWait>,
+}
