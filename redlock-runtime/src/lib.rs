@@ -11,6 +11,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod backend;
+mod engine;
 mod error;
 mod info;
 mod key;
@@ -26,7 +27,6 @@ mod stats;
 mod tls;
 mod token;
 mod waiters;
-mod watchdog;
 mod wire;
 
 #[doc(hidden)]

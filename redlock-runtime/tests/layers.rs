@@ -2,11 +2,8 @@
 //! the layers below its own, and from a module of its own layer only if that one does not
 //! import it back. This test reads the sources (`use crate::…` and `crate::…` paths, the
 //! crate root's re-exports resolved to the module that defines them; comments and
-//! `#[cfg(test)] mod` blocks left out) and fails on any other import, naming it.
-//!
-//! [`KNOWN`] lists the imports that break the order today, each to be removed as the
-//! issue untangles it: the test also fails when one of them no longer exists, so the list
-//! only shrinks.
+//! `#[cfg(test)] mod` blocks left out) and fails on any other import, naming it, and on a
+//! module placed in no layer.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -22,17 +19,13 @@ const LAYERS: &[&[&str]] = &[
     &["scripts", "wire", "notify", "waiters", "lease"],
     // The stores: memory, one server, Sentinel, Cluster, Redlock.
     &["backend"],
-    // The engine: the background task that renews, releases and tidies up.
-    &["watchdog"],
+    // The engine: the state the API's handles share, and the background task that
+    // renews, releases and tidies up.
+    &["engine"],
     // The API.
     &["manager"],
     // Built on the API.
     &["layer", "macro_support"],
-];
-
-/// Imports that break the order today (`from -> to`), to be untangled by issue 25.
-const KNOWN: &[(&str, &str)] = &[
-    ("watchdog", "manager"),
 ];
 
 fn src() -> PathBuf {
@@ -198,14 +191,9 @@ fn imports_point_down_the_layers() {
         (Some(f), Some(t)) if t == f => edges.contains(&(to.clone(), from.clone())),
         _ => true,
     };
-    let found: BTreeSet<(String, String)> =
-        edges.iter().filter(|e| breaks_order(e)).cloned().collect();
-    let known: BTreeSet<(String, String)> = KNOWN
-        .iter()
-        .map(|&(f, t)| (f.to_owned(), t.to_owned()))
-        .collect();
-    let new: Vec<_> = found.difference(&known).collect();
-    let gone: Vec<_> = known.difference(&found).collect();
-    assert!(new.is_empty(), "imports against the layer order: {new:?}");
-    assert!(gone.is_empty(), "untangled, remove from KNOWN: {gone:?}");
+    let against: Vec<_> = edges.iter().filter(|e| breaks_order(e)).collect();
+    assert!(
+        against.is_empty(),
+        "imports against the layer order: {against:?}"
+    );
 }

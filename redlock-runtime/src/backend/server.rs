@@ -511,7 +511,7 @@ pub(crate) const RELEASE_RETRIES: [Duration; 3] = [
 /// that same connection when it is dropped before the pipeline's reply was read.
 ///
 /// The manager releases the token of an attempt that was cut short, cancelled or
-/// failed ([`Job::Abandon`](crate::watchdog::Job::Abandon)), on the command connection. Requests
+/// failed ([`Job::Abandon`](crate::engine::Job::Abandon)), on the command connection. Requests
 /// on two connections are not ordered: after a server freeze (or a retransmission on
 /// one connection) that release may be applied before the acquire, find nothing, and
 /// leave the key to nobody for its whole ttl. So an attempt whose reply was not read

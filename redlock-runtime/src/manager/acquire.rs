@@ -10,6 +10,7 @@ use tracing::Instrument;
 
 use super::LockManager;
 use crate::backend::{jitter, Attempt, Claim, Intent, Together};
+use crate::engine::Job;
 use crate::error::chain;
 use crate::key::LockKey;
 use crate::kind::Mode;
@@ -18,7 +19,6 @@ use crate::options::Resolved;
 use crate::stats;
 use crate::token::Token;
 use crate::waiters::Subscription;
-use crate::watchdog::Job;
 use crate::wire::{LeaseRef, ReplicaWait};
 use crate::{LockError, LockGuard, LockKind, MultiGuard};
 

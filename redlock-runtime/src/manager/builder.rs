@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
-use super::Shared;
 use super::{Inner, LockManager};
+use crate::engine::Shared;
 use crate::waiters::Wake;
 use std::fmt;
 
@@ -18,12 +18,12 @@ use crate::backend::{
     Backend, ClusterBackend, ClusterNodes, MemoryBackend, RedlockBackend, SentinelBackend,
     SingleBackend, Timeouts, DEFAULT_NODE_TIMEOUT,
 };
+use crate::engine::{self, Job};
 use crate::error::chain;
 use crate::key::check_prefix;
 use crate::node::{is_tls, IntoNode, Redacted};
 use crate::options::{check_ttl, MIN_TTL};
 use crate::waiters::Waiters;
-use crate::watchdog::{self, Job};
 use crate::LockError;
 
 /// Which backend a builder connects to. A node list that did not convert keeps the
@@ -596,7 +596,7 @@ impl LockManagerBuilder {
         check_ttl(self.default_ttl, backend.min_ttl())?;
         check_eviction(&backend, self.require_noeviction).await?;
         let shared = Arc::new(Shared::new(backend, waiters, self.default_ttl));
-        tokio::spawn(watchdog::run(shared.clone(), rx));
+        tokio::spawn(engine::run(shared.clone(), rx));
         Ok(LockManager(Arc::new(Inner {
             runtime,
             shared,

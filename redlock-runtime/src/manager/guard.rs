@@ -7,10 +7,10 @@ use std::time::{Duration, Instant};
 
 use tracing::Instrument;
 
+use crate::engine::Job;
 use crate::error::chain;
 use crate::lease::{self, Lease};
 use crate::stats::{self, Loss, Release};
-use crate::watchdog::Job;
 use crate::{LockError, LockKind, LockManager};
 
 /// A held lock. Dropping it releases the lock in the background (without blocking and

@@ -16,7 +16,6 @@ mod acquire;
 mod builder;
 mod guard;
 mod multi_guard;
-mod state;
 
 use std::fmt;
 use std::sync::atomic::AtomicU64;
@@ -25,8 +24,8 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
+use crate::engine::{Job, Shared};
 use crate::options::Resolved;
-use crate::watchdog::Job;
 use crate::{LockError, LockOptions};
 
 pub use builder::{
@@ -35,7 +34,6 @@ pub use builder::{
 };
 pub use guard::LockGuard;
 pub use multi_guard::MultiGuard;
-pub(crate) use state::Shared;
 
 /// Hands out distributed locks over one backend. Cheap to clone (an `Arc` inside); make
 /// one per process and share it.

@@ -23,12 +23,12 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::{mpsc, Notify, OwnedMutexGuard};
 use tracing::Instrument;
 
+use super::Shared;
 use crate::backend::{Renewed, RELEASE_RETRIES};
 use crate::error::chain;
 use crate::key::LockKey;
 use crate::kind::Mode;
 use crate::lease::{self, Lease};
-use crate::manager::Shared;
 use crate::stats::{self, Loss, Release, Renewing};
 use crate::token::Token;
 use crate::wire::{LeaseRef, Renewal};

@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
+use super::watchdog::Watchdog;
 use crate::backend::Backend;
 use crate::lease::Lease;
 use crate::waiters::Waiters;
-use crate::watchdog::Watchdog;
 
 /// What the manager's handles, guards and background task share: where locks live, this
 /// process's waiters, and the watchdog's schedule.
