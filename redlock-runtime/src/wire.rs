@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use redis::{RedisWrite, ToRedisArgs};
+
 use crate::key::LockKey;
 use crate::kind::Mode;
 use crate::token::Token;
@@ -53,4 +55,33 @@ pub(crate) struct Renewal<'a> {
     pub(crate) mode: Mode,
     /// The lease's `min_replicas`: the renewal counts only once acknowledged by them.
     pub(crate) replicas: Option<ReplicaWait>,
+}
+
+/// How a script tells the waiters of a key that it was freed or that its hold got
+/// shorter: the command it runs on the key's channel (a script's publish argument).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Publish {
+    /// `PUBLISH`: a single server, a Sentinel deployment's master, a Redlock node.
+    Channel,
+    /// `SPUBLISH`: a Cluster, where the owner of the key's slot delivers it.
+    Shard,
+    /// Nothing: a Redlock undo, which would wake the undoing caller itself.
+    Nobody,
+}
+
+impl Publish {
+    /// The command, as the scripts take it (`""` for [`Publish::Nobody`]).
+    pub(crate) fn command(self) -> &'static str {
+        match self {
+            Publish::Channel => "PUBLISH",
+            Publish::Shard => "SPUBLISH",
+            Publish::Nobody => "",
+        }
+    }
+}
+
+impl ToRedisArgs for Publish {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        out.write_arg(self.command().as_bytes());
+    }
 }

@@ -11,6 +11,7 @@ use crate::info::{owner_suffix, unix_ms_now};
 use crate::kind::Mode;
 use crate::scripts::{ACQUIRE_BATCH, RELEASE, RELEASE_BATCH};
 use crate::token::Token;
+use crate::wire::Publish;
 
 /// An exclusive claim without a writer intent or replicas to wait for.
 pub(crate) struct AcquireRequest {
@@ -53,7 +54,7 @@ impl Batched for AcquireRequest {
             return;
         }
         let keys = [self.key.as_str()];
-        let args = (self.token.as_bytes(), "PUBLISH");
+        let args = (self.token.as_bytes(), Publish::Channel);
         let mut released = RELEASE.invoke::<i64, _, _, _>(&con, &keys, args).await;
         for pause in RELEASE_RETRIES {
             if released.is_ok() {
@@ -78,7 +79,7 @@ impl Batched for ReleaseRequest {
     async fn send(con: ConnectionManager, batch: &[Self]) -> RedisResult<Vec<RedisResult<Value>>> {
         let keys: Vec<&str> = batch.iter().map(|r| r.key.as_str()).collect();
         let mut args: Vec<&[u8]> = Vec::with_capacity(batch.len() + 1);
-        args.push(b"PUBLISH");
+        args.push(Publish::Channel.command().as_bytes());
         args.extend(batch.iter().map(|r| r.token.as_bytes()));
         let request = || RELEASE_BATCH.invoke::<Value, _, _, _>(&con, &keys, &args[..]);
         match request().await {

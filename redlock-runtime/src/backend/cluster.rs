@@ -70,7 +70,7 @@ use crate::notify::{channel_of, ChannelLocks, Interest};
 use crate::scripts::{ACQUIRE, RELEASE};
 use crate::token::Token;
 use crate::waiters::Wake;
-use crate::wire::{LeaseRef, Renewal, ReplicaWait};
+use crate::wire::{LeaseRef, Publish, Renewal, ReplicaWait};
 use crate::LockError;
 
 /// Renewals per script call (one slot's locks per call).
@@ -625,7 +625,8 @@ impl Store for ClusterBackend {
             .arg(ttl_ms(rw.timeout));
         // Until its reply is read, the attempt is undone on this same connection (the
         // same node connection: routed by the key) if it ends: see [`WaitAttempt`].
-        let mut attempt = WaitAttempt::new(con, self.con.clone(), claim, ("SPUBLISH", "cluster"));
+        let mut attempt =
+            WaitAttempt::new(con, self.con.clone(), claim, (Publish::Shard, "cluster"));
         let replies = attempt
             .con()
             .route_pipeline(pipe, 0, 3, master_of(key.full()))
@@ -662,13 +663,13 @@ impl Store for ClusterBackend {
     async fn release(&self, lease: LeaseRef<'_>, keep: Duration) -> Result<bool, LockError> {
         // The plain exclusive release (the uncontended path) builds its request in place.
         let released: i64 = if !lease.mode.is_shared() && keep.is_zero() {
-            let args = (lease.token.as_bytes(), "SPUBLISH");
+            let args = (lease.token.as_bytes(), Publish::Shard);
             RELEASE
                 .invoke(&self.con, &[lease.key.full()], args)
                 .await
                 .map_err(LockError::backend("release"))?
         } else {
-            let call = release_call(lease, keep, "SPUBLISH");
+            let call = release_call(lease, keep, Publish::Shard);
             let lease = LeaseRef {
                 replicas: lease.replicas.filter(|_| !keep.is_zero()),
                 ..lease
@@ -681,7 +682,7 @@ impl Store for ClusterBackend {
     /// With the lease's replicas to wait for, the extend counts only once they
     /// acknowledged it ([`on_lease`](Self::on_lease)).
     async fn extend(&self, lease: LeaseRef<'_>, ttl: Duration) -> Result<bool, LockError> {
-        let call = extend_call(lease, ttl, "SPUBLISH");
+        let call = extend_call(lease, ttl, Publish::Shard);
         decode_extended(self.on_lease(call, lease, "extend").await?)
     }
 
@@ -789,7 +790,7 @@ impl Store for ClusterBackend {
     }
 
     async fn force_unlock(&self, key: &LockKey, seen: Option<Seen<'_>>) -> Result<bool, LockError> {
-        force_unlock_on(&self.con, key, "SPUBLISH", seen).await
+        force_unlock_on(&self.con, key, Publish::Shard, seen).await
     }
 
     async fn withdraw(&self, key: &LockKey, waiter: u64) -> Result<(), LockError> {
@@ -797,7 +798,7 @@ impl Store for ClusterBackend {
         pipe.cmd("ZREM")
             .arg(key.intents())
             .arg(waiter)
-            .cmd("SPUBLISH")
+            .cmd(Publish::Shard.command())
             .arg(key.full())
             .arg("");
         self.con

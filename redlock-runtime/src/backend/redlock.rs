@@ -144,7 +144,7 @@ use crate::notify::Hearing;
 use crate::scripts::FENCE_FLOOR;
 use crate::token::Token;
 use crate::waiters::Wake;
-use crate::wire::{LeaseRef, Renewal};
+use crate::wire::{LeaseRef, Publish, Renewal};
 use crate::LockError;
 
 /// The default bound on each node's reply.
@@ -178,9 +178,6 @@ const RESUBSCRIBE_PAUSES: [Duration; 4] = [
 const RENEW_PER_LOCK: Duration = Duration::from_micros(10);
 /// The longest random delay added to a retry after a failed attempt.
 const MAX_JITTER: Duration = Duration::from_millis(50);
-/// `release.lua`'s publish argument: a release wakes the waiters, an undo does not.
-const PUBLISH: &str = "PUBLISH";
-const NO_PUBLISH: &str = "";
 
 /// N independent masters.
 pub(crate) struct RedlockBackend {
@@ -706,7 +703,13 @@ impl RedlockBackend {
                     let (nodes, key) = (nodes.clone(), shared_key.clone());
                     tokio::spawn(async move {
                         join_all(failed.into_iter().filter_map(|i| nodes.get(i)).map(|node| {
-                            release_until_confirmed(node, &key, stake, PUBLISH, &UNDO_PAUSES[1..])
+                            release_until_confirmed(
+                                node,
+                                &key,
+                                stake,
+                                Publish::Channel,
+                                &UNDO_PAUSES[1..],
+                            )
                         }))
                         .await;
                     });
@@ -715,8 +718,14 @@ impl RedlockBackend {
                     let (nodes, key) = (nodes.clone(), shared_key.clone());
                     async move {
                         if let (Err(_), Some(node)) = (answer, nodes.get(i)) {
-                            release_until_confirmed(node, &key, stake, PUBLISH, &UNDO_PAUSES[1..])
-                                .await;
+                            release_until_confirmed(
+                                node,
+                                &key,
+                                stake,
+                                Publish::Channel,
+                                &UNDO_PAUSES[1..],
+                            )
+                            .await;
                         }
                     }
                 });
@@ -916,8 +925,14 @@ impl RedlockBackend {
                 let nodes = nodes.clone();
                 async move {
                     if let Some(node) = nodes.get(i) {
-                        release_until_confirmed(node, &key, stake, NO_PUBLISH, &[Duration::ZERO])
-                            .await;
+                        release_until_confirmed(
+                            node,
+                            &key,
+                            stake,
+                            Publish::Nobody,
+                            &[Duration::ZERO],
+                        )
+                        .await;
                     }
                 }
             })
@@ -1184,7 +1199,7 @@ impl RedlockBackend {
         let (nodes, channel) = (self.nodes.clone(), key.full().to_owned());
         tokio::spawn(async move {
             join_all(nodes.iter().map(|node| {
-                let mut publish = redis::cmd(PUBLISH);
+                let mut publish = redis::cmd(Publish::Channel.command());
                 publish.arg(&channel).arg("1");
                 let mut con = node.connection();
                 async move {
@@ -1736,7 +1751,7 @@ impl RedlockBackend {
                 let (key, told) = (shared_key.clone(), told.clone());
                 async move {
                     let answer = match nodes.get(i) {
-                        Some(node) => release_on(node, &key, stake, PUBLISH).await,
+                        Some(node) => release_on(node, &key, stake, Publish::Channel).await,
                         None => Err(LockError::invalid_option("no such redlock node")),
                     };
                     if let Some(told) = told {
@@ -2310,14 +2325,14 @@ async fn resubscribe(nodes: Arc<[SingleBackend]>, i: usize, channel: Arc<str>) {
     );
 }
 
-/// Compare-token delete on one node, publishing with `publish` (`""`: no wake-up), as
+/// Compare-token delete on one node, waking by `publish`, as
 /// one self-contained `EVAL`: never answered `NOSCRIPT` by a restarted node, so the
 /// request is applied whenever it is delivered. True when our token was deleted.
 async fn release_on(
     node: &SingleBackend,
     key: &LockKey,
     stake: Stake,
-    publish: &str,
+    publish: Publish,
 ) -> Result<bool, LockError> {
     let lease = LeaseRef::new(key, stake.token, stake.mode);
     let released: i64 = release_call(lease, stake.keep, publish)
@@ -2355,7 +2370,7 @@ async fn raise_fence(
 /// timer), retried for a few seconds while unconfirmed; after that the ttl frees it.
 async fn undo(nodes: Arc<[SingleBackend]>, key: Arc<LockKey>, stake: Stake, i: usize) {
     if let Some(node) = nodes.get(i) {
-        release_until_confirmed(node, &key, stake, NO_PUBLISH, &UNDO_PAUSES).await;
+        release_until_confirmed(node, &key, stake, Publish::Nobody, &UNDO_PAUSES).await;
     }
 }
 
@@ -2445,7 +2460,7 @@ async fn release_until_confirmed(
     node: &SingleBackend,
     key: &LockKey,
     stake: Stake,
-    publish: &str,
+    publish: Publish,
     pauses: &[Duration],
 ) {
     for &pause in pauses {

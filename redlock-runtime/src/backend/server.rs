@@ -24,7 +24,7 @@ use crate::scripts::{
     RELEASE_SHARED, RENEW, RENEW_SHARED,
 };
 use crate::token::Token;
-use crate::wire::{LeaseRef, Renewal, ReplicaWait};
+use crate::wire::{LeaseRef, Publish, Renewal, ReplicaWait};
 use crate::LockError;
 
 /// Connection timeouts for Redis backends.
@@ -342,13 +342,12 @@ where
     decode_inspect(key.full(), reply)
 }
 
-/// `force_unlock.lua` for `key` on `con` (waking with `publish`: `PUBLISH`, or
-/// `SPUBLISH` on a cluster), whoever holds it or only the grant `seen`: true when
+/// `force_unlock.lua` for `key` on `con` (waking by `publish`), whoever holds it or only the grant `seen`: true when
 /// something was deleted. Not sent again after a dropped connection: the caller asks.
 pub(crate) async fn force_unlock_on<C>(
     con: &C,
     key: &LockKey,
-    publish: &str,
+    publish: Publish,
     seen: Option<Seen<'_>>,
 ) -> Result<bool, LockError>
 where
@@ -360,7 +359,7 @@ where
         script: &FORCE_UNLOCK,
         keys: vec![key.full().to_owned(), key.holders(), key.intents()],
         args: vec![
-            publish.as_bytes().to_vec(),
+            publish.command().as_bytes().to_vec(),
             holder.as_bytes().to_vec(),
             fence.unwrap_or_default().into_bytes(),
         ],
@@ -540,13 +539,12 @@ where
     F: ConnectionLike + Clone + Send + 'static,
 {
     /// Arms the undo of `claim`'s acquire about to be sent on `con` (its release, of
-    /// whichever kind); `publish` is the release's wake-up command (`PUBLISH` or
-    /// `SPUBLISH`); `backend` names the backend in logs.
+    /// whichever kind), which wakes by `publish`; `backend` names the backend in logs.
     pub(crate) fn new(
         con: C,
         fallback: F,
         claim: &Claim<'_>,
-        (publish, backend): (&'static str, &'static str),
+        (publish, backend): (Publish, &'static str),
     ) -> Self {
         let lease = LeaseRef::new(claim.key, claim.token, claim.mode);
         Self {
@@ -740,9 +738,8 @@ where
     decode_acquire(reply, None)
 }
 
-/// A release: compare-token delete (or keep, with `keep` > 0) and a wake-up with
-/// `publish` (`PUBLISH`, `SPUBLISH`, or `""` for none).
-pub(crate) fn release_call(lease: LeaseRef<'_>, keep: Duration, publish: &str) -> ScriptCall {
+/// A release: compare-token delete (or keep, with `keep` > 0) and a wake-up by `publish`.
+pub(crate) fn release_call(lease: LeaseRef<'_>, keep: Duration, publish: Publish) -> ScriptCall {
     let key = lease.key;
     let token = lease.token.as_bytes().to_vec();
     let keep = ttl_ms_or_zero(keep).to_string().into_bytes();
@@ -752,7 +749,7 @@ pub(crate) fn release_call(lease: LeaseRef<'_>, keep: Duration, publish: &str) -
             keys: vec![key.full().to_owned(), key.holders()],
             args: vec![
                 token,
-                publish.as_bytes().to_vec(),
+                publish.command().as_bytes().to_vec(),
                 marker(lease.mode).as_bytes().to_vec(),
                 keep,
             ],
@@ -761,15 +758,15 @@ pub(crate) fn release_call(lease: LeaseRef<'_>, keep: Duration, publish: &str) -
         ScriptCall {
             script: &RELEASE,
             keys: vec![key.full().to_owned()],
-            args: vec![token, publish.as_bytes().to_vec(), keep],
+            args: vec![token, publish.command().as_bytes().to_vec(), keep],
         }
     }
 }
 
 /// An extend of `lease` to `ttl`: `extend.lua` for the key alone, `renew_shared.lua` for
-/// one place; either publishes with `publish` (`PUBLISH`, `SPUBLISH`) when the hold
-/// gets shorter (waiters were told the later expiry).
-pub(crate) fn extend_call(lease: LeaseRef<'_>, ttl: Duration, publish: &str) -> ScriptCall {
+/// one place; either wakes by `publish` when the hold gets shorter (waiters were told
+/// the later expiry).
+pub(crate) fn extend_call(lease: LeaseRef<'_>, ttl: Duration, publish: Publish) -> ScriptCall {
     if !lease.mode.is_shared() {
         return ScriptCall {
             script: &EXTEND,
@@ -777,7 +774,7 @@ pub(crate) fn extend_call(lease: LeaseRef<'_>, ttl: Duration, publish: &str) -> 
             args: vec![
                 lease.token.as_bytes().to_vec(),
                 ttl_ms(ttl).to_string().into_bytes(),
-                publish.as_bytes().to_vec(),
+                publish.command().as_bytes().to_vec(),
             ],
         };
     }
@@ -789,7 +786,7 @@ pub(crate) fn extend_call(lease: LeaseRef<'_>, ttl: Duration, publish: &str) -> 
         replicas: lease.replicas,
     };
     let mut call = renew_call(std::slice::from_ref(&renewal));
-    call.args.push(publish.as_bytes().to_vec());
+    call.args.push(publish.command().as_bytes().to_vec());
     call
 }
 

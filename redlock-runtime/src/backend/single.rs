@@ -32,7 +32,7 @@ use crate::notify::{push_handler, Channels, Subscriber};
 use crate::scripts::{ACQUIRE, RELEASE};
 use crate::token::Token;
 use crate::waiters::Wake;
-use crate::wire::{LeaseRef, Renewal, ReplicaWait};
+use crate::wire::{LeaseRef, Publish, Renewal, ReplicaWait};
 use crate::LockError;
 
 /// Renewals per script call: large batches, yet each call stays well under a millisecond
@@ -344,7 +344,12 @@ impl SingleBackend {
             Some(con) => con,
             None => self.wait_connection().await?,
         };
-        let mut attempt = WaitAttempt::new(con, self.con.clone(), claim, ("PUBLISH", self.backend));
+        let mut attempt = WaitAttempt::new(
+            con,
+            self.con.clone(),
+            claim,
+            (Publish::Channel, self.backend),
+        );
         let mut reply = pipe.query_async::<(Value, u32)>(attempt.con()).await;
         if was_pooled && reply.as_ref().is_err_and(is_dropped) {
             self.wait_pool.clear();
@@ -429,7 +434,7 @@ impl Store for SingleBackend {
     /// acknowledged (the key is kept on the primary, but a failover may cut the hold).
     async fn release(&self, lease: LeaseRef<'_>, keep: Duration) -> Result<bool, LockError> {
         if let (Some(rw), false) = (lease.replicas, keep.is_zero()) {
-            let call = release_call(lease, keep, "PUBLISH");
+            let call = release_call(lease, keep, Publish::Channel);
             let (replies, acked) = self
                 .replicated(std::slice::from_ref(&call), rw, "release")
                 .await?;
@@ -460,8 +465,11 @@ impl Store for SingleBackend {
                 .map_err(LockError::backend("release"))?;
             return Ok(released == 1);
         }
-        let (keys, args) = ([lease.key.full()], (lease.token.as_bytes(), "PUBLISH"));
-        let call = (!plain).then(|| release_call(lease, keep, "PUBLISH"));
+        let (keys, args) = (
+            [lease.key.full()],
+            (lease.token.as_bytes(), Publish::Channel),
+        );
+        let call = (!plain).then(|| release_call(lease, keep, Publish::Channel));
         let request = || async {
             match &call {
                 Some(call) => call.invoke::<i64, _>(&self.con).await,
@@ -485,7 +493,7 @@ impl Store for SingleBackend {
     /// once acknowledged: [`LockError::ReplicasUnavailable`] otherwise (the lease keeps
     /// its earlier deadline).
     async fn extend(&self, lease: LeaseRef<'_>, ttl: Duration) -> Result<bool, LockError> {
-        let call = extend_call(lease, ttl, "PUBLISH");
+        let call = extend_call(lease, ttl, Publish::Channel);
         let Some(rw) = lease.replicas else {
             let reply: Value = reconnecting(|| call.invoke(&self.con))
                 .await
@@ -535,7 +543,7 @@ impl Store for SingleBackend {
     }
 
     async fn force_unlock(&self, key: &LockKey, seen: Option<Seen<'_>>) -> Result<bool, LockError> {
-        force_unlock_on(&self.con, key, "PUBLISH", seen).await
+        force_unlock_on(&self.con, key, Publish::Channel, seen).await
     }
 
     async fn eviction_policies(&self) -> Result<Policies, LockError> {
@@ -548,7 +556,7 @@ impl Store for SingleBackend {
             .arg(key.intents())
             .arg(waiter)
             .ignore()
-            .cmd("PUBLISH")
+            .cmd(Publish::Channel.command())
             .arg(key.full())
             .arg("")
             .ignore()
