@@ -154,11 +154,11 @@ struct Owner {
 
 static OWNER: LazyLock<Owner> = LazyLock::new(|| {
     let (pid, host) = (std::process::id(), host_name());
-    let suffix = |kind: char| format!("|{kind}|{pid}|{host}");
+    let suffix = |kind: LockKind| format!("|{}|{pid}|{host}", kind.code());
     Owner {
-        exclusive: suffix('e'),
-        read: suffix('r'),
-        permit: suffix('p'),
+        exclusive: suffix(LockKind::Exclusive),
+        read: suffix(LockKind::Read),
+        permit: suffix(LockKind::Permit),
         host,
     }
 });
@@ -231,12 +231,7 @@ fn parse_meta(meta: &[u8]) -> Meta {
     Meta {
         acquired_ms: next().and_then(|f| f.parse().ok()),
         fence: next().and_then(|f| f.parse().ok()).filter(|&f| f >= 1),
-        kind: next().and_then(|k| match k {
-            "e" => Some(LockKind::Exclusive),
-            "r" => Some(LockKind::Read),
-            "p" => Some(LockKind::Permit),
-            _ => None,
-        }),
+        kind: next().and_then(LockKind::from_code),
         pid: next().and_then(|f| f.parse().ok()),
         host: next().map(str::to_owned),
     }
@@ -262,16 +257,12 @@ pub(crate) fn decode_inspect(key: &str, reply: Value) -> Result<Option<LockInfo>
         ));
     };
     let text = |v: Value| redis::from_redis_value::<String>(v).ok();
-    let kind = match text(kind).as_deref() {
-        Some("e") => LockKind::Exclusive,
-        Some("r") => LockKind::Read,
-        Some("p") => LockKind::Permit,
-        other => {
-            return Err(LockError::unexpected_reply(
-                "inspect",
-                format!("kind {other:?}"),
-            ))
-        }
+    let kind = text(kind);
+    let Some(kind) = kind.as_deref().and_then(LockKind::from_code) else {
+        return Err(LockError::unexpected_reply(
+            "inspect",
+            format!("kind {kind:?}"),
+        ));
     };
     let pttl: i64 = redis::from_redis_value(pttl)
         .map_err(|e| LockError::unexpected_reply("inspect", e.to_string()))?;

@@ -37,6 +37,25 @@ impl fmt::Display for LockKind {
     }
 }
 
+impl LockKind {
+    /// The letter a lock's metadata records its kind by (`|e|`, `|r|`, `|p|` in the
+    /// value, and `inspect.lua`'s first field).
+    pub(crate) fn code(self) -> char {
+        match self {
+            Self::Exclusive => 'e',
+            Self::Read => 'r',
+            Self::Permit => 'p',
+        }
+    }
+
+    /// The kind recorded as `code` (see [`code`](Self::code)).
+    pub(crate) fn from_code(code: &str) -> Option<Self> {
+        [Self::Exclusive, Self::Read, Self::Permit]
+            .into_iter()
+            .find(|kind| code.len() == 1 && code.starts_with(kind.code()))
+    }
+}
+
 /// What an acquisition asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Mode {
@@ -62,5 +81,28 @@ impl Mode {
     /// set, each with an expiry of its own, rather than the key's value.
     pub(crate) fn is_shared(self) -> bool {
         !matches!(self, Self::Exclusive)
+    }
+
+    /// The marker a shared holder kind writes into the lock key (`acquire_shared.lua`).
+    pub(crate) fn marker(self) -> &'static str {
+        match self {
+            Self::Read => "~read",
+            Self::Permit(_) | Self::Exclusive => "~permit",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_is_read_back_from_its_code_and_nothing_else_is() {
+        for kind in [LockKind::Exclusive, LockKind::Read, LockKind::Permit] {
+            assert_eq!(LockKind::from_code(&kind.code().to_string()), Some(kind));
+        }
+        for other in ["", "x", "ee", "E", "exclusive"] {
+            assert_eq!(LockKind::from_code(other), None, "{other:?}");
+        }
     }
 }

@@ -132,7 +132,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::glob::glob_match;
-use super::server::{marker, release_call, scan_glob, INSPECT_BATCH};
+use super::server::{release_call, scan_glob, INSPECT_BATCH};
 use super::single::SingleBackend;
 use super::{jitter, Attempt, Claim, Policies, Renewed, Seen, Store, Timeouts, Together};
 use crate::error::chain;
@@ -2355,7 +2355,7 @@ async fn raise_fence(
     let token = stake.token.as_bytes();
     let raised = if stake.mode.is_shared() {
         let keys = [key.full().to_owned(), key.fence().to_owned(), key.holders()];
-        let args = (token, fence, marker(stake.mode));
+        let args = (token, fence, stake.mode.marker());
         FENCE_FLOOR.invoke(&con, &keys, args).await
     } else {
         FENCE_FLOOR

@@ -621,14 +621,6 @@ where
     }
 }
 
-/// The marker a shared holder kind writes into the lock key (`acquire_shared.lua`).
-pub(crate) fn marker(mode: Mode) -> &'static str {
-    match mode {
-        Mode::Read => "~read",
-        Mode::Permit(_) | Mode::Exclusive => "~permit",
-    }
-}
-
 /// One script call: which script, with which keys and arguments.
 ///
 /// The exclusive lock's uncontended calls build their requests directly, without
@@ -707,7 +699,7 @@ pub(crate) fn acquire_call(claim: &Claim<'_>) -> ScriptCall {
                 args: vec![
                     token,
                     ttl,
-                    marker(claim.mode).as_bytes().to_vec(),
+                    claim.mode.marker().as_bytes().to_vec(),
                     limit.to_string().into_bytes(),
                     honour_intents.as_bytes().to_vec(),
                     owner_suffix(claim.mode).as_bytes().to_vec(),
@@ -750,7 +742,7 @@ pub(crate) fn release_call(lease: LeaseRef<'_>, keep: Duration, publish: Publish
             args: vec![
                 token,
                 publish.command().as_bytes().to_vec(),
-                marker(lease.mode).as_bytes().to_vec(),
+                lease.mode.marker().as_bytes().to_vec(),
                 keep,
             ],
         }
@@ -890,7 +882,7 @@ pub(crate) fn renew_call(renewals: &[Renewal<'_>]) -> ScriptCall {
         keys.push(r.key.holders());
         args.push(r.token.as_bytes().to_vec());
         args.push(ttl_ms(r.ttl).to_string().into_bytes());
-        args.push(marker(r.mode).as_bytes().to_vec());
+        args.push(r.mode.marker().as_bytes().to_vec());
     }
     ScriptCall {
         script: &RENEW_SHARED,
