@@ -55,11 +55,11 @@ use tokio::sync::mpsc;
 
 use super::server::{
     acquire_all_call, acquire_args, acquire_by_call, acquire_call, by_script_call, chunk_outcomes,
-    decode, decode_acquire, decode_acquire_all, decode_extended, decode_scan, extend_call,
-    force_unlock_on, inspect_all, inspect_on, parse_eviction_policy, release_call, renew_call,
-    renew_in_parts, replicas_met, replicated_outcome, scan_cmd, scan_glob, scan_unfinished,
-    script_loads, ttl_ms, unexpected, ScriptCall, Timeouts, WaitAttempt, WaitPool,
-    MAX_REPLICA_WAIT, MAX_SCAN_STEPS,
+    decode, decode_acquire, decode_acquire_all, decode_extended, decode_scan, exists_on,
+    extend_call, force_unlock_on, inspect_all, inspect_on, parse_eviction_policy, release_call,
+    renew_call, renew_in_parts, replicas_met, replicated_outcome, scan_cmd, scan_glob,
+    scan_unfinished, script_loads, ttl_ms, unexpected, withdraw_pipe, ScriptCall, Timeouts,
+    WaitAttempt, WaitPool, MAX_REPLICA_WAIT, MAX_SCAN_STEPS,
 };
 use super::{Attempt, Claim, Policies, Renewed, Seen, Store, Together};
 use crate::error::chain;
@@ -782,11 +782,7 @@ impl Store for ClusterBackend {
     }
 
     async fn is_locked(&self, key: &LockKey) -> Result<bool, LockError> {
-        redis::cmd("EXISTS")
-            .arg(key.full())
-            .query_async(&mut self.con.clone())
-            .await
-            .map_err(LockError::backend("exists"))
+        exists_on(&self.con, key).await
     }
 
     async fn force_unlock(&self, key: &LockKey, seen: Option<Seen<'_>>) -> Result<bool, LockError> {
@@ -794,13 +790,7 @@ impl Store for ClusterBackend {
     }
 
     async fn withdraw(&self, key: &LockKey, waiter: u64) -> Result<(), LockError> {
-        let mut pipe = redis::pipe();
-        pipe.cmd("ZREM")
-            .arg(key.intents())
-            .arg(waiter)
-            .cmd(Publish::Shard.command())
-            .arg(key.full())
-            .arg("");
+        let pipe = withdraw_pipe(key, waiter, Publish::Shard);
         self.con
             .clone()
             .route_pipeline(pipe, 0, 2, master_of(key.full()))

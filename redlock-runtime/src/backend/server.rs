@@ -342,6 +342,31 @@ where
     decode_inspect(key.full(), reply)
 }
 
+/// Whether `key` is held (by anyone, of any kind), asked on `con`.
+pub(crate) async fn exists_on<C>(con: &C, key: &LockKey) -> Result<bool, LockError>
+where
+    C: ConnectionLike + Clone,
+{
+    redis::cmd("EXISTS")
+        .arg(key.full())
+        .query_async(&mut con.clone())
+        .await
+        .map_err(LockError::backend("exists"))
+}
+
+/// The withdrawal of writer `waiter`'s intent on `key`: its `ZREM`, and a wake-up by
+/// `publish` for the readers it kept out.
+pub(crate) fn withdraw_pipe(key: &LockKey, waiter: u64, publish: Publish) -> redis::Pipeline {
+    let mut pipe = redis::pipe();
+    pipe.cmd("ZREM")
+        .arg(key.intents())
+        .arg(waiter)
+        .cmd(publish.command())
+        .arg(key.full())
+        .arg("");
+    pipe
+}
+
 /// `force_unlock.lua` for `key` on `con` (waking by `publish`), whoever holds it or only the grant `seen`: true when
 /// something was deleted. Not sent again after a dropped connection: the caller asks.
 pub(crate) async fn force_unlock_on<C>(

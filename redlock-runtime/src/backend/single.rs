@@ -18,11 +18,11 @@ use super::batched::{AcquireRequest, ReleaseRequest};
 use super::coalesce::Coalescer;
 use super::server::{
     acquire_all_call, acquire_args, acquire_call, by_script_call, chunk_outcomes, decode,
-    decode_acquire, decode_acquire_all, decode_extended, extend_call, force_unlock_on,
+    decode_acquire, decode_acquire_all, decode_extended, exists_on, extend_call, force_unlock_on,
     in_batch_order, inspect_on, is_dropped, list_on, parse_eviction_policy, reconnecting,
     release_call, renew_calls, renew_groups, renew_in_parts, replicas_met, replicated_outcome,
-    scan_keys_on, scan_places_on, script_loads, ttl_ms, unexpected, ScriptCall, Timeouts,
-    WaitAttempt, WaitPool, MAX_REPLICA_WAIT,
+    scan_keys_on, scan_places_on, script_loads, ttl_ms, unexpected, withdraw_pipe, ScriptCall,
+    Timeouts, WaitAttempt, WaitPool, MAX_REPLICA_WAIT,
 };
 use super::{Attempt, Claim, Policies, Renewed, Seen, Store, Together};
 use crate::info::LockInfo;
@@ -535,11 +535,7 @@ impl Store for SingleBackend {
     }
 
     async fn is_locked(&self, key: &LockKey) -> Result<bool, LockError> {
-        redis::cmd("EXISTS")
-            .arg(key.full())
-            .query_async(&mut self.con.clone())
-            .await
-            .map_err(LockError::backend("exists"))
+        exists_on(&self.con, key).await
     }
 
     async fn force_unlock(&self, key: &LockKey, seen: Option<Seen<'_>>) -> Result<bool, LockError> {
@@ -551,15 +547,7 @@ impl Store for SingleBackend {
     }
 
     async fn withdraw(&self, key: &LockKey, waiter: u64) -> Result<(), LockError> {
-        redis::pipe()
-            .cmd("ZREM")
-            .arg(key.intents())
-            .arg(waiter)
-            .ignore()
-            .cmd(Publish::Channel.command())
-            .arg(key.full())
-            .arg("")
-            .ignore()
+        withdraw_pipe(key, waiter, Publish::Channel)
             .query_async::<()>(&mut self.con.clone())
             .await
             .map_err(LockError::backend("withdraw"))
