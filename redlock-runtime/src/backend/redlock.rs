@@ -702,15 +702,12 @@ impl RedlockBackend {
                 if !failed.is_empty() {
                     let (nodes, key) = (nodes.clone(), shared_key.clone());
                     tokio::spawn(async move {
-                        join_all(failed.into_iter().filter_map(|i| nodes.get(i)).map(|node| {
-                            release_until_confirmed(
-                                node,
-                                &key,
-                                stake,
-                                Publish::Channel,
-                                &UNDO_PAUSES[1..],
-                            )
-                        }))
+                        join_all(
+                            failed
+                                .into_iter()
+                                .filter_map(|i| nodes.get(i))
+                                .map(|node| release_again(node, &key, stake)),
+                        )
                         .await;
                     });
                 }
@@ -718,14 +715,7 @@ impl RedlockBackend {
                     let (nodes, key) = (nodes.clone(), shared_key.clone());
                     async move {
                         if let (Err(_), Some(node)) = (answer, nodes.get(i)) {
-                            release_until_confirmed(
-                                node,
-                                &key,
-                                stake,
-                                Publish::Channel,
-                                &UNDO_PAUSES[1..],
-                            )
-                            .await;
+                            release_again(node, &key, stake).await;
                         }
                     }
                 });
@@ -2451,6 +2441,12 @@ fn renewed_both(a: Renewed, b: Renewed) -> Renewed {
 /// The map of won attempts still landing, whatever a panic elsewhere left in it.
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A release whose first request to `node` failed, sent again in the background from the
+/// retries' second pause on, until the node answers.
+async fn release_again(node: &SingleBackend, key: &LockKey, stake: Stake) {
+    release_until_confirmed(node, key, stake, Publish::Channel, &UNDO_PAUSES[1..]).await;
 }
 
 /// Releases on one node until a request is answered: one request after each pause of
