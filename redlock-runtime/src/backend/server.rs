@@ -367,8 +367,9 @@ pub(crate) fn withdraw_pipe(key: &LockKey, waiter: u64, publish: Publish) -> red
     pipe
 }
 
-/// `force_unlock.lua` for `key` on `con` (waking by `publish`), whoever holds it or only the grant `seen`: true when
-/// something was deleted. Not sent again after a dropped connection: the caller asks.
+/// `force_unlock.lua` for `key` on `con` (waking by `publish`), whoever holds it or only
+/// the grant `seen`: true when something was deleted. Not sent again after a dropped
+/// connection: the caller asks.
 pub(crate) async fn force_unlock_on<C>(
     con: &C,
     key: &LockKey,
