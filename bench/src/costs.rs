@@ -159,20 +159,20 @@ struct Budget {
 /// held to it: the lock and `lock_all` (per key) to the raw fenced acquire, which they
 /// extend only by the owner metadata in the value and by telling a refusal's holder; the
 /// extend to the raw compare-and-extend, which it extends only by telling waiters when
-/// the hold gets shorter. The release and renewal to the compare-and-delete, the
-/// cheapest script: a release also wakes the waiters (`PUBLISH`), half as much again; a
-/// renewal compares and sets an expiry, a batch sharing one call. Measured in issue 27 (docs/performance.md): in a script, `PEXPIRE`
-/// costs the server more than `DEL`, so no compare-and-extend comes near the
-/// compare-and-delete; building the lock's value (token, acquire time, fence, owner) in
-/// Lua costs about 0.6 µs, a quarter of the raw fenced acquire, and is what `inspect`
-/// shows. Readers and permits are held to the raw shared acquire and release
-/// ([`SHARED_ACQUIRE`], [`SHARED_RELEASE`]), what any fenced shared place with expiries in
-/// the server's clock does; theirs also check the writers' intents (readers) or count the
-/// holders (permits), drop expired holders, find a kept place, write the owner metadata
-/// and tell waiters when the hold gets shorter: 1.5–1.8× in issue 27. The budgets held to
-/// a raw counterpart are what the request adds plus the spread of the medians between
-/// runs (±0.05–0.1): a doubling, as the owner metadata once did to the acquire, breaks
-/// them, and so does one more `redis.call` in the extend.
+/// the hold gets shorter. The release and renewal to the compare-and-delete, the cheapest
+/// script: a release also wakes the waiters (`PUBLISH`), half as much again; a renewal
+/// compares and sets an expiry, a batch sharing one call. Measured in issue 27
+/// (docs/performance.md): in a script, `PEXPIRE` costs the server more than `DEL`, so no
+/// compare-and-extend comes near the compare-and-delete; building the lock's value
+/// (token, acquire time, fence, owner) in Lua costs about 0.6 µs, a quarter of the raw
+/// fenced acquire, and is what `inspect` shows. Readers and permits are held to the raw
+/// shared acquire and release ([`SHARED_ACQUIRE`], [`SHARED_RELEASE`]), what any fenced
+/// shared place with expiries in the server's clock does; theirs also check the writers'
+/// intents (readers) or count the holders (permits), drop expired holders, find a kept
+/// place, write the owner metadata and tell waiters when the hold gets shorter: 1.5–1.8×
+/// in issue 27. The budgets held to a raw counterpart are what the request adds plus the
+/// spread of the medians between runs (±0.05–0.1): a doubling, as the owner metadata once
+/// did to the acquire, breaks them, and so does one more `redis.call` in the extend.
 const BUDGETS: [Budget; 10] = [
     Budget {
         request: "lock (acquire.lua)",
