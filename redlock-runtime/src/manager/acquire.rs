@@ -1,16 +1,17 @@
 //! The acquire/wait algorithm: one attempt at the backend, and this process's queue
 //! for a key with its head contending until acquired or out of time.
 
-use std::pin::pin;
+use std::pin::{pin, Pin};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tokio::sync::futures::Notified;
 use tracing::Instrument;
 
 use super::LockManager;
 use crate::backend::{jitter, Attempt, Claim, Intent, Together};
-use crate::engine::Job;
+use crate::engine::{Armed, Job};
 use crate::error::chain;
 use crate::key::LockKey;
 use crate::kind::Mode;
@@ -18,7 +19,7 @@ use crate::lease::{self, Lease};
 use crate::options::Resolved;
 use crate::stats;
 use crate::token::Token;
-use crate::waiters::Subscription;
+use crate::waiters::{KeyQueue, Subscription};
 use crate::wire::{LeaseRef, ReplicaWait};
 use crate::{LockError, LockGuard, LockKind, MultiGuard};
 
@@ -53,44 +54,6 @@ struct Request<'a> {
 enum Outcome {
     Acquired(LockGuard),
     Held(Option<Duration>),
-}
-
-/// Releases in the background what an attempt may have taken, unless disarmed: the
-/// request may have been applied even when its future was dropped or its reply lost.
-struct PendingAttempt<'a> {
-    manager: &'a LockManager,
-    key: &'a LockKey,
-    token: Token,
-    mode: Mode,
-    armed: bool,
-}
-
-impl Drop for PendingAttempt<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            self.manager
-                .send_job(Job::Abandon(self.key.clone(), self.token, self.mode));
-        }
-    }
-}
-
-/// Withdraws in the background the intent of a writer that stops waiting without the
-/// lock (out of time, an error, its future dropped), unless disarmed: left registered,
-/// it would keep new readers out for the rest of the writer's wait.
-struct PendingIntent<'a> {
-    manager: &'a LockManager,
-    key: &'a LockKey,
-    waiter: u64,
-    armed: bool,
-}
-
-impl Drop for PendingIntent<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            self.manager
-                .send_job(Job::Withdraw(self.key.clone(), self.waiter));
-        }
-    }
 }
 
 impl LockManager {
@@ -329,15 +292,9 @@ impl LockManager {
         let shared = &self.0.shared;
         let token = Token::random();
         let sent = lease::now();
-        let mut pending: Vec<PendingAttempt<'_>> = keys
+        let mut pending: Vec<_> = keys
             .iter()
-            .map(|key| PendingAttempt {
-                manager: self,
-                key,
-                token,
-                mode: Mode::Exclusive,
-                armed: true,
-            })
+            .map(|key| self.abandon_on_drop(key, token, Mode::Exclusive))
             .collect();
         let refs: Vec<&LockKey> = keys.iter().collect();
         let bound = shared.backend.request_timeout(opts.ttl, Mode::Exclusive);
@@ -349,9 +306,7 @@ impl LockManager {
         let outcome = match tokio::time::timeout(bound, attempt).await {
             Ok(outcome) => {
                 if outcome.is_ok() || shared.backend.undoes_failed_attempts() {
-                    for p in &mut pending {
-                        p.armed = false;
-                    }
+                    pending.iter_mut().for_each(Armed::disarm);
                 }
                 outcome?
             }
@@ -413,13 +368,7 @@ impl LockManager {
         let shared = &self.0.shared;
         let token = Token::random();
         let sent = lease::now();
-        let mut pending = PendingAttempt {
-            manager: self,
-            key,
-            token,
-            mode,
-            armed: true,
-        };
+        let mut pending = self.abandon_on_drop(key, token, mode);
         let attempt = shared
             .backend
             .acquire(&Claim {
@@ -435,7 +384,7 @@ impl LockManager {
         // (the waiters include this caller); a release from here would do it again,
         // with a wake-up.
         if attempt.is_ok() || shared.backend.undoes_failed_attempts() {
-            pending.armed = false;
+            pending.disarm();
         }
         let attempt = attempt?;
         let fence = match attempt {
@@ -446,10 +395,10 @@ impl LockManager {
             } => {
                 if let (Some(want), Some(acked)) = (replicas, acked) {
                     if acked < want.replicas {
-                        pending.armed = true;
+                        pending.arm();
                         let lease = LeaseRef::new(key, token, mode);
                         shared.backend.release(lease, Duration::ZERO).await?;
-                        pending.armed = false;
+                        pending.disarm();
                         return Err(LockError::ReplicasUnavailable {
                             key: key.full().to_owned(),
                             acked,
@@ -476,6 +425,18 @@ impl LockManager {
         Ok(Outcome::Acquired(LockGuard::new(lease, self.clone())))
     }
 
+    /// Releases in the background what an attempt with `token` may have taken, unless
+    /// disarmed: the request may have been applied even when its future was dropped or
+    /// its reply lost.
+    fn abandon_on_drop<'a>(
+        &'a self,
+        key: &'a LockKey,
+        token: Token,
+        mode: Mode,
+    ) -> Armed<impl FnOnce() + 'a> {
+        Armed::new(move || self.send_job(Job::Abandon(key.clone(), token, mode)))
+    }
+
     /// [`attempt`](Self::attempt), cut short once both the wait's deadline and one
     /// request timeout (its `WAIT` included) from now have passed: whatever hangs (a
     /// frozen server, a connection being opened or re-established), `lock` returns
@@ -498,164 +459,298 @@ impl LockManager {
     /// Queues locally, then contends as the head until acquired or out of time. When
     /// the wait runs out, the last attempt's error is returned if it failed, else
     /// [`LockError::Timeout`].
+    ///
+    /// Each round ends in a wake-up, a timer or the deadline; the deadline ends the loop.
+    /// Dropped at any `.await`, the wait leaves nothing behind, in this order: what a
+    /// cut-short attempt may have taken is released, the head's turn passes on, the queue
+    /// is left (the last one out drops the key's channel interest), and a writer's
+    /// intent, if an attempt carried it, is withdrawn: the request awaited is dropped
+    /// first, then the locals, in the reverse of the order they are declared in.
     async fn wait_for(
         &self,
         request: &Request<'_>,
-        mut last_error: Option<LockError>,
+        last_error: Option<LockError>,
     ) -> Result<LockGuard, LockError> {
-        let Request {
-            key, mode, opts, ..
-        } = *request;
-        let shared = &self.0.shared;
-        // A writer's intent keeps new readers out while it waits for the readers it
-        // found (one id for the whole wait; see `Intent`).
-        let mut intent = (mode == Mode::Exclusive).then(|| Intent {
+        let key = request.key;
+        let mut intent = self.writer_intent(request);
+        let place =
+            (self.0.shared.waiters)
+                .join(key.full())
+                .ok_or_else(|| LockError::QueueFull {
+                    key: key.full().to_owned(),
+                })?;
+        let mut head = Head::new(self, *request, &place.queue, last_error);
+        let turn = place.queue.turn.acquire();
+        let Ok(Ok(_turn)) = tokio::time::timeout_at(head.deadline, turn).await else {
+            return Err(head.give_up());
+        };
+        loop {
+            head.before_deadline()?;
+            head.keep_subscription().await?;
+            let mut notified = pin!(place.queue.wake.notified());
+            notified.as_mut().enable();
+            let carried = intent.carry(head.deadline);
+            match head.attempt(carried).await? {
+                Step::Acquired(guard) => {
+                    intent.granted();
+                    return Ok(guard);
+                }
+                Step::Pause(pause) => head.pause(notified, pause).await?,
+            }
+        }
+    }
+
+    /// The intent of a writer's wait (none for the other modes), not yet carried.
+    fn writer_intent<'a>(&'a self, request: &Request<'a>) -> WriterIntent<impl FnOnce() + 'a> {
+        let key = request.key;
+        let intent = (request.mode == Mode::Exclusive).then(|| Intent {
             waiter: getrandom::u64().unwrap_or_else(|_| lease::now()),
             until: Duration::ZERO,
         });
-        // Armed once an attempt carrying the intent is sent (it may register it, even
-        // when its reply is lost); a grant withdraws it itself.
-        let mut withdrawal = intent.map(|i| PendingIntent {
-            manager: self,
-            key,
-            waiter: i.waiter,
-            armed: false,
-        });
-        let timeout = || LockError::Timeout {
-            key: key.full().to_owned(),
+        let withdrawal = intent
+            .map(|i| Armed::disarmed(move || self.send_job(Job::Withdraw(key.clone(), i.waiter))));
+        WriterIntent { intent, withdrawal }
+    }
+}
+
+/// How one round of a wait ended, when it did not end the wait with an error.
+enum Step {
+    /// The lock: the wait is over.
+    Acquired(LockGuard),
+    /// Held, or a failed request to try again: the longest pause before the next round.
+    Pause(Duration),
+}
+
+/// A writer's intent: it keeps new readers out while the writer waits for the readers
+/// it found (one id for the whole wait; see [`Intent`]).
+struct WriterIntent<W: FnOnce()> {
+    intent: Option<Intent>,
+    /// Withdraws the intent in the background when the wait ends without the lock (out
+    /// of time, an error, its future dropped): left registered, it would keep new
+    /// readers out for the rest of the writer's wait. Armed once an attempt carrying the
+    /// intent is sent (it may register it, even when its reply is lost); a grant
+    /// withdraws it itself.
+    withdrawal: Option<Armed<W>>,
+}
+
+impl<W: FnOnce()> WriterIntent<W> {
+    /// The intent the next attempt carries, lasting to `deadline` (at least 1 ms); from
+    /// now on it may be registered, so it is withdrawn if the wait ends without the lock.
+    fn carry(&mut self, deadline: tokio::time::Instant) -> Option<Intent> {
+        if let Some(intent) = &mut self.intent {
+            intent.until = deadline
+                .saturating_duration_since(tokio::time::Instant::now())
+                .max(Duration::from_millis(1));
+        }
+        if let Some(w) = &mut self.withdrawal {
+            w.arm();
+        }
+        self.intent
+    }
+
+    /// The lock was granted: the grant withdrew the intent.
+    fn granted(&mut self) {
+        if let Some(w) = &mut self.withdrawal {
+            w.disarm();
+        }
+    }
+}
+
+/// The head of this process's queue for a key, contending: what its rounds share.
+struct Head<'a> {
+    manager: &'a LockManager,
+    request: Request<'a>,
+    queue: &'a KeyQueue,
+    deadline: tokio::time::Instant,
+    /// The last attempt's error, while the last attempt failed.
+    last_error: Option<LockError>,
+    /// The pause after a failed attempt before its jitter, doubled per failure.
+    backoff: Duration,
+    /// When this head first saw the key's channel not listened to (or last asked).
+    unheard_since: Option<Instant>,
+    /// Whether this head asked for the key's channel yet.
+    asked: bool,
+}
+
+/// A subscription to the key's channel that the head asks for.
+struct Ask {
+    /// Registers an interest of the queue's own, even in a channel listened to.
+    register: bool,
+    /// Asked before in this wait: a failure is then only logged at debug level.
+    again: bool,
+}
+
+impl<'a> Head<'a> {
+    fn new(
+        manager: &'a LockManager,
+        request: Request<'a>,
+        queue: &'a KeyQueue,
+        last_error: Option<LockError>,
+    ) -> Self {
+        Self {
+            manager,
+            request,
+            queue,
+            deadline: tokio::time::Instant::from_std(request.opts.deadline),
+            last_error,
+            backoff: Duration::from_millis(10),
+            unheard_since: None,
+            asked: false,
+        }
+    }
+
+    /// The error the wait ends with when it runs out: the last attempt's if it failed,
+    /// else [`LockError::Timeout`].
+    fn give_up(&mut self) -> LockError {
+        self.last_error
+            .take()
+            .unwrap_or_else(|| LockError::Timeout {
+                key: self.request.key.full().to_owned(),
+            })
+    }
+
+    /// `Err` once the wait is over. No attempt starts then: the initial attempt (or the
+    /// turn) may have run past the deadline already, and another one would take `lock`
+    /// beyond its wait plus one request timeout.
+    fn before_deadline(&mut self) -> Result<(), LockError> {
+        if tokio::time::Instant::now() >= self.deadline {
+            return Err(self.give_up());
+        }
+        Ok(())
+    }
+
+    /// Subscribes before the next attempt, so no release after it goes unnoticed (see
+    /// [`ask_due`](Self::ask_due) for when). The queue owns its interest from before
+    /// the request is sent: if this future is dropped or cut short mid-way, the channel
+    /// is still unsubscribed when the queue empties. The wait bounds the subscription
+    /// too. A subscription that fails leaves the head polling.
+    async fn keep_subscription(&mut self) -> Result<(), LockError> {
+        let Some(Ask { register, again }) = self.ask_due() else {
+            return Ok(());
         };
-        let place = shared
-            .waiters
-            .join(key.full())
-            .ok_or_else(|| LockError::QueueFull {
-                key: key.full().to_owned(),
-            })?;
-        let deadline = tokio::time::Instant::from_std(opts.deadline);
-        let Ok(Ok(_turn)) = tokio::time::timeout_at(deadline, place.queue.turn.acquire()).await
-        else {
-            return Err(last_error.unwrap_or_else(timeout));
-        };
-        let mut backoff = Duration::from_millis(10);
-        // When this head first saw the key's channel not listened to (or last asked).
-        let mut unheard_since: Option<Instant> = None;
-        let mut asked = false;
-        // Each round ends in a wake-up, a timer or the deadline; the deadline ends the loop.
-        loop {
-            // No attempt starts once the wait is over: the initial attempt (or the turn)
-            // may have run past the deadline already, and another one would take `lock`
-            // beyond its wait plus one request timeout.
-            if tokio::time::Instant::now() >= deadline {
-                return Err(last_error.unwrap_or_else(timeout));
+        let (manager, key) = (self.manager, self.request.key.full());
+        self.queue.set_subscription(Subscription::Asked);
+        let subscribe = manager.0.shared.backend.subscribe(key, register);
+        match tokio::time::timeout_at(self.deadline, subscribe).await {
+            Err(_) => return Err(self.give_up()),
+            Ok(Ok(())) => {
+                self.queue.set_subscription(Subscription::Confirmed);
+                // Heard from now on: a later loss (a reconnect) starts its own grace
+                // period, in which the connection's resubscription can restore the
+                // channel before this head asks again.
+                self.unheard_since = None;
             }
-            // Subscribed before the next attempt, so no release after it goes unnoticed.
-            // The queue owns its interest from before the request is sent: if this
-            // future is dropped or cut short mid-way, the channel is still unsubscribed
-            // when the queue empties. The wait bounds the subscription too. A channel
-            // unheard for a while (a subscription that failed, or one lost with its
-            // connection and not restored by the connection's own resubscription) is
-            // asked for again; meanwhile the head polls.
-            //
-            // A queue without an interest of its own registers one even when the
-            // channel is listened to: that may be an earlier queue's interest, about to
-            // be dropped (and the channel unsubscribed). On a confirmed channel this
-            // only counts the interest, without a round trip.
-            let unregistered =
-                place.queue.subscription() == Subscription::None && shared.backend.has_channels();
-            if shared.backend.listening(key.full()) && !unregistered {
-                unheard_since = None;
-            } else {
-                let now = Instant::now();
-                let since = *unheard_since.get_or_insert(now);
-                if unregistered || !asked || now.duration_since(since) >= RESUBSCRIBE_AFTER {
-                    let again = std::mem::replace(&mut asked, true);
-                    unheard_since = Some(now);
-                    let register = unregistered;
-                    place.queue.set_subscription(Subscription::Asked);
-                    let subscribe = shared.backend.subscribe(key.full(), register);
-                    match tokio::time::timeout_at(deadline, subscribe).await {
-                        Err(_) => return Err(last_error.unwrap_or_else(timeout)),
-                        Ok(Ok(())) => {
-                            place.queue.set_subscription(Subscription::Confirmed);
-                            // Heard from now on: a later loss (a reconnect) starts its own
-                            // grace period, in which the connection's resubscription can
-                            // restore the channel before this head asks again.
-                            unheard_since = None;
-                        }
-                        Ok(Err(e)) if again => {
-                            tracing::debug!(
-                                target: "redlock",
-                                key = key.full(),
-                                backend = self.backend_name(),
-                                error = %chain(&e),
-                                "subscribing again failed; polling"
-                            );
-                        }
-                        Ok(Err(e)) => {
-                            tracing::warn!(
-                                target: "redlock",
-                                key = key.full(),
-                                backend = self.backend_name(),
-                                error = %chain(&e),
-                                "no release notifications; polling"
-                            );
-                        }
-                    }
-                }
+            Ok(Err(e)) if again => {
+                tracing::debug!(
+                    target: "redlock",
+                    key,
+                    backend = manager.backend_name(),
+                    error = %chain(&e),
+                    "subscribing again failed; polling"
+                );
             }
-            let mut notified = pin!(place.queue.wake.notified());
-            notified.as_mut().enable();
-            if let Some(intent) = &mut intent {
-                intent.until = deadline
-                    .saturating_duration_since(tokio::time::Instant::now())
-                    .max(Duration::from_millis(1));
-            }
-            if let Some(w) = &mut withdrawal {
-                w.armed = true;
-            }
-            let attempt = self.bounded_attempt(request, intent).await;
-            let pause = match attempt {
-                Ok(Outcome::Acquired(guard)) => {
-                    if let Some(w) = &mut withdrawal {
-                        w.armed = false;
-                    }
-                    return Ok(guard);
-                }
-                Ok(Outcome::Held(remaining)) => {
-                    last_error = None;
-                    let fallback =
-                        remaining.unwrap_or(Duration::from_secs(1)) + Duration::from_millis(1);
-                    // Not listening (no subscription, or its connection dropped and it
-                    // is not restored yet): a release would go unheard, so poll.
-                    if shared.backend.listening(key.full()) {
-                        fallback
-                    } else {
-                        fallback.min(POLL_UNSUBSCRIBED)
-                    }
-                }
-                Err(e) if retried_while_waiting(&e) => {
-                    tracing::debug!(
-                        target: "redlock",
-                        key = key.full(),
-                        backend = self.backend_name(),
-                        error = %chain(&e),
-                        "acquire attempt failed; retrying"
-                    );
-                    last_error = Some(e);
-                    backoff = (backoff * 2).min(MAX_RETRY_BACKOFF);
-                    // Jittered, so managers that failed together do not retry together.
-                    backoff / 2 + jitter(backoff / 2)
-                }
-                Err(e) => return Err(e),
-            };
-            let now = tokio::time::Instant::now();
-            if now >= deadline {
-                return Err(last_error.unwrap_or_else(timeout));
-            }
-            tokio::select! {
-                () = notified => {}
-                () = tokio::time::sleep_until((now + pause).min(deadline)) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(
+                    target: "redlock",
+                    key,
+                    backend = manager.backend_name(),
+                    error = %chain(&e),
+                    "no release notifications; polling"
+                );
             }
         }
+        Ok(())
+    }
+
+    /// Whether to ask for the key's channel now, booked as asked. A channel unheard for
+    /// a while (a subscription that failed, or one lost with its connection and not
+    /// restored by the connection's own resubscription) is asked for again; meanwhile
+    /// the head polls.
+    ///
+    /// A queue without an interest of its own registers one even when the channel is
+    /// listened to: that may be an earlier queue's interest, about to be dropped (and
+    /// the channel unsubscribed). On a confirmed channel this only counts the interest,
+    /// without a round trip.
+    fn ask_due(&mut self) -> Option<Ask> {
+        let backend = &self.manager.0.shared.backend;
+        let unregistered =
+            self.queue.subscription() == Subscription::None && backend.has_channels();
+        if backend.listening(self.request.key.full()) && !unregistered {
+            self.unheard_since = None;
+            return None;
+        }
+        let now = Instant::now();
+        let since = *self.unheard_since.get_or_insert(now);
+        let due = unregistered || !self.asked || now.duration_since(since) >= RESUBSCRIBE_AFTER;
+        if !due {
+            return None;
+        }
+        let again = std::mem::replace(&mut self.asked, true);
+        self.unheard_since = Some(now);
+        Some(Ask {
+            register: unregistered,
+            again,
+        })
+    }
+
+    /// One attempt, carrying the writer's intent if any: the lock, the pause before the
+    /// next round, or the error that ends the wait.
+    async fn attempt(&mut self, intent: Option<Intent>) -> Result<Step, LockError> {
+        match self.manager.bounded_attempt(&self.request, intent).await {
+            Ok(Outcome::Acquired(guard)) => Ok(Step::Acquired(guard)),
+            Ok(Outcome::Held(remaining)) => Ok(Step::Pause(self.pause_after_held(remaining))),
+            Err(e) if retried_while_waiting(&e) => Ok(Step::Pause(self.pause_after_failure(e))),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The pause after finding the key held: the holder's remaining ttl (1 s when not
+    /// known) as the fallback to a wake-up, shorter while a release would go unheard.
+    fn pause_after_held(&mut self, remaining: Option<Duration>) -> Duration {
+        self.last_error = None;
+        let fallback = remaining.unwrap_or(Duration::from_secs(1)) + Duration::from_millis(1);
+        // Not listening (no subscription, or its connection dropped and it is not
+        // restored yet): a release would go unheard, so poll.
+        if (self.manager.0.shared.backend).listening(self.request.key.full()) {
+            fallback
+        } else {
+            fallback.min(POLL_UNSUBSCRIBED)
+        }
+    }
+
+    /// The pause after a failed request that is tried again: the backoff, doubled per
+    /// failure, jittered.
+    fn pause_after_failure(&mut self, e: LockError) -> Duration {
+        tracing::debug!(
+            target: "redlock",
+            key = self.request.key.full(),
+            backend = self.manager.backend_name(),
+            error = %chain(&e),
+            "acquire attempt failed; retrying"
+        );
+        self.last_error = Some(e);
+        self.backoff = (self.backoff * 2).min(MAX_RETRY_BACKOFF);
+        // Jittered, so managers that failed together do not retry together.
+        self.backoff / 2 + jitter(self.backoff / 2)
+    }
+
+    /// Sleeps until a release is heard (`notified`, enabled before the attempt, so a
+    /// release since then is not missed), `pause` passes or the wait is over; `Err` if
+    /// it is over already.
+    async fn pause(
+        &mut self,
+        notified: Pin<&mut Notified<'_>>,
+        pause: Duration,
+    ) -> Result<(), LockError> {
+        let now = tokio::time::Instant::now();
+        if now >= self.deadline {
+            return Err(self.give_up());
+        }
+        tokio::select! {
+            () = notified => {}
+            () = tokio::time::sleep_until((now + pause).min(self.deadline)) => {}
+        }
+        Ok(())
     }
 }
 

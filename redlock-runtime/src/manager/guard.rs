@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use tracing::Instrument;
 
-use crate::engine::Job;
+use crate::engine::{Armed, Job};
 use crate::error::chain;
 use crate::lease::{self, Lease};
 use crate::stats::{self, Loss, Release};
@@ -340,11 +340,7 @@ impl LockManager {
         // A release that fails or is cut short is retried in the background as the
         // lease's own release: with its `hold_at_least` keep, never as an abandoned
         // attempt (which deletes at once).
-        let mut pending = PendingRelease {
-            manager: self,
-            lease,
-            armed: true,
-        };
+        let mut pending = Armed::new(move || self.send_job(Job::Release(lease.clone())));
         let span = tracing::debug_span!(target: "redlock", "redlock.release");
         let released = shared
             .backend
@@ -352,7 +348,9 @@ impl LockManager {
             .instrument(span)
             .await;
         // A failed request is retried in the background (compare-token, so harmless).
-        pending.armed = released.is_err();
+        if released.is_ok() {
+            pending.disarm();
+        }
         let released = match released {
             Ok(released) => released,
             Err(e) => {
@@ -448,22 +446,6 @@ impl LockManager {
             Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
             // Only when the runtime shuts down.
             Err(_) => Err(lost(lease)),
-        }
-    }
-}
-
-/// Hands a lease's release to the background task unless disarmed: its request may have
-/// failed, or been applied after the caller's future was dropped.
-struct PendingRelease<'a> {
-    manager: &'a LockManager,
-    lease: &'a Arc<Lease>,
-    armed: bool,
-}
-
-impl Drop for PendingRelease<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            self.manager.send_job(Job::Release(self.lease.clone()));
         }
     }
 }
