@@ -472,13 +472,14 @@ impl LockManager {
         last_error: Option<LockError>,
     ) -> Result<LockGuard, LockError> {
         let key = request.key;
+        // Declared first: dropped (withdrawn, if armed) after the queue is left.
         let mut intent = self.writer_intent(request);
-        let place =
-            (self.0.shared.waiters)
-                .join(key.full())
-                .ok_or_else(|| LockError::QueueFull {
-                    key: key.full().to_owned(),
-                })?;
+        let waiters = &self.0.shared.waiters;
+        let place = waiters
+            .join(key.full())
+            .ok_or_else(|| LockError::QueueFull {
+                key: key.full().to_owned(),
+            })?;
         let mut head = Head::new(self, *request, &place.queue, last_error);
         let turn = place.queue.turn.acquire();
         let Ok(Ok(_turn)) = tokio::time::timeout_at(head.deadline, turn).await else {
@@ -581,6 +582,8 @@ struct Ask {
 }
 
 impl<'a> Head<'a> {
+    /// The head of `queue` for `request`, after an initial attempt that ended in
+    /// `last_error` (or found the key held).
     fn new(
         manager: &'a LockManager,
         request: Request<'a>,
