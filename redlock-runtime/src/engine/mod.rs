@@ -6,6 +6,7 @@
 //! the API.
 
 mod armed;
+pub(crate) mod path;
 mod state;
 mod watchdog;
 

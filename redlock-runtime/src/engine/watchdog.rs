@@ -23,13 +23,13 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::{mpsc, Notify, OwnedMutexGuard};
 use tracing::Instrument;
 
-use super::Shared;
-use crate::backend::{Renewed, RELEASE_RETRIES};
+use super::{path, Shared};
+use crate::backend::Renewed;
 use crate::error::chain;
 use crate::key::LockKey;
 use crate::kind::Mode;
 use crate::lease::{self, Lease};
-use crate::stats::{self, Loss, Release, Renewing};
+use crate::stats::{self, Loss, Renewing};
 use crate::token::Token;
 use crate::wire::{LeaseRef, Renewal};
 
@@ -387,16 +387,12 @@ async fn handle(shared: Arc<Shared>, job: Job) -> bool {
 async fn do_job(shared: &Shared, job: Job) {
     match job {
         Job::Release(lease) => {
-            let outcome = release(shared, lease.lease_ref(), || lease.keep()).await;
-            // A lock found gone that nobody had declared lost was lost unnoticed.
-            if outcome == Release::Lost && !lease.was_lost() {
-                stats::lost(Loss::Taken);
-            }
-            lease.book_release(shared.backend.name(), outcome);
+            let outcome = path::release_retrying(shared, lease.lease_ref(), || lease.keep()).await;
+            path::book_release(shared, &lease, outcome);
         }
         Job::Abandon(key, token, mode) => {
             let lease = LeaseRef::new(&key, token, mode);
-            release(shared, lease, || Duration::ZERO).await;
+            path::release_retrying(shared, lease, || Duration::ZERO).await;
         }
         Job::Withdraw(key, waiter) => {
             if let Err(e) = shared.backend.withdraw(&key, waiter).await {
@@ -421,40 +417,6 @@ async fn do_job(shared: &Shared, job: Job) {
             }
         }
     }
-}
-
-/// Releases `lease`, keeping the key for `keep()` more when that is not zero
-/// (`hold_at_least`, measured again before each try).
-async fn release(shared: &Shared, lease: LeaseRef<'_>, keep: impl Fn() -> Duration) -> Release {
-    let key = lease.key;
-    let backend = shared.backend.name();
-    for pause in std::iter::once(None).chain(RELEASE_RETRIES.map(Some)) {
-        if let Some(pause) = pause {
-            tokio::time::sleep(pause).await;
-        }
-        let span = tracing::debug_span!(target: "redlock", "redlock.release");
-        match shared.backend.release(lease, keep()).instrument(span).await {
-            Ok(true) => {
-                shared.waiters.wake(key.full());
-                return Release::Released;
-            }
-            Ok(false) => return Release::Lost,
-            Err(e) => tracing::debug!(
-                target: "redlock",
-                key = key.full(),
-                backend,
-                error = %chain(&e),
-                "background release failed"
-            ),
-        }
-    }
-    tracing::warn!(
-        target: "redlock",
-        key = key.full(),
-        backend,
-        "background release failed; the ttl will free the lock"
-    );
-    Release::Error
 }
 
 /// The keys of a renewal batch, for a log line: the first few, then how many more.
@@ -506,15 +468,10 @@ fn book(shared: &Shared, due: &[Due], outcomes: Vec<Renewed>, sent: u64, now: u6
         .chain(std::iter::repeat(Renewed::Unknown));
     let mut schedule = shared.watchdog.schedule();
     for (d, outcome) in due.iter().zip(outcomes) {
+        path::booked(&d.lease, sent, d.ttl, outcome);
         match outcome {
-            Renewed::Yes => {
-                stats::renewal(Renewing::Renewed);
-                d.lease.confirmed(sent, d.ttl);
-            }
-            Renewed::Lost => {
-                stats::renewal(Renewing::Lost);
-                d.lease.mark_lost(Loss::Taken);
-            }
+            Renewed::Yes => stats::renewal(Renewing::Renewed),
+            Renewed::Lost => stats::renewal(Renewing::Lost),
             Renewed::Unknown => {
                 stats::renewal(Renewing::Error);
                 let retry = (d.ttl / 10).min(Duration::from_millis(500));

@@ -5,12 +5,10 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tracing::Instrument;
-
-use crate::engine::{Armed, Job};
+use crate::engine::{path, Armed, Job};
 use crate::error::chain;
 use crate::lease::{self, Lease};
-use crate::stats::{self, Loss, Release};
+use crate::stats::Release;
 use crate::{LockError, LockKind, LockManager};
 
 /// A held lock. Dropping it releases the lock in the background (without blocking and
@@ -341,45 +339,23 @@ impl LockManager {
         // lease's own release: with its `hold_at_least` keep, never as an abandoned
         // attempt (which deletes at once).
         let mut pending = Armed::new(move || self.send_job(Job::Release(lease.clone())));
-        let span = tracing::debug_span!(target: "redlock", "redlock.release");
-        let released = shared
-            .backend
-            .release(lease.lease_ref(), lease.keep())
-            .instrument(span)
-            .await;
+        let released = path::release(shared, lease.lease_ref(), lease.keep()).await;
         // A failed request is retried in the background (compare-token, so harmless).
         if released.is_ok() {
             pending.disarm();
         }
-        let released = match released {
-            Ok(released) => released,
+        let outcome = match released {
+            Ok(true) => Release::Released,
+            Ok(false) => Release::Lost,
             Err(e) => {
-                lease.book_release(self.backend_name(), Release::Error);
+                path::book_release(shared, lease, Release::Error);
                 return Err(e);
             }
         };
-        if !released && was.is_ok() {
-            // Lost unnoticed: the server no longer had our token.
-            stats::lost(Loss::Taken);
-        }
-        let outcome = if released {
-            Release::Released
-        } else {
-            Release::Lost
-        };
-        lease.book_release(self.backend_name(), outcome);
-        match (released, was) {
-            (true, Ok(())) => {
-                shared.waiters.wake(key);
-                Ok(())
-            }
-            (true, Err(())) => {
-                shared.waiters.wake(key);
-                Err(LockError::Lost {
-                    key: key.to_owned(),
-                })
-            }
-            (false, _) => Err(LockError::Lost {
+        path::book_release(shared, lease, outcome);
+        match (outcome, was) {
+            (Release::Released, Ok(())) => Ok(()),
+            _ => Err(LockError::Lost {
                 key: key.to_owned(),
             }),
         }
@@ -420,20 +396,9 @@ impl LockManager {
         let task_lease = lease.clone();
         let request = tokio::spawn(async move {
             let (lease, shared) = (task_lease, &manager.0.shared);
-            let sent = lease::now();
-            lease.extending(sent, ttl);
-            // The watchdog declares the lock lost at the lowered deadline if no reply
-            // raised it by then.
-            shared.reschedule(&lease);
-            let outcome = match shared.backend.extend(lease.lease_ref(), ttl).await {
-                Ok(true) => {
-                    lease.confirmed(sent, ttl);
-                    Ok(())
-                }
-                Ok(false) => {
-                    lease.mark_lost(Loss::Taken);
-                    Err(lost(&lease))
-                }
+            let outcome = match path::extend(shared, &lease, ttl).await {
+                Ok(true) => Ok(()),
+                Ok(false) => Err(lost(&lease)),
                 Err(e) => Err(e),
             };
             drop(op);
