@@ -7,8 +7,9 @@
 
 use proc_macro2::{TokenStream, TokenTree};
 use quote::ToTokens;
+use syn::buffer::Cursor;
 use syn::ext::IdentExt;
-use syn::parse::{ParseStream, Parser};
+use syn::parse::{Parse, ParseStream, Parser};
 use syn::punctuated::Punctuated;
 use syn::{bracketed, token, Expr, Ident, LitBool, LitInt, LitStr, Path, Token};
 
@@ -118,7 +119,7 @@ struct KeyList {
     templates: Punctuated<LitStr, Token![,]>,
 }
 
-impl syn::parse::Parse for KeyList {
+impl Parse for KeyList {
     fn parse(input: ParseStream) -> syn::Result<Self> {
         let content;
         let bracket = bracketed!(content in input);
@@ -185,177 +186,203 @@ impl Options {
         options
     }
 
-    /// Parses one `name = value` option.
+    /// Parses one `name = value` option: its name picks the function that
+    /// parses its value.
     fn parse_one(&mut self, cx: &Ctxt, input: ParseStream) -> syn::Result<()> {
-        let start = input.cursor();
+        let option = OptionInput {
+            cx,
+            input,
+            start: input.cursor(),
+        };
         let lookahead = input.lookahead1();
         if lookahead.peek(kw::key) {
             input.parse::<kw::key>()?;
-            let lit: LitStr = value(
-                &mut self.key,
-                input,
-                start,
-                "a string literal such as \"order_<id>\"",
-            )?;
-            if self.key.seen(cx, &tokens_since(start, input)) {
-                if lit.value().is_empty() {
-                    cx.error_spanned_by(&lit, "the lock key must not be empty");
-                } else {
-                    self.key.value = Some(lit);
-                }
-            }
+            self.key_option(&option)
         } else if lookahead.peek(kw::keys) {
             input.parse::<kw::keys>()?;
-            let list: KeyList = value(
-                &mut self.keys,
-                input,
-                start,
-                "a list of key templates such as [\"account_<from>\", \"account_<to>\"]",
-            )?;
-            if self.keys.seen(cx, &tokens_since(start, input)) {
-                self.keys.value = key_list(cx, list);
-            }
+            self.keys_option(&option)
         } else if lookahead.peek(kw::mode) {
             input.parse::<kw::mode>()?;
-            let lit: LitStr = value(
-                &mut self.mode,
-                input,
-                start,
-                "\"read\", \"write\" or \"exclusive\"",
-            )?;
-            if self.mode.seen(cx, &tokens_since(start, input)) {
-                match lit.value().as_str() {
-                    "read" => self.mode.value = Some(Mode::Read),
-                    "write" | "exclusive" => self.mode.value = Some(Mode::Exclusive),
-                    other => cx.error_spanned_by(
-                        &lit,
-                        format_args!(
-                            "invalid `mode` value `{other}`: expected \"read\", \"write\" or \
-                             \"exclusive\""
-                        ),
-                    ),
-                }
-            }
+            self.mode_option(&option)
         } else if lookahead.peek(kw::permits) {
             input.parse::<kw::permits>()?;
-            let lit: LitInt = value(
-                &mut self.permits,
-                input,
-                start,
-                "a whole number of permits such as 4",
-            )?;
-            if self.permits.seen(cx, &tokens_since(start, input)) {
-                self.permits.value = parse_permits(cx, &lit);
-            }
+            self.permits_option(&option)
         } else if lookahead.peek(kw::hold_at_least) {
             input.parse::<kw::hold_at_least>()?;
-            let lit: LitStr = value(
-                &mut self.hold_at_least,
-                input,
-                start,
-                "a duration string such as \"30s\"",
-            )?;
-            if self.hold_at_least.seen(cx, &tokens_since(start, input)) {
-                self.hold_at_least.value = parse_duration(cx, lit, DurationKind::HoldAtLeast);
-            }
+            self.duration_option(&option, DurationKind::HoldAtLeast)
         } else if lookahead.peek(kw::ttl) {
             input.parse::<kw::ttl>()?;
-            let lit: LitStr = value(
-                &mut self.ttl,
-                input,
-                start,
-                "a duration string such as \"10s\"",
-            )?;
-            if self.ttl.seen(cx, &tokens_since(start, input)) {
-                self.ttl.value = parse_duration(cx, lit, DurationKind::Ttl);
-            }
+            self.duration_option(&option, DurationKind::Ttl)
         } else if lookahead.peek(kw::wait) {
             input.parse::<kw::wait>()?;
-            let lit: LitStr = value(
-                &mut self.wait,
-                input,
-                start,
-                "a duration string such as \"2s\"",
-            )?;
-            if self.wait.seen(cx, &tokens_since(start, input)) {
-                self.wait.value = parse_duration(cx, lit, DurationKind::Wait);
-            }
+            self.duration_option(&option, DurationKind::Wait)
         } else if lookahead.peek(kw::watchdog) {
             input.parse::<kw::watchdog>()?;
-            let lit: LitBool = value(&mut self.watchdog, input, start, "`true` or `false`")?;
-            if self.watchdog.seen(cx, &tokens_since(start, input)) {
-                self.watchdog.value = Some(lit);
-            }
+            option.keep(&mut self.watchdog, "`true` or `false`")
         } else if lookahead.peek(kw::manager) {
             input.parse::<kw::manager>()?;
-            let expr: Expr = value(
+            option.keep(
                 &mut self.manager,
-                input,
-                start,
                 "an expression that evaluates to a `LockManager`",
-            )?;
-            if self.manager.seen(cx, &tokens_since(start, input)) {
-                self.manager.value = Some(expr);
-            }
+            )
         } else if lookahead.peek(kw::guard) {
             input.parse::<kw::guard>()?;
-            let ident: Ident = value(
-                &mut self.guard,
-                input,
-                start,
-                "an identifier to bind the `&LockGuard` to",
-            )?;
-            if self.guard.seen(cx, &tokens_since(start, input)) {
-                self.guard.value = Some(ident);
-            }
+            option.keep(&mut self.guard, "an identifier to bind the `&LockGuard` to")
         } else if lookahead.peek(kw::on_lost) {
             input.parse::<kw::on_lost>()?;
-            let lit: LitStr = value(&mut self.on_lost, input, start, "\"abort\" or \"continue\"")?;
-            if self.on_lost.seen(cx, &tokens_since(start, input)) {
-                match lit.value().as_str() {
-                    "abort" => self.on_lost.value = Some(OnLost::Abort),
-                    "continue" => self.on_lost.value = Some(OnLost::Continue),
-                    other => cx.error_spanned_by(
-                        &lit,
-                        format_args!(
-                            "invalid `on_lost` value `{other}`: expected \"abort\" or \"continue\""
-                        ),
-                    ),
-                }
-            }
+            self.on_lost_option(&option)
         } else if lookahead.peek(Token![crate]) {
             input.parse::<Token![crate]>()?;
-            let lit: LitStr = value(
-                &mut self.krate,
-                input,
-                start,
-                "a path in a string literal such as \"::redlock\"",
-            )?;
-            if self.krate.seen(cx, &tokens_since(start, input)) {
-                match lit.parse_with(Path::parse_mod_style) {
-                    Ok(path) => self.krate.value = Some(path),
-                    Err(_) => cx.error_spanned_by(
-                        &lit,
-                        format_args!(
-                            "invalid `crate` path `{}`: expected a path such as \"::redlock\"",
-                            lit.value()
-                        ),
-                    ),
-                }
-            }
+            self.crate_option(&option)
         } else if input.peek(Ident::peek_any) {
-            let name = input.call(Ident::parse_any)?;
-            cx.error_spanned_by(
-                &name,
-                format_args!("unknown option `{name}`: expected one of {OPTION_NAMES}"),
-            );
-            // Skip `= value` so that the next option is still checked.
-            skip_to_comma(input)?;
+            unknown_option(cx, input)
         } else {
-            return Err(lookahead.error());
+            Err(lookahead.error())
+        }
+    }
+
+    /// `key = "..."`: one template, which must not be empty.
+    fn key_option(&mut self, option: &OptionInput) -> syn::Result<()> {
+        let expected = "a string literal such as \"order_<id>\"";
+        if let Some(lit) = option.read::<LitStr, _>(&mut self.key, expected)? {
+            if lit.value().is_empty() {
+                option
+                    .cx
+                    .error_spanned_by(&lit, "the lock key must not be empty");
+            } else {
+                self.key.value = Some(lit);
+            }
         }
         Ok(())
     }
+
+    /// `keys = ["...", ...]`: the templates of a call that locks several keys.
+    fn keys_option(&mut self, option: &OptionInput) -> syn::Result<()> {
+        let expected = "a list of key templates such as [\"account_<from>\", \"account_<to>\"]";
+        if let Some(list) = option.read::<KeyList, _>(&mut self.keys, expected)? {
+            self.keys.value = key_list(option.cx, list);
+        }
+        Ok(())
+    }
+
+    /// `mode = "read" | "write" | "exclusive"`.
+    fn mode_option(&mut self, option: &OptionInput) -> syn::Result<()> {
+        let expected = "\"read\", \"write\" or \"exclusive\"";
+        if let Some(lit) = option.read::<LitStr, _>(&mut self.mode, expected)? {
+            match lit.value().as_str() {
+                "read" => self.mode.value = Some(Mode::Read),
+                "write" | "exclusive" => self.mode.value = Some(Mode::Exclusive),
+                other => option.cx.error_spanned_by(
+                    &lit,
+                    format_args!(
+                        "invalid `mode` value `{other}`: expected \"read\", \"write\" or \
+                         \"exclusive\""
+                    ),
+                ),
+            }
+        }
+        Ok(())
+    }
+
+    /// `permits = N`.
+    fn permits_option(&mut self, option: &OptionInput) -> syn::Result<()> {
+        let expected = "a whole number of permits such as 4";
+        if let Some(lit) = option.read::<LitInt, _>(&mut self.permits, expected)? {
+            self.permits.value = parse_permits(option.cx, &lit);
+        }
+        Ok(())
+    }
+
+    /// The duration options, `hold_at_least`, `ttl` and `wait = "..."`, each
+    /// checked against its own bounds.
+    fn duration_option(&mut self, option: &OptionInput, kind: DurationKind) -> syn::Result<()> {
+        let (attr, expected) = match kind {
+            DurationKind::HoldAtLeast => {
+                (&mut self.hold_at_least, "a duration string such as \"30s\"")
+            }
+            DurationKind::Ttl => (&mut self.ttl, "a duration string such as \"10s\""),
+            DurationKind::Wait => (&mut self.wait, "a duration string such as \"2s\""),
+        };
+        if let Some(lit) = option.read::<LitStr, _>(attr, expected)? {
+            attr.value = parse_duration(option.cx, lit, kind);
+        }
+        Ok(())
+    }
+
+    /// `on_lost = "abort" | "continue"`.
+    fn on_lost_option(&mut self, option: &OptionInput) -> syn::Result<()> {
+        let expected = "\"abort\" or \"continue\"";
+        if let Some(lit) = option.read::<LitStr, _>(&mut self.on_lost, expected)? {
+            match lit.value().as_str() {
+                "abort" => self.on_lost.value = Some(OnLost::Abort),
+                "continue" => self.on_lost.value = Some(OnLost::Continue),
+                other => option.cx.error_spanned_by(
+                    &lit,
+                    format_args!(
+                        "invalid `on_lost` value `{other}`: expected \"abort\" or \"continue\""
+                    ),
+                ),
+            }
+        }
+        Ok(())
+    }
+
+    /// `crate = "path"`: the path the expansion names the facade by.
+    fn crate_option(&mut self, option: &OptionInput) -> syn::Result<()> {
+        let expected = "a path in a string literal such as \"::redlock\"";
+        if let Some(lit) = option.read::<LitStr, _>(&mut self.krate, expected)? {
+            match lit.parse_with(Path::parse_mod_style) {
+                Ok(path) => self.krate.value = Some(path),
+                Err(_) => option.cx.error_spanned_by(
+                    &lit,
+                    format_args!(
+                        "invalid `crate` path `{}`: expected a path such as \"::redlock\"",
+                        lit.value()
+                    ),
+                ),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// An option being parsed, after its name: where errors go, the input, and
+/// where the option's tokens start (they span its errors).
+struct OptionInput<'c, 'a> {
+    cx: &'c Ctxt,
+    input: ParseStream<'a>,
+    start: Cursor<'a>,
+}
+
+impl OptionInput<'_, '_> {
+    /// Parses the option's `= value` and records the option as written into
+    /// `attr`. The value comes back only if it parsed and this is the option's
+    /// first occurrence; the caller checks it and stores it.
+    fn read<T: Parse, U>(&self, attr: &mut Attr<U>, expected: &str) -> syn::Result<Option<T>> {
+        let parsed: T = value(attr, self.input, self.start, expected)?;
+        let first = attr.seen(self.cx, &tokens_since(self.start, self.input));
+        Ok(first.then_some(parsed))
+    }
+
+    /// Parses an option whose value is stored as written once it parses
+    /// (`watchdog`, `manager`, `guard`).
+    fn keep<T: Parse>(&self, attr: &mut Attr<T>, expected: &str) -> syn::Result<()> {
+        if let Some(parsed) = self.read(attr, expected)? {
+            attr.value = Some(parsed);
+        }
+        Ok(())
+    }
+}
+
+/// An option name the attribute does not know: reported, and its `= value`
+/// skipped so that the next option is still checked.
+fn unknown_option(cx: &Ctxt, input: ParseStream) -> syn::Result<()> {
+    let name = input.call(Ident::parse_any)?;
+    cx.error_spanned_by(
+        &name,
+        format_args!("unknown option `{name}`: expected one of {OPTION_NAMES}"),
+    );
+    skip_to_comma(input)
 }
 
 /// The templates of `keys = [...]`, each once. An empty list, an empty template
@@ -436,10 +463,10 @@ fn skip_to_comma(input: ParseStream) -> syn::Result<()> {
 /// Parses an option's `= value`, saying what was expected if it is not there.
 /// An option with an invalid value still counts as written (no "missing key"
 /// on top of "expected a string literal").
-fn value<T: syn::parse::Parse, U>(
+fn value<T: Parse, U>(
     attr: &mut Attr<U>,
     input: ParseStream,
-    start: syn::buffer::Cursor<'_>,
+    start: Cursor<'_>,
     expected: &str,
 ) -> syn::Result<T> {
     let parsed = input.parse::<Token![=]>().and_then(|_| {
@@ -454,7 +481,7 @@ fn value<T: syn::parse::Parse, U>(
 }
 
 /// The tokens consumed from `start` up to where `input` is now.
-fn tokens_since(start: syn::buffer::Cursor<'_>, input: ParseStream) -> TokenStream {
+fn tokens_since(start: Cursor<'_>, input: ParseStream) -> TokenStream {
     let end = input.cursor();
     let mut tokens = TokenStream::new();
     let mut cursor = start;

@@ -355,95 +355,15 @@ impl<'a> Expansion<'a> {
         let krate = &self.krate;
         let core = self.core();
         let manager = local("__redlock_manager");
-        let manager_ref = local("__redlock_manager_ref");
         let key = local("__redlock_key");
-        let buffer = local("__redlock_k");
         let call = local("__redlock_call");
         let value = local("__redlock_value");
         let error = local("__redlock_error");
 
-        let (manager_ref_stmt, explicit) = match self.options.manager.get() {
-            Some(expr) => {
-                let stmt = quote_spanned! {expr.span()=>
-                    let #manager_ref: &#krate::LockManager = &(#expr);
-                };
-                let explicit = quote_spanned! {Span::mixed_site()=>
-                    #core::option::Option::Some(#manager_ref)
-                };
-                (stmt, explicit)
-            }
-            None => (
-                TokenStream::new(),
-                quote_spanned!(Span::mixed_site()=> #core::option::Option::None),
-            ),
-        };
-
-        let key_expr = |template: &KeyTemplate| {
-            let hint = Literal::usize_unsuffixed(template.capacity_hint());
-            let write = template.write_to(krate, &buffer);
-            quote_spanned! {Span::mixed_site()=>
-                {
-                    let mut #buffer = #krate::__private::key_buffer(&#manager, #hint);
-                    #write
-                    #buffer
-                }
-            }
-        };
-        // `enter` takes one key, `enter_all` an array of them; the guard type
-        // follows.
-        let (key_value, enter, guard_type) = match &self.keys {
-            Keys::One(template) => (key_expr(template), quote!(enter), quote!(LockGuard)),
-            Keys::All(templates) => {
-                let keys = templates.iter().map(key_expr);
-                (
-                    quote_spanned!(Span::mixed_site()=> [#(#keys),*]),
-                    quote!(enter_all),
-                    quote!(MultiGuard),
-                )
-            }
-        };
-
-        let duration = |lit: Option<&DurationLit>| match lit {
-            Some(duration) => {
-                let millis = Literal::u64_suffixed(duration.millis);
-                quote_spanned! {duration.lit.span()=>
-                    #core::option::Option::Some(#core::time::Duration::from_millis(#millis))
-                }
-            }
-            None => quote_spanned!(Span::mixed_site()=> #core::option::Option::None),
-        };
-        // The metrics' `name`: the template as written, never the concrete key.
-        let name = self
-            .keys
-            .templates()
-            .iter()
-            .map(KeyTemplate::text)
-            .collect::<Vec<_>>()
-            .join(", ");
-        let ttl = duration(self.options.ttl.get());
-        let wait = duration(self.options.wait.get());
-        let hold_at_least = duration(self.options.hold_at_least.get());
-        let kind = match (self.options.permits.get(), self.options.mode.get()) {
-            (Some(&permits), _) => {
-                let permits = Literal::u32_suffixed(permits);
-                quote!(Permits(#permits))
-            }
-            (None, Some(Mode::Read)) => quote!(Read),
-            (None, Some(Mode::Exclusive) | None) => quote!(Exclusive),
-        };
-        let watchdog = match self.options.watchdog.get() {
-            Some(lit) => lit.into_token_stream(),
-            None => quote!(true),
-        };
-        let abort_on_lost = match self.options.on_lost.get() {
-            Some(OnLost::Continue) => quote!(false),
-            Some(OnLost::Abort) | None => quote!(true),
-        };
-        let guard = self.options.guard.get().map(|guard| {
-            quote_spanned! {Span::mixed_site()=>
-                let #guard: &#krate::#guard_type = #call.guard();
-            }
-        });
+        let (manager_ref_stmt, explicit) = self.explicit_manager();
+        let (key_value, enter, guard_type) = self.key_and_enter();
+        let call_options = self.call_options();
+        let guard = self.bind_guard(&guard_type);
         let bail = quote_spanned! {Span::mixed_site()=>
             return #core::result::Result::Err(#core::convert::From::from(#error))
         };
@@ -458,15 +378,7 @@ impl<'a> Expansion<'a> {
             let #call = match #krate::__private::#enter(
                 #manager,
                 #key,
-                #krate::__private::CallOptions {
-                    kind: #krate::__private::CallKind::#kind,
-                    ttl: #ttl,
-                    wait: #wait,
-                    hold_at_least: #hold_at_least,
-                    watchdog: #watchdog,
-                    abort_on_lost: #abort_on_lost,
-                    name: #name,
-                },
+                #call_options,
             )
             .await
             {
@@ -475,6 +387,140 @@ impl<'a> Expansion<'a> {
             };
             #guard
         }
+    }
+
+    /// With `manager = EXPR`: the statement that borrows the manager once, and
+    /// `Some(that borrow)` for `resolve_manager`. Without it: nothing, and
+    /// `None` (the global manager).
+    fn explicit_manager(&self) -> (TokenStream, TokenStream) {
+        let krate = &self.krate;
+        let core = self.core();
+        let manager_ref = local("__redlock_manager_ref");
+        match self.options.manager.get() {
+            Some(expr) => {
+                let stmt = quote_spanned! {expr.span()=>
+                    let #manager_ref: &#krate::LockManager = &(#expr);
+                };
+                let explicit = quote_spanned! {Span::mixed_site()=>
+                    #core::option::Option::Some(#manager_ref)
+                };
+                (stmt, explicit)
+            }
+            None => (
+                TokenStream::new(),
+                quote_spanned!(Span::mixed_site()=> #core::option::Option::None),
+            ),
+        }
+    }
+
+    /// The key (or the array of keys), the `__private` function that enters
+    /// the lock with it, and the type of the guard that function gives.
+    fn key_and_enter(&self) -> (TokenStream, TokenStream, TokenStream) {
+        // `enter` takes one key, `enter_all` an array of them; the guard type
+        // follows.
+        match &self.keys {
+            Keys::One(template) => (self.key_expr(template), quote!(enter), quote!(LockGuard)),
+            Keys::All(templates) => {
+                let keys = templates.iter().map(|template| self.key_expr(template));
+                (
+                    quote_spanned!(Span::mixed_site()=> [#(#keys),*]),
+                    quote!(enter_all),
+                    quote!(MultiGuard),
+                )
+            }
+        }
+    }
+
+    /// A block that renders one key template into a buffer sized for it.
+    fn key_expr(&self, template: &KeyTemplate) -> TokenStream {
+        let krate = &self.krate;
+        let manager = local("__redlock_manager");
+        let buffer = local("__redlock_k");
+        let hint = Literal::usize_unsuffixed(template.capacity_hint());
+        let write = template.write_to(krate, &buffer);
+        quote_spanned! {Span::mixed_site()=>
+            {
+                let mut #buffer = #krate::__private::key_buffer(&#manager, #hint);
+                #write
+                #buffer
+            }
+        }
+    }
+
+    /// The `CallOptions` the options ask for, each absent one at its default.
+    fn call_options(&self) -> TokenStream {
+        let krate = &self.krate;
+        let kind = self.call_kind();
+        let ttl = self.duration(self.options.ttl.get());
+        let wait = self.duration(self.options.wait.get());
+        let hold_at_least = self.duration(self.options.hold_at_least.get());
+        let watchdog = match self.options.watchdog.get() {
+            Some(lit) => lit.into_token_stream(),
+            None => quote!(true),
+        };
+        let abort_on_lost = match self.options.on_lost.get() {
+            Some(OnLost::Continue) => quote!(false),
+            Some(OnLost::Abort) | None => quote!(true),
+        };
+        let name = self.metrics_name();
+        quote_spanned! {Span::mixed_site()=>
+            #krate::__private::CallOptions {
+                kind: #krate::__private::CallKind::#kind,
+                ttl: #ttl,
+                wait: #wait,
+                hold_at_least: #hold_at_least,
+                watchdog: #watchdog,
+                abort_on_lost: #abort_on_lost,
+                name: #name,
+            }
+        }
+    }
+
+    /// The `CallKind` variant: `Permits(N)`, `Read` or `Exclusive`.
+    fn call_kind(&self) -> TokenStream {
+        match (self.options.permits.get(), self.options.mode.get()) {
+            (Some(&permits), _) => {
+                let permits = Literal::u32_suffixed(permits);
+                quote!(Permits(#permits))
+            }
+            (None, Some(Mode::Read)) => quote!(Read),
+            (None, Some(Mode::Exclusive) | None) => quote!(Exclusive),
+        }
+    }
+
+    /// A duration option as an `Option<Duration>`, spanned at its literal.
+    fn duration(&self, lit: Option<&DurationLit>) -> TokenStream {
+        let core = self.core();
+        match lit {
+            Some(duration) => {
+                let millis = Literal::u64_suffixed(duration.millis);
+                quote_spanned! {duration.lit.span()=>
+                    #core::option::Option::Some(#core::time::Duration::from_millis(#millis))
+                }
+            }
+            None => quote_spanned!(Span::mixed_site()=> #core::option::Option::None),
+        }
+    }
+
+    /// The metrics' `name`: the template as written, never the concrete key.
+    fn metrics_name(&self) -> String {
+        self.keys
+            .templates()
+            .iter()
+            .map(KeyTemplate::text)
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// With `guard = g`: `let g: &<crate>::GUARD_TYPE = __redlock_call.guard();`.
+    fn bind_guard(&self, guard_type: &TokenStream) -> Option<TokenStream> {
+        let krate = &self.krate;
+        let call = local("__redlock_call");
+        self.options.guard.get().map(|guard| {
+            quote_spanned! {Span::mixed_site()=>
+                let #guard: &#krate::#guard_type = #call.guard();
+            }
+        })
     }
 }
 

@@ -73,6 +73,21 @@ impl Table {
 /// comes by then and renews it), as in `acquire.lua`.
 const INTENT_SLACK: Duration = Duration::from_secs(2);
 
+/// When a hold of `ttl` taken at `now` runs out; for a `ttl` too long for an
+/// `Instant`, 2^32 seconds (about 136 years) from `now`.
+fn expiry(now: Instant, ttl: Duration) -> Instant {
+    now.checked_add(ttl)
+        .unwrap_or(now + Duration::from_secs(1 << 32))
+}
+
+/// A refusal: the key is held until `until`.
+fn refused(until: Instant, now: Instant) -> Attempt {
+    Attempt::Held {
+        remaining: Some(until.saturating_duration_since(now)),
+        holder: None,
+    }
+}
+
 /// A grant's fencing token and wall-clock time, for [`LockInfo`].
 #[derive(Clone, Copy)]
 struct Grant {
@@ -228,72 +243,98 @@ impl Table {
         }
     }
 
-    /// As `acquire.lua` and `acquire_shared.lua`.
+    /// As `acquire.lua` and `acquire_shared.lua`: the claim's own hold renewed, a
+    /// refusal, or a grant.
     fn acquire(&mut self, claim: &Claim<'_>, now: Instant) -> Result<Attempt, LockError> {
         let key = claim.key;
-        let expires = now
-            .checked_add(claim.ttl)
-            .unwrap_or(now + Duration::from_secs(1 << 32));
-        let held = |until: Instant| {
-            Ok(Attempt::Held {
-                remaining: Some(until.saturating_duration_since(now)),
-                holder: None,
-            })
-        };
+        let expires = expiry(now, claim.ttl);
         let shared = match claim.mode {
             Mode::Exclusive => None,
             Mode::Read | Mode::Permit(_) => Some(claim.mode.kind()),
         };
-        if let Some(entry) = self.live(key.full(), now) {
-            if let Some(own) = entry.expiry_of(claim.token) {
-                *own = expires;
-                // A shared holder gets a fresh token: others may have been granted since.
-                let fence = if shared.is_some() {
-                    self.next_fence(key)
-                } else {
-                    self.current_fence(key)
-                };
-                return fence.map(|fence| Attempt::Acquired {
-                    fence,
-                    replicas: None,
-                });
-            }
-            let until = entry.expires(now);
-            match (entry, shared) {
-                (Held::Many { kind, holders, .. }, Some(want)) if *kind == want => {
-                    if let Mode::Permit(n) = claim.mode {
-                        if holders.len() >= n as usize {
-                            let first = holders.values().copied().min().unwrap_or(now);
-                            return held(first);
-                        }
-                    }
-                }
-                // A writer refused, whoever holds the key (readers or another writer),
-                // registers its intent, as `acquire.lua` does.
-                (_, None) => {
-                    if let Some(intent) = claim.intent.filter(|i| !i.until.is_zero()) {
-                        // At most until INTENT_SLACK after the expiry the writer is told.
-                        let lasts = intent
-                            .until
-                            .min(until.saturating_duration_since(now) + INTENT_SLACK);
-                        let until = now + lasts;
-                        self.intents
-                            .entry(key.full().to_owned())
-                            .or_default()
-                            .insert(intent.waiter, until);
-                    }
-                    return held(until);
-                }
-                _ => return held(until),
-            }
+        if let Some(attempt) = self.meet_holders(claim, shared, expires, now) {
+            return attempt;
         }
         if shared == Some(LockKind::Read) {
             if let Some(first) = self.first_intent(key.full(), now) {
-                return held(first);
+                return Ok(refused(first, now));
             }
         }
         let fence = self.next_fence(key)?;
         self.sweep(now);
+        self.grant(claim, shared, expires, fence);
+        Ok(Attempt::Acquired {
+            fence,
+            replicas: None,
+        })
+    }
+
+    /// What the key's live holders make of the claim (`shared`: the kind of a shared
+    /// claim, `None` for an exclusive one): its own hold renewed until `expires`, a
+    /// refusal, or `None` when the claim may join them or the key is free.
+    fn meet_holders(
+        &mut self,
+        claim: &Claim<'_>,
+        shared: Option<LockKind>,
+        expires: Instant,
+        now: Instant,
+    ) -> Option<Result<Attempt, LockError>> {
+        let key = claim.key;
+        let entry = self.live(key.full(), now)?;
+        if let Some(own) = entry.expiry_of(claim.token) {
+            *own = expires;
+            // A shared holder gets a fresh token: others may have been granted since.
+            let fence = if shared.is_some() {
+                self.next_fence(key)
+            } else {
+                self.current_fence(key)
+            };
+            return Some(fence.map(|fence| Attempt::Acquired {
+                fence,
+                replicas: None,
+            }));
+        }
+        let until = entry.expires(now);
+        match (entry, shared) {
+            (Held::Many { kind, holders, .. }, Some(want)) if *kind == want => {
+                if let Mode::Permit(n) = claim.mode {
+                    if holders.len() >= n as usize {
+                        let first = holders.values().copied().min().unwrap_or(now);
+                        return Some(Ok(refused(first, now)));
+                    }
+                }
+                None
+            }
+            // A writer refused, whoever holds the key (readers or another writer),
+            // registers its intent, as `acquire.lua` does.
+            (_, None) => {
+                self.register_intent(claim, until, now);
+                Some(Ok(refused(until, now)))
+            }
+            _ => Some(Ok(refused(until, now))),
+        }
+    }
+
+    /// Registers the intent of a refused writer (if it has one) that was told the
+    /// key is held until `until`.
+    fn register_intent(&mut self, claim: &Claim<'_>, until: Instant, now: Instant) {
+        if let Some(intent) = claim.intent.filter(|i| !i.until.is_zero()) {
+            // At most until INTENT_SLACK after the expiry the writer is told.
+            let lasts = intent
+                .until
+                .min(until.saturating_duration_since(now) + INTENT_SLACK);
+            let until = now + lasts;
+            self.intents
+                .entry(claim.key.full().to_owned())
+                .or_default()
+                .insert(intent.waiter, until);
+        }
+    }
+
+    /// Records the grant of `fence` to the claim, held until `expires`: the key alone
+    /// (withdrawing the writer's intent), or a place among its shared holders.
+    fn grant(&mut self, claim: &Claim<'_>, shared: Option<LockKind>, expires: Instant, fence: u64) {
+        let key = claim.key;
         match shared {
             None => {
                 if let Some(intent) = claim.intent {
@@ -326,10 +367,6 @@ impl Table {
                 }
             }
         }
-        Ok(Attempt::Acquired {
-            fence,
-            replicas: None,
-        })
     }
 
     /// As `acquire_all.lua`: every key, or none.
@@ -348,9 +385,7 @@ impl Table {
                 }
             }
         }
-        let expires = now
-            .checked_add(ttl)
-            .unwrap_or(now + Duration::from_secs(1 << 32));
+        let expires = expiry(now, ttl);
         let mut fences = Vec::with_capacity(keys.len());
         for key in keys {
             match self.next_fence(key) {

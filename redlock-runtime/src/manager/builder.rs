@@ -99,6 +99,56 @@ impl Target {
         }
         .map_err(LockError::invalid_option)
     }
+
+    /// Connects to the backend (PINGing every node), its waiters woken through `wake`.
+    async fn connect(
+        self,
+        timeouts: Timeouts,
+        redlock_node_timeout: Duration,
+        wake: Wake,
+    ) -> Result<Backend, LockError> {
+        Ok(match self {
+            Target::Memory => Backend::Memory(MemoryBackend::new(wake)),
+            Target::Cluster(nodes) => Backend::Cluster(
+                ClusterBackend::connect(
+                    ClusterNodes::Infos(nodes.map_err(LockError::invalid_option)?),
+                    timeouts,
+                    wake,
+                )
+                .await?,
+            ),
+            Target::ClusterClient(client) => Backend::Cluster(
+                ClusterBackend::connect(ClusterNodes::Client(client), timeouts, wake).await?,
+            ),
+            Target::Redlock(nodes) => Backend::Redlock(
+                RedlockBackend::connect(
+                    nodes.map_err(LockError::invalid_option)?,
+                    timeouts,
+                    redlock_node_timeout,
+                    wake,
+                )
+                .await?,
+            ),
+            Target::Sentinel(master, sentinels) => Backend::Sentinel(
+                SentinelBackend::connect(
+                    master,
+                    sentinels.map_err(LockError::invalid_option)?,
+                    timeouts,
+                    wake,
+                )
+                .await?,
+            ),
+            Target::Single(node) => Backend::Single(
+                SingleBackend::connect(
+                    *node.map_err(LockError::invalid_option)?,
+                    timeouts,
+                    wake,
+                    "single",
+                )
+                .await?,
+            ),
+        })
+    }
 }
 
 /// Configures and connects a [`LockManager`]; from [`LockManager::builder`].
@@ -516,19 +566,7 @@ impl LockManagerBuilder {
                 place: "outside any runtime",
             })?
             .id();
-        check_ttl(self.default_ttl, MIN_TTL)?;
-        check_prefix(&self.prefix)?;
-        if Instant::now().checked_add(self.default_wait).is_none() {
-            return Err(LockError::invalid_option("default_wait overflows"));
-        }
-        if self.max_waiters_per_key == 0 {
-            return Err(LockError::invalid_option(
-                "max_waiters_per_key must be at least 1",
-            ));
-        }
-        if self.timeouts.connect.is_zero() || self.timeouts.response.is_zero() {
-            return Err(LockError::invalid_option("timeouts must be positive"));
-        }
+        self.check_settings()?;
         let target = self.target.ok_or_else(|| {
             LockError::invalid_option("no backend chosen: call .single(url), .cluster(urls), .redlock(urls), .sentinel(name, urls) or .in_memory()")
         })?;
@@ -537,61 +575,14 @@ impl LockManagerBuilder {
             check_tls_support()?;
         }
         let (jobs, rx) = mpsc::unbounded_channel();
-        let unsubscribe = jobs.downgrade();
-        let waiters = Arc::new(Waiters::new(
-            self.max_waiters_per_key,
-            Box::new(move |key| {
-                if let Some(jobs) = unsubscribe.upgrade() {
-                    let _ = jobs.send(Job::Unsubscribe(key.to_owned()));
-                }
-            }),
-        ));
-        let backend = match target {
-            Target::Memory => Backend::Memory(MemoryBackend::new(Wake::new(&waiters))),
-            Target::Cluster(nodes) => Backend::Cluster(
-                ClusterBackend::connect(
-                    ClusterNodes::Infos(nodes.map_err(LockError::invalid_option)?),
-                    self.timeouts,
-                    Wake::new(&waiters),
-                )
-                .await?,
-            ),
-            Target::ClusterClient(client) => Backend::Cluster(
-                ClusterBackend::connect(
-                    ClusterNodes::Client(client),
-                    self.timeouts,
-                    Wake::new(&waiters),
-                )
-                .await?,
-            ),
-            Target::Redlock(nodes) => Backend::Redlock(
-                RedlockBackend::connect(
-                    nodes.map_err(LockError::invalid_option)?,
-                    self.timeouts,
-                    self.redlock_node_timeout,
-                    Wake::new(&waiters),
-                )
-                .await?,
-            ),
-            Target::Sentinel(master, sentinels) => Backend::Sentinel(
-                SentinelBackend::connect(
-                    master,
-                    sentinels.map_err(LockError::invalid_option)?,
-                    self.timeouts,
-                    Wake::new(&waiters),
-                )
-                .await?,
-            ),
-            Target::Single(node) => Backend::Single(
-                SingleBackend::connect(
-                    *node.map_err(LockError::invalid_option)?,
-                    self.timeouts,
-                    Wake::new(&waiters),
-                    "single",
-                )
-                .await?,
-            ),
-        };
+        let waiters = unsubscribing_waiters(self.max_waiters_per_key, &jobs);
+        let backend = target
+            .connect(
+                self.timeouts,
+                self.redlock_node_timeout,
+                Wake::new(&waiters),
+            )
+            .await?;
         // Again with the backend's shortest grantable ttl, known now.
         check_ttl(self.default_ttl, backend.min_ttl())?;
         check_eviction(&backend, self.require_noeviction).await?;
@@ -610,6 +601,39 @@ impl LockManagerBuilder {
             attempts: std::sync::atomic::AtomicUsize::new(0),
         })))
     }
+
+    /// The settings that need no backend: the default ttl (against the shortest any
+    /// backend grants), the prefix, the default wait, the waiter bound and the timeouts.
+    fn check_settings(&self) -> Result<(), LockError> {
+        check_ttl(self.default_ttl, MIN_TTL)?;
+        check_prefix(&self.prefix)?;
+        if Instant::now().checked_add(self.default_wait).is_none() {
+            return Err(LockError::invalid_option("default_wait overflows"));
+        }
+        if self.max_waiters_per_key == 0 {
+            return Err(LockError::invalid_option(
+                "max_waiters_per_key must be at least 1",
+            ));
+        }
+        if self.timeouts.connect.is_zero() || self.timeouts.response.is_zero() {
+            return Err(LockError::invalid_option("timeouts must be positive"));
+        }
+        Ok(())
+    }
+}
+
+/// The manager's waiters, at most `max_per_key` per key; a key nobody waits for any
+/// more is handed to the background task (`jobs`) to unsubscribe from.
+fn unsubscribing_waiters(max_per_key: usize, jobs: &mpsc::UnboundedSender<Job>) -> Arc<Waiters> {
+    let unsubscribe = jobs.downgrade();
+    Arc::new(Waiters::new(
+        max_per_key,
+        Box::new(move |key| {
+            if let Some(jobs) = unsubscribe.upgrade() {
+                let _ = jobs.send(Job::Unsubscribe(key.to_owned()));
+            }
+        }),
+    ))
 }
 
 /// TLS needs the `tls` feature, and a rustls crypto provider the application installed.
