@@ -69,6 +69,18 @@ pub(super) enum Stragglers {
     Settle(Token),
 }
 
+/// What the next extend of a lock does with its expiry-setting requests still in flight
+/// (see [`RedlockBackend::settled`]).
+#[derive(Debug, Clone, Copy)]
+pub(super) enum NextExtend {
+    /// Cuts them at once: an extend's stragglers (one already written is applied before
+    /// the next extend, one not written yet never will be).
+    Cuts,
+    /// Waits for them, until their deadline: the late grants of an acquisition (cut
+    /// unwritten, a grant would leave its node without the key for good).
+    Waits,
+}
+
 /// Whether a node answered that someone else holds a key (it took nothing then).
 fn refused<T: Grant>(answer: &Result<T, LockError>) -> bool {
     matches!(answer, Ok(a) if a.fences().is_err())
@@ -104,8 +116,8 @@ impl RedlockBackend {
     /// Drives the expiry-setting requests of `keys` held with `token` still in flight
     /// after their call returned, in a task of its own, handing each answer to `then`;
     /// at `deadline` the unanswered ones are cut (`cut`: see [`send_to`](Self::send_to))
-    /// and answer a timeout. The next extend of each key waits for that, cutting them at
-    /// once when `cut_early` (an extend's stragglers: see [`settled`](Self::settled)).
+    /// and answer a timeout. The next extend of each key waits for that, or cuts them at
+    /// once, as `next_extend` says (see [`settled`](Self::settled)).
     ///
     /// Why: a request may be written long after its call returned — `reconnecting`
     /// sends it again after a dropped connection, `LuaScript::invoke` sends `EVAL` after
@@ -120,14 +132,12 @@ impl RedlockBackend {
     /// of these requests landing after a renewal sets an expiry at least as late as the
     /// one the renewal booked; and a renewal's own requests are dropped, never re-sent,
     /// when its call returns (under the operation lock).
-    #[allow(clippy::too_many_arguments)] // Each one says what to settle, or how.
     pub(super) fn settle<T, G>(
         &self,
         token: Token,
         keys: impl IntoIterator<Item = String>,
-        deadline: tokio::time::Instant,
-        cut: CancellationToken,
-        cut_early: bool,
+        (deadline, cut): (tokio::time::Instant, CancellationToken),
+        next_extend: NextExtend,
         in_flight: InFlight<T>,
         mut then: G,
     ) where
@@ -144,7 +154,7 @@ impl RedlockBackend {
         for key in &keys {
             let entry = Settling {
                 id,
-                cut: cut_early.then(|| cut.clone()),
+                cut: matches!(next_extend, NextExtend::Cuts).then(|| cut.clone()),
                 done: done.clone(),
             };
             settling.insert(key.clone(), entry);
@@ -236,9 +246,8 @@ impl RedlockBackend {
         self.settle(
             token,
             names,
-            deadline,
-            cut,
-            false,
+            (deadline, cut),
+            NextExtend::Waits,
             in_flight,
             move |(i, answer)| {
                 let landed = answer.as_ref().ok().and_then(|a| a.fences().ok());

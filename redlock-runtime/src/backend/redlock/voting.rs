@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use futures_util::future::join_all;
 use tokio_util::sync::CancellationToken;
 
-use super::stragglers::{release_again, Stragglers};
+use super::stragglers::{release_again, NextExtend, Stragglers};
 use super::{finish, gather, Answer, Grant, RedlockBackend, Stake, MAX_JITTER};
 use crate::backend::jitter;
 use crate::backend::single::SingleBackend;
@@ -243,7 +243,14 @@ impl RedlockBackend {
             }
             Stragglers::Settle(token) => {
                 let key = std::iter::once_with(|| key.full().to_owned());
-                self.settle(token, key, deadline, cut, true, in_flight, |_| {});
+                self.settle(
+                    token,
+                    key,
+                    (deadline, cut),
+                    NextExtend::Cuts,
+                    in_flight,
+                    |_| {},
+                );
             }
         }
         match vote {
