@@ -55,7 +55,7 @@
 //!   is retried in the background for a few seconds.
 //! - **Renewal** (the watchdog) extends each lock on every node, one pipelined request
 //!   per node and ttl group, each bounded by its group's shortest ttl and its size (see
-//!   [`RedlockBackend::renew`]); a lock is lost once a majority no longer confirms it.
+//!   [`RedlockBackend::renew_quorum`]); a lock is lost once a majority no longer confirms it.
 //! - **Wake-ups**: a release publishes on every node it reaches, and any node's message
 //!   wakes the waiter. A successful release reaches a quorum, which meets every set of
 //!   N − quorum + 1 nodes (2 of 3, 3 of 5): a waiter counts as *listening* (it sleeps

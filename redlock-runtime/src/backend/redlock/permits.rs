@@ -202,7 +202,8 @@ const PROBE_BATCH: u32 = 256;
 const TRY_ROUNDS: u32 = 4;
 
 /// The per-node timeouts one permit attempt may take: a probe and a try, and room for
-/// more when they are quick ([`RedlockBackend::request_timeout`] adds one spare).
+/// more when they are quick (the store's
+/// [`request_timeout`](crate::backend::Store::request_timeout) adds one spare).
 pub(super) const PERMIT_ROUNDS: u32 = 1 + TRY_ROUNDS + 1;
 
 /// Place `k` of a search of `n` places from `start`: `(start + k) mod n`.
