@@ -23,7 +23,7 @@
 //!         __redlock_manager,
 //!         __redlock_key,
 //!         CallOptions {
-//!             kind: CallKind::Exclusive, // `Read` (mode = "read"), `Permits(4u32)` (permits = 4)
+//!             kind: Mode::Exclusive, // `Read` (mode = "read"), `Permit(4u32)` (permits = 4)
 //!             ttl: Some(Duration::from_millis(10000u64)),
 //!             wait: None,
 //!             hold_at_least: None,
@@ -465,7 +465,7 @@ impl<'a> Expansion<'a> {
         let name = self.metrics_name();
         quote_spanned! {Span::mixed_site()=>
             #krate::__private::CallOptions {
-                kind: #krate::__private::CallKind::#kind,
+                kind: #krate::__private::Mode::#kind,
                 ttl: #ttl,
                 wait: #wait,
                 hold_at_least: #hold_at_least,
@@ -476,12 +476,12 @@ impl<'a> Expansion<'a> {
         }
     }
 
-    /// The `CallKind` variant: `Permits(N)`, `Read` or `Exclusive`.
+    /// The runtime's `Mode` variant: `Permit(N)`, `Read` or `Exclusive`.
     fn call_kind(&self) -> TokenStream {
         match (self.options.permits.get(), self.options.mode.get()) {
             (Some(&permits), _) => {
                 let permits = Literal::u32_suffixed(permits);
-                quote!(Permits(#permits))
+                quote!(Permit(#permits))
             }
             (None, Some(Mode::Read)) => quote!(Read),
             (None, Some(Mode::Exclusive) | None) => quote!(Exclusive),

@@ -56,14 +56,17 @@ impl LockKind {
     }
 }
 
-/// What an acquisition asks for.
+/// What an acquisition asks for: the one enum of a lock's kind from the attribute's
+/// option (`#[distributed_lock]` expansions name it through the facade's hidden
+/// `__private` module) to the script's arguments.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Mode {
-    /// The key alone.
+pub enum Mode {
+    /// The key alone: the default, `mode = "write"` or `mode = "exclusive"`; also every
+    /// key of `lock_all` and of the attribute's `keys`.
     Exclusive,
-    /// A place among the readers.
+    /// A place among the readers: `mode = "read"`.
     Read,
-    /// One of this many places.
+    /// One of this many places: `permits = n`.
     Permit(u32),
 }
 

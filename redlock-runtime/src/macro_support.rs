@@ -5,9 +5,9 @@ use std::future::Future;
 use std::time::Duration;
 
 use crate::key::LockKey;
-use crate::kind::Mode;
 use crate::{LockError, LockGuard, LockKind, LockManager, LockOptions, MultiGuard};
 
+pub use crate::kind::Mode;
 pub use ::core;
 pub use ::std;
 pub use std::time::Duration as StdDuration;
@@ -34,32 +34,11 @@ impl Held {
     }
 }
 
-/// Which acquisition the attribute asks for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CallKind {
-    /// The default, `mode = "write"` or `mode = "exclusive"`; also every key of `keys`.
-    Exclusive,
-    /// `mode = "read"`.
-    Read,
-    /// `permits = n`.
-    Permits(u32),
-}
-
-impl CallKind {
-    fn mode(self) -> Mode {
-        match self {
-            Self::Exclusive => Mode::Exclusive,
-            Self::Read => Mode::Read,
-            Self::Permits(n) => Mode::Permit(n),
-        }
-    }
-}
-
 /// The options written in the attribute.
 #[derive(Debug, Clone, Copy)]
 pub struct CallOptions {
     /// `mode = "…"` or `permits = n`; [`enter_all`] takes every key exclusively.
-    pub kind: CallKind,
+    pub kind: Mode,
     /// `ttl = "…"`, else the manager's default.
     pub ttl: Option<Duration>,
     /// `wait = "…"`, else the manager's default.
@@ -116,7 +95,7 @@ pub async fn enter(
     full_key: String,
     options: CallOptions,
 ) -> Result<Call, LockError> {
-    let mode = options.kind.mode();
+    let mode = options.kind;
     let outer = match mode {
         Mode::Exclusive => HELD
             .try_with(|held| {
