@@ -159,6 +159,7 @@ mod connect;
 mod exclusive;
 mod kinds;
 mod operations;
+mod wait;
 
 impl fmt::Debug for LockManager {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
