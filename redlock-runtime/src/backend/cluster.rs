@@ -55,11 +55,11 @@ use tokio::sync::mpsc;
 
 use super::server::{
     acquire_all_call, acquire_args, acquire_by_call, acquire_call, by_script_call, chunk_outcomes,
-    decode, decode_acquire, decode_acquire_all, decode_extended, decode_scan, exists_on,
-    extend_call, force_unlock_on, inspect_all, inspect_on, parse_eviction_policy, release_call,
-    renew_call, renew_in_parts, replicas_met, replicated_outcome, scan_cmd, scan_glob,
-    scan_unfinished, script_loads, ttl_ms, unexpected, withdraw_pipe, ScriptCall, Timeouts,
-    WaitAttempt, WaitPool, MAX_REPLICA_WAIT, MAX_SCAN_STEPS,
+    decode, decode_acquire, decode_acquire_all, decode_scan, exists_on, extend_lease,
+    force_unlock_on, inspect_all, inspect_on, parse_eviction_policy, release_lease, renew_call,
+    renew_in_parts, replicated_outcome, scan_cmd, scan_glob, scan_unfinished, script_loads, ttl_ms,
+    unexpected, withdraw_pipe, LeaseSender, Resend, ScriptCall, Timeouts, WaitAttempt, WaitPool,
+    MAX_REPLICA_WAIT, MAX_SCAN_STEPS,
 };
 use super::{Attempt, Claim, Policies, Renewed, Seen, Store, Together};
 use crate::error::chain;
@@ -67,7 +67,7 @@ use crate::info::LockInfo;
 use crate::key::{key_slot, LockKey, SLOTS};
 use crate::kind::Mode;
 use crate::notify::{channel_of, ChannelLocks, Interest};
-use crate::scripts::{ACQUIRE, RELEASE};
+use crate::scripts::ACQUIRE;
 use crate::token::Token;
 use crate::waiters::Wake;
 use crate::wire::{LeaseRef, Publish, Renewal, ReplicaWait};
@@ -361,37 +361,6 @@ impl ClusterBackend {
             .await
     }
 
-    /// One call on the master of `key` (with `WAIT` for the lease's replicas, if any):
-    /// its reply, checked against them ([`LockError::ReplicasUnavailable`] when a
-    /// confirmed request was not acknowledged by enough replicas).
-    async fn on_lease(
-        &self,
-        call: ScriptCall,
-        lease: LeaseRef<'_>,
-        operation: &'static str,
-    ) -> Result<Value, LockError> {
-        let Some(rw) = lease.replicas else {
-            return call
-                .invoke(&self.con)
-                .await
-                .map_err(LockError::backend(operation));
-        };
-        let route = master_of(lease.key.full());
-        let (replies, acked) = self
-            .pipeline(std::slice::from_ref(&call), Some(rw), route, operation)
-            .await?;
-        let reply = replies
-            .into_iter()
-            .next()
-            .ok_or_else(|| unexpected(operation, 0))?;
-        if matches!(reply, Value::Int(1))
-            || matches!(&reply, Value::Array(a) if matches!(a.as_slice(), [Value::Int(1)]))
-        {
-            replicas_met(lease.key, rw, acked.unwrap_or(0))?;
-        }
-        Ok(reply)
-    }
-
     #[cfg(test)]
     fn subscriber(&self) -> &ShardSubscriber {
         &self.subscriber
@@ -581,6 +550,37 @@ impl ClusterBackend {
     }
 }
 
+/// Cluster's extends and releases: on the cluster connection (which re-sends a request
+/// by itself: [`CLIENT_RETRIES`]); with replicas to wait for, a pipeline ending in a
+/// `WAIT` routed to the key's master ([`pipeline`](ClusterBackend::pipeline)).
+impl LeaseSender for ClusterBackend {
+    type Con = ClusterConnection;
+
+    const RESEND: Resend = Resend::ByClient;
+
+    fn command_con(&self) -> &ClusterConnection {
+        &self.con
+    }
+
+    async fn send_waiting(
+        &self,
+        call: &ScriptCall,
+        key: &LockKey,
+        rw: ReplicaWait,
+        operation: &'static str,
+    ) -> Result<(Value, u32), LockError> {
+        let route = master_of(key.full());
+        let (replies, acked) = self
+            .pipeline(std::slice::from_ref(call), Some(rw), route, operation)
+            .await?;
+        let reply = replies
+            .into_iter()
+            .next()
+            .ok_or_else(|| unexpected(operation, 0))?;
+        Ok((reply, acked.unwrap_or(0)))
+    }
+}
+
 impl Store for ClusterBackend {
     fn name(&self) -> &'static str {
         "cluster"
@@ -658,32 +658,16 @@ impl Store for ClusterBackend {
         decode_acquire_all(reply, keys.len()).map(Some)
     }
 
-    /// A release that keeps the key (`hold_at_least`) of a lease waiting for replicas
-    /// sends a `WAIT` with it ([`on_lease`](Self::on_lease)).
+    /// See [`release_lease`]: the cluster client sends a request again by itself, so a
+    /// 0 reply is never taken for released (see [`Resend::ByClient`]).
     async fn release(&self, lease: LeaseRef<'_>, keep: Duration) -> Result<bool, LockError> {
-        // The plain exclusive release (the uncontended path) builds its request in place.
-        let released: i64 = if !lease.mode.is_shared() && keep.is_zero() {
-            let args = (lease.token.as_bytes(), Publish::Shard);
-            RELEASE
-                .invoke(&self.con, &[lease.key.full()], args)
-                .await
-                .map_err(LockError::backend("release"))?
-        } else {
-            let call = release_call(lease, keep, Publish::Shard);
-            let lease = LeaseRef {
-                replicas: lease.replicas.filter(|_| !keep.is_zero()),
-                ..lease
-            };
-            decode(self.on_lease(call, lease, "release").await?, "release")?
-        };
-        Ok(released == 1)
+        release_lease(self, lease, keep, Publish::Shard).await
     }
 
-    /// With the lease's replicas to wait for, the extend counts only once they
-    /// acknowledged it ([`on_lease`](Self::on_lease)).
+    /// See [`extend_lease`]: with the lease's replicas to wait for, the extend and a
+    /// `WAIT` go as one pipeline routed to the key's master.
     async fn extend(&self, lease: LeaseRef<'_>, ttl: Duration) -> Result<bool, LockError> {
-        let call = extend_call(lease, ttl, Publish::Shard);
-        decode_extended(self.on_lease(call, lease, "extend").await?)
+        extend_lease(self, lease, ttl, Publish::Shard).await
     }
 
     /// Renews a batch with one pipeline per master ([`renew_part`](Self::renew_part));
