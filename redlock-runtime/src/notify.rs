@@ -22,6 +22,10 @@
 //! were decided; those of different channels do not wait for each other (the multiplexed
 //! connection pipelines them), so a burst of new waiters is subscribed in about one round
 //! trip, not one round trip each.
+//!
+//! The cluster backend's sharded subscriber keeps its interests in [`Channels`] and
+//! orders its commands with [`ChannelLocks`] too; only its commands and its recovery
+//! after a loss are its own.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex as StdMutex, MutexGuard, OnceLock, PoisonError, Weak};
@@ -329,7 +333,7 @@ impl ChannelState {
 /// unsubscribed when the interest is dropped, never left subscribed with nobody to
 /// unsubscribe it.
 #[derive(Debug, Default)]
-pub(crate) struct Interest {
+struct Interest {
     count: usize,
     state: SubState,
 }
@@ -349,7 +353,7 @@ enum SubState {
 impl Interest {
     /// Counts one more interest if `register` (or if none is counted: the caller holds
     /// one). Returns whether the channel still needs a `SUBSCRIBE`.
-    pub(crate) fn add(&mut self, register: bool) -> bool {
+    fn add(&mut self, register: bool) -> bool {
         if register || self.count == 0 {
             self.count += 1;
         }
@@ -359,29 +363,29 @@ impl Interest {
     /// Records the server's confirmation; true when the channel was not confirmed
     /// (lost with its connection, or asked for on a connection that then dropped):
     /// messages published meanwhile went unheard, so its head must retry.
-    pub(crate) fn confirm(&mut self) -> bool {
+    fn confirm(&mut self) -> bool {
         std::mem::replace(&mut self.state, SubState::Confirmed) != SubState::Confirmed
     }
 
     /// Records that the connection carrying the subscription dropped.
-    pub(crate) fn lose(&mut self) {
+    fn lose(&mut self) {
         if self.state == SubState::Confirmed {
             self.state = SubState::Lost;
         }
     }
 
     /// Whether the server confirmed the subscription and it has not been lost since.
-    pub(crate) fn is_confirmed(&self) -> bool {
+    fn is_confirmed(&self) -> bool {
         self.state == SubState::Confirmed
     }
 
     /// Whether the subscription was confirmed, then lost with its connection.
-    pub(crate) fn is_lost(&self) -> bool {
+    fn is_lost(&self) -> bool {
         self.state == SubState::Lost
     }
 
     /// Drops one interest; true when none is left (the channel is to be unsubscribed).
-    pub(crate) fn drop_one(&mut self) -> bool {
+    fn drop_one(&mut self) -> bool {
         self.count = self.count.saturating_sub(1);
         self.count == 0
     }
