@@ -22,6 +22,10 @@
 //! were decided; those of different channels do not wait for each other (the multiplexed
 //! connection pipelines them), so a burst of new waiters is subscribed in about one round
 //! trip, not one round trip each.
+//!
+//! The cluster backend's sharded subscriber keeps its interests in [`Channels`] and
+//! orders its commands with [`ChannelLocks`] too; only its commands and its recovery
+//! after a loss are its own.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex as StdMutex, MutexGuard, OnceLock, PoisonError, Weak};
@@ -204,14 +208,121 @@ impl Channels {
     pub(crate) fn move_to(&self, generation: u64) -> Vec<String> {
         let mut state = self.state();
         state.generation = generation;
-        state.epoch += 1;
-        state.interest.values_mut().for_each(Interest::lose);
+        state.lose_all();
         state.interest.keys().cloned().collect()
     }
 
     /// Whether connection `generation` still carries the subscriptions.
     fn is_current(&self, generation: u64) -> bool {
         self.state().generation == generation
+    }
+
+    /// Counts one more interest in `channel` if `register` (or if none is counted: the
+    /// caller holds one), at once, so an unsubscription decided from now on sees it.
+    /// Returns whether the channel still needs a subscription (it is not confirmed).
+    pub(crate) fn register(&self, channel: &str, register: bool) -> bool {
+        self.state()
+            .interest
+            .entry(channel.to_owned())
+            .or_default()
+            .add(register)
+    }
+
+    /// Drops one interest in `channel`, at once (no timeout or cancellation can lose the
+    /// decrement); true when it was the last: the channel is no longer wanted, and is to
+    /// be unsubscribed.
+    pub(crate) fn drop_interest(&self, channel: &str) -> bool {
+        let mut state = self.state();
+        let Some(entry) = state.interest.get_mut(channel) else {
+            return false;
+        };
+        if !entry.drop_one() {
+            return false;
+        }
+        state.interest.remove(channel);
+        true
+    }
+
+    /// Whether some interest in `channel` is counted.
+    pub(crate) fn wants(&self, channel: &str) -> bool {
+        self.state().interest.contains_key(channel)
+    }
+
+    /// The number of channels with an interest (for tests of what is left behind).
+    pub(crate) fn interests(&self) -> usize {
+        self.state().interest.len()
+    }
+
+    /// Whether `channel` was confirmed, then lost with its connection.
+    pub(crate) fn is_lost(&self, channel: &str) -> bool {
+        self.state()
+            .interest
+            .get(channel)
+            .is_some_and(Interest::is_lost)
+    }
+
+    /// Whether `channel` is wanted and its subscription neither confirmed nor lost: asked
+    /// for (or about to be), not confirmed yet.
+    pub(crate) fn pending(&self, channel: &str) -> bool {
+        self.state()
+            .interest
+            .get(channel)
+            .is_some_and(|i| i.state == SubState::Pending)
+    }
+
+    /// Records the server's confirmation of `channel`, if it is wanted.
+    pub(crate) fn confirm(&self, channel: &str) {
+        if let Some(entry) = self.state().interest.get_mut(channel) {
+            entry.confirm();
+        }
+    }
+
+    /// Marks `channel` lost (no longer subscribed on the server) if it is wanted;
+    /// whether it is.
+    pub(crate) fn lose(&self, channel: &str) -> bool {
+        self.state()
+            .interest
+            .get_mut(channel)
+            .map(Interest::lose)
+            .is_some()
+    }
+
+    /// The channels the server confirmed and that were not lost since.
+    pub(crate) fn confirmed(&self) -> Vec<String> {
+        self.state()
+            .interest
+            .iter()
+            .filter(|(_, i)| i.is_confirmed())
+            .map(|(c, _)| c.clone())
+            .collect()
+    }
+
+    /// Those of `channels` still confirmed (looked at all at once).
+    pub(crate) fn still_confirmed(&self, channels: Vec<String>) -> Vec<String> {
+        let state = self.state();
+        channels
+            .into_iter()
+            .filter(|c| state.interest.get(c).is_some_and(Interest::is_confirmed))
+            .collect()
+    }
+
+    /// Every channel with an interest.
+    pub(crate) fn wanted(&self) -> Vec<String> {
+        self.state().interest.keys().cloned().collect()
+    }
+
+    /// The connection carrying the subscriptions dropped: nothing confirmed so far
+    /// counts any more, and a reply that raced the drop confirms nothing.
+    pub(crate) fn lose_all(&self) {
+        self.state().lose_all();
+    }
+}
+
+impl ChannelState {
+    /// See [`Channels::lose_all`].
+    fn lose_all(&mut self) {
+        self.epoch += 1;
+        self.interest.values_mut().for_each(Interest::lose);
     }
 }
 
@@ -222,7 +333,7 @@ impl Channels {
 /// unsubscribed when the interest is dropped, never left subscribed with nobody to
 /// unsubscribe it.
 #[derive(Debug, Default)]
-pub(crate) struct Interest {
+struct Interest {
     count: usize,
     state: SubState,
 }
@@ -242,7 +353,7 @@ enum SubState {
 impl Interest {
     /// Counts one more interest if `register` (or if none is counted: the caller holds
     /// one). Returns whether the channel still needs a `SUBSCRIBE`.
-    pub(crate) fn add(&mut self, register: bool) -> bool {
+    fn add(&mut self, register: bool) -> bool {
         if register || self.count == 0 {
             self.count += 1;
         }
@@ -252,29 +363,29 @@ impl Interest {
     /// Records the server's confirmation; true when the channel was not confirmed
     /// (lost with its connection, or asked for on a connection that then dropped):
     /// messages published meanwhile went unheard, so its head must retry.
-    pub(crate) fn confirm(&mut self) -> bool {
+    fn confirm(&mut self) -> bool {
         std::mem::replace(&mut self.state, SubState::Confirmed) != SubState::Confirmed
     }
 
     /// Records that the connection carrying the subscription dropped.
-    pub(crate) fn lose(&mut self) {
+    fn lose(&mut self) {
         if self.state == SubState::Confirmed {
             self.state = SubState::Lost;
         }
     }
 
     /// Whether the server confirmed the subscription and it has not been lost since.
-    pub(crate) fn is_confirmed(&self) -> bool {
+    fn is_confirmed(&self) -> bool {
         self.state == SubState::Confirmed
     }
 
     /// Whether the subscription was confirmed, then lost with its connection.
-    pub(crate) fn is_lost(&self) -> bool {
+    fn is_lost(&self) -> bool {
         self.state == SubState::Lost
     }
 
     /// Drops one interest; true when none is left (the channel is to be unsubscribed).
-    pub(crate) fn drop_one(&mut self) -> bool {
+    fn drop_one(&mut self) -> bool {
         self.count = self.count.saturating_sub(1);
         self.count == 0
     }
@@ -305,7 +416,7 @@ impl Subscriber {
 
     /// The number of channels with an interest (for tests of what is left behind).
     pub(crate) fn interests(&self) -> usize {
-        self.channels.state().interest.len()
+        self.channels.interests()
     }
 
     /// Adds one interest in `key` when `register` (a caller retrying a subscription whose
@@ -323,12 +434,7 @@ impl Subscriber {
     /// whatever the `SUBSCRIBE` then waits for. Returns whether the channel still needs
     /// a [`send_subscribe`](Self::send_subscribe) (it is not confirmed).
     pub(crate) fn register(&self, key: &str, register: bool) -> bool {
-        self.channels
-            .state()
-            .interest
-            .entry(key.to_owned())
-            .or_default()
-            .add(register)
+        self.channels.register(key, register)
     }
 
     /// Sends `SUBSCRIBE` for an interest [`register`](Self::register)ed in `key`, unless
@@ -366,15 +472,8 @@ impl Subscriber {
     /// `UNSUBSCRIBE` if an interest was registered again meanwhile (whose `SUBSCRIBE`
     /// then owns the channel).
     pub(crate) fn unsubscribe(&self, key: &str) {
-        {
-            let mut state = self.channels.state();
-            let Some(entry) = state.interest.get_mut(key) else {
-                return;
-            };
-            if !entry.drop_one() {
-                return;
-            }
-            state.interest.remove(key);
+        if !self.channels.drop_interest(key) {
+            return;
         }
         let ops = self.ops.clone();
         let channels = self.channels.clone();
@@ -384,7 +483,7 @@ impl Subscriber {
         // Bounded by the connection's response timeout (and its retries).
         tokio::spawn(async move {
             let _turn = ops.lock(&key).await;
-            if channels.state().interest.contains_key(&key) {
+            if channels.wants(&key) {
                 return;
             }
             if let Err(e) = con.unsubscribe(&key).await {
@@ -442,11 +541,7 @@ pub(crate) fn push_handler(
                         .for_each(|c| wake.wake(c)),
                 }
             }
-            PushKind::Message | PushKind::SMessage => {
-                if let Some(msg) = redis::Msg::from_push_info(push) {
-                    wake.wake(msg.get_channel_name());
-                }
-            }
+            PushKind::Message | PushKind::SMessage => wake_for_message(&wake, push),
             PushKind::Subscribe => {
                 let Some(channel) = channel_of(&push) else {
                     return Ok(());
@@ -478,6 +573,13 @@ pub(crate) fn push_handler(
             _ => {}
         }
         Ok(())
+    }
+}
+
+/// Wakes the head waiting for the channel of a (sharded) message push: a release.
+pub(crate) fn wake_for_message(wake: &Wake, push: PushInfo) {
+    if let Some(msg) = redis::Msg::from_push_info(push) {
+        wake.wake(msg.get_channel_name());
     }
 }
 

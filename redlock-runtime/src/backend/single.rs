@@ -18,18 +18,18 @@ use super::batched::{AcquireRequest, ReleaseRequest};
 use super::coalesce::Coalescer;
 use super::server::{
     acquire_all_call, acquire_args, acquire_call, by_script_call, chunk_outcomes, decode,
-    decode_acquire, decode_acquire_all, decode_extended, exists_on, extend_call, force_unlock_on,
-    in_batch_order, inspect_on, is_dropped, list_on, parse_eviction_policy, reconnecting,
-    release_call, renew_calls, renew_groups, renew_in_parts, replicas_met, replicated_outcome,
-    scan_keys_on, scan_places_on, script_loads, ttl_ms, unexpected, withdraw_pipe, ScriptCall,
-    Timeouts, WaitAttempt, WaitPool, MAX_REPLICA_WAIT,
+    decode_acquire, decode_acquire_all, exists_on, extend_lease, force_unlock_on, in_batch_order,
+    inspect_on, is_dropped, list_on, parse_eviction_policy, reconnecting, release_lease,
+    renew_calls, renew_groups, renew_in_parts, replicated_outcome, scan_keys_on, scan_places_on,
+    script_loads, ttl_ms, unexpected, withdraw_pipe, LeaseSender, Resend, ScriptCall, Timeouts,
+    WaitAttempt, WaitPool, MAX_REPLICA_WAIT,
 };
 use super::{Attempt, Claim, Policies, Renewed, Seen, Store, Together};
 use crate::info::LockInfo;
 use crate::key::LockKey;
 use crate::kind::Mode;
 use crate::notify::{push_handler, Channels, Subscriber};
-use crate::scripts::{ACQUIRE, RELEASE};
+use crate::scripts::ACQUIRE;
 use crate::token::Token;
 use crate::waiters::Wake;
 use crate::wire::{LeaseRef, Publish, Renewal, ReplicaWait};
@@ -362,6 +362,34 @@ impl SingleBackend {
     }
 }
 
+/// Single's extends and releases: on the connection manager, sent again once after a
+/// dropped connection; with replicas to wait for, [`replicated`](SingleBackend::replicated).
+impl LeaseSender for SingleBackend {
+    type Con = ConnectionManager;
+
+    const RESEND: Resend = Resend::OnceAfterDrop;
+
+    fn command_con(&self) -> &ConnectionManager {
+        &self.con
+    }
+
+    async fn send_waiting(
+        &self,
+        call: &ScriptCall,
+        _key: &LockKey,
+        rw: ReplicaWait,
+        operation: &'static str,
+    ) -> Result<(Value, u32), LockError> {
+        let (replies, acked) = self
+            .replicated(std::slice::from_ref(call), rw, operation)
+            .await?;
+        match <[Value; 1]>::try_from(replies) {
+            Ok([reply]) => Ok((reply, acked)),
+            Err(other) => Err(unexpected(operation, other.len())),
+        }
+    }
+}
+
 impl Store for SingleBackend {
     fn name(&self) -> &'static str {
         "single"
@@ -423,30 +451,10 @@ impl Store for SingleBackend {
         decode_acquire_all(reply, keys.len()).map(Some)
     }
 
-    /// True when our lock is gone because of this call.
-    ///
-    /// When the connection dropped under the first request, it may have been applied with
-    /// its reply lost; the retry then finds the key gone, which means released (a lock
-    /// the caller still held cannot have expired), not lost.
-    ///
-    /// A release that keeps the key (`hold_at_least`) of a lease waiting for replicas
-    /// sends a `WAIT` with it: [`LockError::ReplicasUnavailable`] when too few
-    /// acknowledged (the key is kept on the primary, but a failover may cut the hold).
+    /// True when our lock is gone because of this call: see [`release_lease`] (a 0
+    /// reply after a re-send is released). A plain exclusive release made while others
+    /// are in flight shares one call with them (see `coalesce`).
     async fn release(&self, lease: LeaseRef<'_>, keep: Duration) -> Result<bool, LockError> {
-        if let (Some(rw), false) = (lease.replicas, keep.is_zero()) {
-            let call = release_call(lease, keep, Publish::Channel);
-            let (replies, acked) = self
-                .replicated(std::slice::from_ref(&call), rw, "release")
-                .await?;
-            let released: i64 = match <[Value; 1]>::try_from(replies) {
-                Ok([reply]) => decode(reply, "release")?,
-                Err(other) => return Err(unexpected("release", other.len())),
-            };
-            if released == 1 {
-                replicas_met(lease.key, rw, acked)?;
-            }
-            return Ok(released == 1);
-        }
         // The plain exclusive release (the uncontended path) builds its request in place.
         let plain = !lease.mode.is_shared() && keep.is_zero();
         let coalesced = self
@@ -465,52 +473,14 @@ impl Store for SingleBackend {
                 .map_err(LockError::backend("release"))?;
             return Ok(released == 1);
         }
-        let (keys, args) = (
-            [lease.key.full()],
-            (lease.token.as_bytes(), Publish::Channel),
-        );
-        let call = (!plain).then(|| release_call(lease, keep, Publish::Channel));
-        let request = || async {
-            match &call {
-                Some(call) => call.invoke::<i64, _>(&self.con).await,
-                None => RELEASE.invoke::<i64, _, _, _>(&self.con, &keys, args).await,
-            }
-        };
-        let released = match request().await {
-            Err(e) if is_dropped(&e) => request().await.map(|again| match again {
-                // Gone: the first request released it.
-                0 => 1,
-                other => other,
-            }),
-            other => other,
-        }
-        .map_err(LockError::backend("release"))?;
-        Ok(released == 1)
+        release_lease(self, lease, keep, Publish::Channel).await
     }
 
-    /// With the lease's replicas to wait for (`min_replicas`), the extend and a `WAIT`
-    /// go as one pipeline on a connection of their own, and the extend counts only
-    /// once acknowledged: [`LockError::ReplicasUnavailable`] otherwise (the lease keeps
-    /// its earlier deadline).
+    /// See [`extend_lease`]: with the lease's replicas to wait for, the extend and a
+    /// `WAIT` go as one pipeline on a `WAIT` connection (see
+    /// [`replicated`](SingleBackend::replicated)).
     async fn extend(&self, lease: LeaseRef<'_>, ttl: Duration) -> Result<bool, LockError> {
-        let call = extend_call(lease, ttl, Publish::Channel);
-        let Some(rw) = lease.replicas else {
-            let reply: Value = reconnecting(|| call.invoke(&self.con))
-                .await
-                .map_err(LockError::backend("extend"))?;
-            return decode_extended(reply);
-        };
-        let (replies, acked) = self
-            .replicated(std::slice::from_ref(&call), rw, "extend")
-            .await?;
-        let extended = match <[Value; 1]>::try_from(replies) {
-            Ok([reply]) => decode_extended(reply)?,
-            Err(other) => return Err(unexpected("extend", other.len())),
-        };
-        if extended {
-            replicas_met(lease.key, rw, acked)?;
-        }
-        Ok(extended)
+        extend_lease(self, lease, ttl, Publish::Channel).await
     }
 
     /// One round trip for the whole batch: a pipeline of batched-renew scripts, led by a

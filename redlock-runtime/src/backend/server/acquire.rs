@@ -1,0 +1,270 @@
+//! Acquisition requests (`acquire.lua`, `acquire_shared.lua`, `acquire_all.lua`) and
+//! their replies: grants with their fencing tokens, or the holder and its remaining hold.
+
+use std::time::Duration;
+
+use redis::aio::ConnectionLike;
+use redis::Value;
+
+use super::super::{Attempt, Claim, Together};
+use super::{reconnecting, ttl_ms, ScriptCall};
+use crate::info::{owner_suffix, unix_ms_now};
+use crate::key::LockKey;
+use crate::kind::Mode;
+use crate::scripts::{ACQUIRE, ACQUIRE_ALL, ACQUIRE_SHARED};
+use crate::token::Token;
+use crate::LockError;
+
+/// The fence of a grant, or `{pttl, holder}` when held, from `acquire.lua`.
+///
+/// A grant whose fence is not a positive integer that fits a `u64` is an error, never
+/// token 0: the caller gives the lock back (the manager's pending-attempt release). A
+/// holder that is not 16 hex digits is simply not named.
+pub(crate) fn decode_acquire(reply: Value, replicas: Option<u32>) -> Result<Attempt, LockError> {
+    let items = match reply {
+        Value::Array(items) => items,
+        fence => {
+            return Ok(Attempt::Acquired {
+                fence: parse_fence(&fence)?,
+                replicas,
+            })
+        }
+    };
+    let mut items = items.into_iter();
+    let Some(pttl) = items.next() else {
+        return Err(LockError::unexpected_reply(
+            "acquire",
+            "an empty array".to_owned(),
+        ));
+    };
+    let pttl: i64 =
+        redis::from_redis_value(pttl).map_err(|e| LockError::backend("acquire")(e.into()))?;
+    let holder = items
+        .next()
+        .and_then(|h| redis::from_redis_value::<String>(h).ok())
+        .filter(|h| h.len() == 16)
+        .and_then(|h| u64::from_str_radix(&h, 16).ok());
+    Ok(Attempt::Held {
+        remaining: u64::try_from(pttl).ok().map(Duration::from_millis),
+        holder,
+    })
+}
+
+/// The call of `acquire_all.lua` for `keys` (every key, then every key's counter).
+pub(crate) fn acquire_all_call(keys: &[&LockKey], token: Token, ttl: Duration) -> ScriptCall {
+    let full = keys.iter().map(|k| k.full().to_owned());
+    let fences = keys.iter().map(|k| k.fence().to_owned());
+    ScriptCall {
+        script: &ACQUIRE_ALL,
+        keys: full.chain(fences).collect(),
+        args: vec![
+            token.as_bytes().to_vec(),
+            ttl_ms(ttl).to_string().into_bytes(),
+            owner_suffix(Mode::Exclusive).as_bytes().to_vec(),
+            unix_ms_now().to_string().into_bytes(),
+        ],
+    }
+}
+
+/// The arguments of the plain exclusive `acquire.lua` call (no writer intent): token,
+/// ttl and the owner metadata.
+pub(crate) fn acquire_args(
+    token: &Token,
+    ttl: Duration,
+) -> (&[u8], u64, &'static str, &'static str, &'static str, u64) {
+    (
+        token.as_bytes(),
+        ttl_ms(ttl),
+        owner_suffix(Mode::Exclusive),
+        "",
+        "",
+        unix_ms_now(),
+    )
+}
+
+/// An `acquire_all.lua` reply for `n` keys: `{1, fence..}` or `{0, i, pttl, holder}`.
+pub(crate) fn decode_acquire_all(reply: Value, n: usize) -> Result<Together, LockError> {
+    let Value::Array(items) = reply else {
+        return Err(LockError::unexpected_reply(
+            "acquire",
+            format!("{reply:?} from acquire_all"),
+        ));
+    };
+    let mut items = items.into_iter();
+    match items.next() {
+        Some(Value::Int(1)) => {
+            let fences = items
+                .map(|f| parse_fence(&f))
+                .collect::<Result<Vec<_>, _>>()?;
+            if fences.len() != n {
+                return Err(LockError::unexpected_reply(
+                    "acquire",
+                    format!("{} fences for {n} keys", fences.len()),
+                ));
+            }
+            Ok(Together::Acquired(fences))
+        }
+        Some(Value::Int(0)) => {
+            let pttl = items
+                .nth(1)
+                .and_then(|p| redis::from_redis_value::<i64>(p).ok());
+            Ok(Together::Held(
+                pttl.and_then(|p| u64::try_from(p).ok())
+                    .map(Duration::from_millis),
+            ))
+        }
+        other => Err(LockError::unexpected_reply(
+            "acquire",
+            format!("{other:?} leading an acquire_all reply"),
+        )),
+    }
+}
+
+/// The fencing token in a grant: an integer, or the counter's decimal digits, exactly.
+fn parse_fence(value: &Value) -> Result<u64, LockError> {
+    let digits = match value {
+        Value::Int(n) => {
+            return u64::try_from(*n)
+                .ok()
+                .filter(|&fence| fence >= 1)
+                .ok_or_else(|| {
+                    LockError::unexpected_reply(
+                        "acquire",
+                        format!("fencing token {n} is not positive"),
+                    )
+                })
+        }
+        Value::BulkString(bytes) => bytes.as_slice(),
+        Value::SimpleString(s) => s.as_bytes(),
+        other => {
+            return Err(LockError::unexpected_reply(
+                "acquire",
+                format!("fencing token {other:?}"),
+            ))
+        }
+    };
+    std::str::from_utf8(digits)
+        .ok()
+        .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|s| s.parse::<u64>().ok())
+        .filter(|&fence| fence >= 1)
+        .ok_or_else(|| {
+            LockError::unexpected_reply(
+                "acquire",
+                format!(
+                    "fencing token {:?} is not a positive 64-bit integer",
+                    String::from_utf8_lossy(digits)
+                ),
+            )
+        })
+}
+
+/// An acquisition attempt: `acquire_shared.lua` for a reader or a permit,
+/// `acquire.lua` with the writer's intent for an exclusive claim.
+pub(crate) fn acquire_call(claim: &Claim<'_>) -> ScriptCall {
+    let key = claim.key;
+    let token = claim.token.as_bytes().to_vec();
+    let ttl = ttl_ms(claim.ttl).to_string().into_bytes();
+    match claim.mode {
+        Mode::Exclusive => {
+            let mut keys = vec![key.full().to_owned(), key.fence().to_owned()];
+            let mut args = vec![token, ttl, owner_suffix(claim.mode).as_bytes().to_vec()];
+            match claim.intent {
+                Some(intent) => {
+                    keys.push(key.intents());
+                    args.push(intent.waiter.to_string().into_bytes());
+                    args.push(ttl_ms(intent.until).to_string().into_bytes());
+                }
+                None => args.extend([Vec::new(), Vec::new()]),
+            }
+            args.push(unix_ms_now().to_string().into_bytes());
+            ScriptCall {
+                script: &ACQUIRE,
+                keys,
+                args,
+            }
+        }
+        Mode::Read | Mode::Permit(_) => {
+            let (limit, honour_intents) = match claim.mode {
+                Mode::Permit(n) => (n, "0"),
+                _ => (0, "1"),
+            };
+            ScriptCall {
+                script: &ACQUIRE_SHARED,
+                keys: vec![
+                    key.full().to_owned(),
+                    key.holders(),
+                    key.fence().to_owned(),
+                    key.intents(),
+                ],
+                args: vec![
+                    token,
+                    ttl,
+                    claim.mode.marker().as_bytes().to_vec(),
+                    limit.to_string().into_bytes(),
+                    honour_intents.as_bytes().to_vec(),
+                    owner_suffix(claim.mode).as_bytes().to_vec(),
+                ],
+            }
+        }
+    }
+}
+
+/// Whether an attempt goes through [`acquire_call`] (a reader, a permit, a writer with
+/// an intent) rather than the plain exclusive request the uncontended path builds in
+/// place.
+pub(crate) fn by_script_call(claim: &Claim<'_>) -> bool {
+    claim.mode.is_shared() || claim.intent.is_some()
+}
+
+/// One attempt through [`acquire_call`] on `con`, sent again once if the connection
+/// dropped under it (a retry finding its own place is granted again, with a token of
+/// its own).
+pub(crate) async fn acquire_by_call<C>(con: &C, claim: &Claim<'_>) -> Result<Attempt, LockError>
+where
+    C: ConnectionLike + Clone,
+{
+    let call = acquire_call(claim);
+    let reply: Value = reconnecting(|| call.invoke(con))
+        .await
+        .map_err(LockError::backend("acquire"))?;
+    decode_acquire(reply, None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn acquire_replies_decode_to_exact_fences_or_the_holder() {
+        let fence = |reply| match decode_acquire(reply, None) {
+            Ok(Attempt::Acquired { fence, .. }) => Ok(fence),
+            Ok(other) => panic!("not a grant: {other:?}"),
+            Err(e) => Err(e.to_string()),
+        };
+        // Below 2^53 the script sends an integer; above, the counter's digits.
+        assert_eq!(fence(Value::Int(7)), Ok(7));
+        let max = Value::BulkString(u64::MAX.to_string().into_bytes());
+        assert_eq!(fence(max), Ok(u64::MAX));
+        for bad in [
+            Value::Int(0),
+            Value::Int(-3),
+            Value::BulkString(b"18446744073709551616".to_vec()),
+            Value::BulkString(b"12a".to_vec()),
+            Value::Nil,
+        ] {
+            assert!(fence(bad.clone()).is_err(), "{bad:?} was taken for a fence");
+        }
+        let held = Value::Array(vec![
+            Value::Int(1500),
+            Value::BulkString(b"00000000000000ff".to_vec()),
+        ]);
+        match decode_acquire(held, None).unwrap() {
+            Attempt::Held { remaining, holder } => {
+                assert_eq!(remaining, Some(Duration::from_millis(1500)));
+                assert_eq!(holder, Some(255));
+            }
+            other => panic!("not held: {other:?}"),
+        }
+    }
+}
