@@ -217,10 +217,10 @@ impl Channels {
         self.state().generation == generation
     }
 
-    /// Counts one more interest in `channel` if `register` (or if none is counted: the
+    /// Counts one more interest in `channel` for `Register::New` (or if none is counted: the
     /// caller holds one), at once, so an unsubscription decided from now on sees it.
     /// Returns whether the channel still needs a subscription (it is not confirmed).
-    pub(crate) fn register(&self, channel: &str, register: bool) -> bool {
+    pub(crate) fn register(&self, channel: &str, register: Register) -> bool {
         self.state()
             .interest
             .entry(channel.to_owned())
@@ -350,11 +350,21 @@ enum SubState {
     Lost,
 }
 
+/// Whether a subscription brings an interest in the channel of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Register {
+    /// A new interest (a queue that had none): counted, even in a channel listened to.
+    New,
+    /// The caller's interest is counted already: it asks again for a subscription whose
+    /// confirmation it never saw (or on a new master). Counted only if none is.
+    Again,
+}
+
 impl Interest {
-    /// Counts one more interest if `register` (or if none is counted: the caller holds
+    /// Counts one more interest for `Register::New` (or if none is counted: the caller holds
     /// one). Returns whether the channel still needs a `SUBSCRIBE`.
-    fn add(&mut self, register: bool) -> bool {
-        if register || self.count == 0 {
+    fn add(&mut self, register: Register) -> bool {
+        if register == Register::New || self.count == 0 {
             self.count += 1;
         }
         !self.is_confirmed()
@@ -419,10 +429,10 @@ impl Subscriber {
         self.channels.interests()
     }
 
-    /// Adds one interest in `key` when `register` (a caller retrying a subscription whose
-    /// confirmation it never saw passes `false`), and subscribes unless the server
+    /// Adds one interest in `key` for `Register::New` (a caller retrying a subscription whose
+    /// confirmation it never saw passes `Register::Again`), and subscribes unless the server
     /// already confirmed the channel (waiting for the reply).
-    pub(crate) async fn subscribe(&self, key: &str, register: bool) -> Result<(), LockError> {
+    pub(crate) async fn subscribe(&self, key: &str, register: Register) -> Result<(), LockError> {
         if !self.register(key, register) {
             return Ok(());
         }
@@ -433,7 +443,7 @@ impl Subscriber {
     /// once, so an [`unsubscribe`](Self::unsubscribe) decided from now on sees it,
     /// whatever the `SUBSCRIBE` then waits for. Returns whether the channel still needs
     /// a [`send_subscribe`](Self::send_subscribe) (it is not confirmed).
-    pub(crate) fn register(&self, key: &str, register: bool) -> bool {
+    pub(crate) fn register(&self, key: &str, register: Register) -> bool {
         self.channels.register(key, register)
     }
 
@@ -642,7 +652,7 @@ mod tests {
                 .interest
                 .entry("k".to_owned())
                 .or_default()
-                .add(true);
+                .add(Register::New);
             handler(subscribed("k")).unwrap();
         }
         let place = waiters.join("k").unwrap();

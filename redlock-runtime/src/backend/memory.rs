@@ -21,6 +21,7 @@ use super::{Attempt, Claim, Policies, Renewed, Seen, Store, Together};
 use crate::info::{self, LockInfo, SharedHolder};
 use crate::key::LockKey;
 use crate::kind::{LockKind, Mode};
+use crate::notify::Register;
 use crate::token::Token;
 use crate::waiters::Wake;
 use crate::wire::{LeaseRef, Renewal};
@@ -709,7 +710,7 @@ impl Store for MemoryBackend {
     fn subscribe(
         &self,
         _key: &str,
-        _register: bool,
+        _register: Register,
     ) -> impl Future<Output = Result<(), LockError>> + Send {
         ready(Ok(()))
     }

@@ -31,6 +31,7 @@ mod redlock;
 mod sentinel;
 mod server;
 mod single;
+mod target;
 
 use std::future::Future;
 use std::time::Duration;
@@ -41,10 +42,12 @@ pub(crate) use redlock::{RedlockBackend, DEFAULT_NODE_TIMEOUT};
 pub(crate) use sentinel::SentinelBackend;
 pub(crate) use server::{Timeouts, RELEASE_RETRIES};
 pub(crate) use single::SingleBackend;
+pub(crate) use target::{only, Settings, Target};
 
 use crate::info::LockInfo;
 use crate::key::LockKey;
 use crate::kind::Mode;
+use crate::notify::Register;
 use crate::token::Token;
 use crate::wire::{LeaseRef, Renewal, ReplicaWait};
 use crate::LockError;
@@ -262,13 +265,13 @@ pub(crate) trait Store {
         waiter: u64,
     ) -> impl Future<Output = Result<(), LockError>> + Send;
 
-    /// Starts receiving wake-ups for `key`: adds one interest when `register` (interests
+    /// Starts receiving wake-ups for `key`: adds one interest for [`Register::New`] (interests
     /// are counted per key, before the request is sent), and subscribes unless the
     /// server already confirmed the channel.
     fn subscribe(
         &self,
         key: &str,
-        register: bool,
+        register: Register,
     ) -> impl Future<Output = Result<(), LockError>> + Send;
 
     /// Drops one interest in `key`'s wake-ups.
@@ -418,7 +421,7 @@ impl Backend {
         dispatch!(self, b => b.withdraw(key, waiter).await)
     }
 
-    pub(crate) async fn subscribe(&self, key: &str, register: bool) -> Result<(), LockError> {
+    pub(crate) async fn subscribe(&self, key: &str, register: Register) -> Result<(), LockError> {
         dispatch!(self, b => b.subscribe(key, register).await)
     }
 

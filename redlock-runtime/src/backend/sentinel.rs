@@ -38,7 +38,7 @@ use crate::error::chain;
 use crate::info::LockInfo;
 use crate::key::LockKey;
 use crate::kind::Mode;
-use crate::notify::Channels;
+use crate::notify::{Channels, Register};
 use crate::token::Token;
 use crate::waiters::Wake;
 use crate::wire::{LeaseRef, Renewal};
@@ -642,7 +642,7 @@ impl Store for SentinelBackend {
 
     /// Subscribes on the current master; when the master moved meanwhile, on the new one
     /// too (the interest counted once).
-    async fn subscribe(&self, key: &str, register: bool) -> Result<(), LockError> {
+    async fn subscribe(&self, key: &str, register: Register) -> Result<(), LockError> {
         let mut register = register;
         let mut answer = Ok(());
         // Each round ends on a master that was current when it began; a few are plenty
@@ -654,7 +654,7 @@ impl Store for SentinelBackend {
                 self.inner.suspect(&answer, master.generation);
                 return answer;
             }
-            register = false;
+            register = Register::Again;
         }
         answer
     }
@@ -834,13 +834,17 @@ mod tests {
         let (old, new) = (RedisServer::start(), RedisServer::start());
         let sentinel = on(&old.url()).await;
         let retired = sentinel.current();
-        sentinel.subscribe("lock:a", true).await.unwrap();
+        sentinel.subscribe("lock:a", Register::New).await.unwrap();
         assert!(sentinel.listening("lock:a"));
         move_to(&sentinel, &new.url()).await;
         // A late subscription on the old connection confirms nothing.
-        retired.backend.subscribe("lock:b", true).await.unwrap();
+        retired
+            .backend
+            .subscribe("lock:b", Register::New)
+            .await
+            .unwrap();
         assert!(!sentinel.listening("lock:b"));
-        sentinel.subscribe("lock:b", false).await.unwrap();
+        sentinel.subscribe("lock:b", Register::Again).await.unwrap();
         let numsub = |channel: &str| {
             new.cmd_sync(&["PUBSUB", "NUMSUB", channel])
                 .ok()

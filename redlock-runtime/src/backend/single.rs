@@ -28,7 +28,7 @@ use super::{Attempt, Claim, Policies, Renewed, Seen, Store, Together};
 use crate::info::LockInfo;
 use crate::key::LockKey;
 use crate::kind::Mode;
-use crate::notify::{push_handler, Channels, Subscriber};
+use crate::notify::{push_handler, Channels, Register, Subscriber};
 use crate::scripts::ACQUIRE;
 use crate::token::Token;
 use crate::waiters::Wake;
@@ -523,7 +523,7 @@ impl Store for SingleBackend {
             .map_err(LockError::backend("withdraw"))
     }
 
-    async fn subscribe(&self, key: &str, register: bool) -> Result<(), LockError> {
+    async fn subscribe(&self, key: &str, register: Register) -> Result<(), LockError> {
         self.subscriber.subscribe(key, register).await
     }
 

@@ -4,152 +4,22 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use redis::cluster::ClusterClient;
+use redis::ConnectionInfo;
 use tokio::sync::mpsc;
 
 use super::{Inner, LockManager};
-use crate::engine::Shared;
-use crate::waiters::Wake;
-use std::fmt;
-
-use redis::cluster::ClusterClient;
-use redis::ConnectionInfo;
-
 use crate::backend::{
-    Backend, ClusterBackend, ClusterNodes, MemoryBackend, RedlockBackend, SentinelBackend,
-    SingleBackend, Timeouts, DEFAULT_NODE_TIMEOUT,
+    only, Backend, ClusterBackend, ClusterNodes, MemoryBackend, RedlockBackend, SentinelBackend,
+    Settings, SingleBackend, Target, Timeouts, DEFAULT_NODE_TIMEOUT,
 };
-use crate::engine::{self, Job};
+use crate::engine::{self, Job, Shared};
 use crate::error::chain;
 use crate::key::check_prefix;
-use crate::node::{is_tls, IntoNode, Redacted};
+use crate::node::{is_tls, IntoNode};
 use crate::options::{check_ttl, MIN_TTL};
-use crate::waiters::Waiters;
+use crate::waiters::{Waiters, Wake};
 use crate::LockError;
-
-/// Which backend a builder connects to. A node list that did not convert keeps the
-/// reason, reported by `build`.
-#[derive(Clone)]
-enum Target {
-    Memory,
-    Single(Result<Box<ConnectionInfo>, String>),
-    Cluster(Result<Vec<ConnectionInfo>, String>),
-    ClusterClient(Box<ClusterClient>),
-    Redlock(Result<Vec<ConnectionInfo>, String>),
-    /// A master name and its Sentinels.
-    Sentinel(String, Result<Vec<ConnectionInfo>, String>),
-}
-
-impl fmt::Debug for Target {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fn nodes(f: &mut fmt::Formatter<'_>, name: &str, nodes: &[ConnectionInfo]) -> fmt::Result {
-            f.debug_tuple(name).field(&DebugList(nodes)).finish()
-        }
-        struct DebugList<'a>(&'a [ConnectionInfo]);
-        impl fmt::Debug for DebugList<'_> {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.debug_list().entries(self.0.iter().map(Redacted)).finish()
-            }
-        }
-        match self {
-            Self::Memory => f.write_str("Memory"),
-            Self::Single(Ok(node)) => f.debug_tuple("Single").field(&Redacted(node)).finish(),
-            Self::Cluster(Ok(list)) => nodes(f, "Cluster", list),
-            Self::Redlock(Ok(list)) => nodes(f, "Redlock", list),
-            Self::Sentinel(master, Ok(list)) => f
-                .debug_tuple("Sentinel")
-                .field(master)
-                .field(&DebugList(list))
-                .finish(),
-            // The client's own `Debug` redacts its password, but not necessarily every
-            // TLS secret it holds: show none of it.
-            Self::ClusterClient(_) => f.write_str("ClusterClient(..)"),
-            Self::Single(Err(e))
-            | Self::Cluster(Err(e))
-            | Self::Redlock(Err(e))
-            | Self::Sentinel(_, Err(e)) => f.debug_tuple("Invalid").field(e).finish(),
-        }
-    }
-}
-
-impl Target {
-    /// The nodes given as a list, each converted; the first failure, naming its place.
-    fn nodes<I>(urls: I) -> Result<Vec<ConnectionInfo>, String>
-    where
-        I: IntoIterator,
-        I::Item: IntoNode,
-    {
-        urls.into_iter()
-            .enumerate()
-            .map(|(i, url)| {
-                url.into_node()
-                    .map_err(|e| format!("invalid Redis node #{} of the list: {e}", i + 1))
-            })
-            .collect()
-    }
-
-    /// The nodes' settings (none for the in-memory store and a configured cluster
-    /// client), or why they are invalid.
-    fn checked(&self) -> Result<&[ConnectionInfo], LockError> {
-        match self {
-            Self::Memory | Self::ClusterClient(_) => Ok(&[][..]),
-            Self::Single(node) => node.as_deref().map(std::slice::from_ref),
-            Self::Cluster(nodes) | Self::Redlock(nodes) | Self::Sentinel(_, nodes) => {
-                nodes.as_deref()
-            }
-        }
-        .map_err(LockError::invalid_option)
-    }
-
-    /// Connects to the backend (PINGing every node), its waiters woken through `wake`.
-    async fn connect(
-        self,
-        timeouts: Timeouts,
-        redlock_node_timeout: Duration,
-        wake: Wake,
-    ) -> Result<Backend, LockError> {
-        Ok(match self {
-            Target::Memory => Backend::Memory(MemoryBackend::new(wake)),
-            Target::Cluster(nodes) => Backend::Cluster(
-                ClusterBackend::connect(
-                    ClusterNodes::Infos(nodes.map_err(LockError::invalid_option)?),
-                    timeouts,
-                    wake,
-                )
-                .await?,
-            ),
-            Target::ClusterClient(client) => Backend::Cluster(
-                ClusterBackend::connect(ClusterNodes::Client(client), timeouts, wake).await?,
-            ),
-            Target::Redlock(nodes) => Backend::Redlock(
-                RedlockBackend::connect(
-                    nodes.map_err(LockError::invalid_option)?,
-                    timeouts,
-                    redlock_node_timeout,
-                    wake,
-                )
-                .await?,
-            ),
-            Target::Sentinel(master, sentinels) => Backend::Sentinel(
-                SentinelBackend::connect(
-                    master,
-                    sentinels.map_err(LockError::invalid_option)?,
-                    timeouts,
-                    wake,
-                )
-                .await?,
-            ),
-            Target::Single(node) => Backend::Single(
-                SingleBackend::connect(
-                    *node.map_err(LockError::invalid_option)?,
-                    timeouts,
-                    wake,
-                    "single",
-                )
-                .await?,
-            ),
-        })
-    }
-}
 
 /// Configures and connects a [`LockManager`]; from [`LockManager::builder`].
 ///
@@ -210,11 +80,10 @@ impl LockManagerBuilder {
     /// let builder = LockManager::builder().single("redis://127.0.0.1:6379/0");
     /// ```
     pub fn single(mut self, node: impl IntoNode) -> Self {
-        self.target = Some(Target::Single(
-            node.into_node()
-                .map(Box::new)
-                .map_err(|e| format!("invalid Redis node: {e}")),
-        ));
+        let node = node
+            .into_node()
+            .map_err(|e| format!("invalid Redis node: {e}"));
+        self.target = Some(single(node.map(|node| vec![node])));
         self
     }
 
@@ -231,9 +100,7 @@ impl LockManagerBuilder {
     /// # Ok::<(), redis::RedisError>(())
     /// ```
     pub fn single_client(mut self, client: redis::Client) -> Self {
-        self.target = Some(Target::Single(Ok(Box::new(
-            client.get_connection_info().clone(),
-        ))));
+        self.target = Some(single(Ok(vec![client.get_connection_info().clone()])));
         self
     }
 
@@ -252,12 +119,18 @@ impl LockManagerBuilder {
         I: IntoIterator,
         I::Item: IntoNode,
     {
-        self.target = Some(Target::Cluster(Target::nodes(nodes)));
+        self.target = Some(Target::new("Cluster", Target::nodes(nodes), |nodes, s| {
+            let nodes = ClusterNodes::Infos(nodes);
+            async move {
+                let cluster = ClusterBackend::connect(nodes, s.timeouts, s.wake).await?;
+                Ok(Backend::Cluster(cluster))
+            }
+        }));
         self
     }
 
     /// A Redis Cluster through a configured
-    /// [`ClusterClient`](redis::cluster::ClusterClient) (custom TLS roots, client
+    /// [`ClusterClient`] (custom TLS roots, client
     /// certificates, credentials, retry settings). Wake-ups need sharded pub/sub, so the
     /// client must speak RESP3
     /// ([`use_protocol(ProtocolVersion::RESP3)`](redis::cluster::ClusterClientBuilder::use_protocol));
@@ -275,7 +148,15 @@ impl LockManagerBuilder {
     /// # Ok::<(), redis::RedisError>(())
     /// ```
     pub fn cluster_client(mut self, client: ClusterClient) -> Self {
-        self.target = Some(Target::ClusterClient(Box::new(client)));
+        let client = Box::new(client);
+        let target = Target::new("ClusterClient", Ok(Vec::new()), move |_, s| {
+            let nodes = ClusterNodes::Client(client.clone());
+            async move {
+                let cluster = ClusterBackend::connect(nodes, s.timeouts, s.wake).await?;
+                Ok(Backend::Cluster(cluster))
+            }
+        });
+        self.target = Some(target.labelled("..".to_owned()));
         self
     }
 
@@ -300,7 +181,14 @@ impl LockManagerBuilder {
         I: IntoIterator,
         I::Item: IntoNode,
     {
-        self.target = Some(Target::Redlock(Target::nodes(nodes)));
+        self.target = Some(Target::new("Redlock", Target::nodes(nodes), |nodes, s| {
+            let (timeouts, node_timeout) = (s.timeouts, s.redlock_node_timeout);
+            async move {
+                let redlock =
+                    RedlockBackend::connect(nodes, timeouts, node_timeout, s.wake).await?;
+                Ok(Backend::Redlock(redlock))
+            }
+        }));
         self
     }
 
@@ -327,10 +215,18 @@ impl LockManagerBuilder {
         I: IntoIterator,
         I::Item: IntoNode,
     {
-        self.target = Some(Target::Sentinel(
-            master_name.into(),
-            Target::nodes(sentinels).map_err(|e| e.replace("Redis node", "Sentinel")),
-        ));
+        let master: String = master_name.into();
+        let sentinels = Target::nodes(sentinels).map_err(|e| e.replace("Redis node", "Sentinel"));
+        let named = master.clone();
+        let target = Target::new("Sentinel", sentinels, move |sentinels, s| {
+            let master = named.clone();
+            async move {
+                let sentinel =
+                    SentinelBackend::connect(master, sentinels, s.timeouts, s.wake).await?;
+                Ok(Backend::Sentinel(sentinel))
+            }
+        });
+        self.target = Some(target.labelled(master));
         self
     }
 
@@ -367,7 +263,9 @@ impl LockManagerBuilder {
     /// # Ok(()) }
     /// ```
     pub fn in_memory(mut self) -> Self {
-        self.target = Some(Target::Memory);
+        self.target = Some(Target::new("Memory", Ok(Vec::new()), |_, s| async move {
+            Ok(Backend::Memory(MemoryBackend::new(s.wake)))
+        }));
         self
     }
 
@@ -576,13 +474,12 @@ impl LockManagerBuilder {
         }
         let (jobs, rx) = mpsc::unbounded_channel();
         let waiters = unsubscribing_waiters(self.max_waiters_per_key, &jobs);
-        let backend = target
-            .connect(
-                self.timeouts,
-                self.redlock_node_timeout,
-                Wake::new(&waiters),
-            )
-            .await?;
+        let settings = Settings {
+            timeouts: self.timeouts,
+            redlock_node_timeout: self.redlock_node_timeout,
+            wake: Wake::new(&waiters),
+        };
+        let backend = target.connect(settings).await?;
         // Again with the backend's shortest grantable ttl, known now.
         check_ttl(self.default_ttl, backend.min_ttl())?;
         check_eviction(&backend, self.require_noeviction).await?;
@@ -680,4 +577,12 @@ async fn check_eviction(backend: &Backend, require: bool) -> Result<(), LockErro
         }
     }
     Ok(())
+}
+
+/// One Redis server (`single`, `single_client`): `node`, its one node.
+fn single(node: Result<Vec<ConnectionInfo>, String>) -> Target {
+    Target::new("Single", node, |node, s| async move {
+        let single = SingleBackend::connect(only(node)?, s.timeouts, s.wake, "single").await?;
+        Ok(Backend::Single(single))
+    })
 }

@@ -3,9 +3,10 @@
 //! Split by concept: [`builder`] configures one; [`connect`] gets one (and the global
 //! the macro uses); [`exclusive`] the exclusive lock; [`kinds`] the read/write, permit
 //! and several-keys API; [`operations`] what operators and a process's exit ask of it
-//! (inspect, list, force-unlock, shutdown); [`acquire`] is the acquire/wait algorithm
-//! every kind goes through; [`guard`] the guard and its operations on a held lease;
-//! [`state`] the core state the handles, guards and background task share.
+//! (inspect, list, force-unlock, shutdown); [`acquire`] is the attempt every kind goes
+//! through and [`wait`] the wait for a held key; [`guard`] the guard and its operations
+//! on a held lease, which go through the engine's one path per lease
+//! (`engine::path`); [`multi_guard`] the guard of several keys.
 //!
 //! The public methods live in the submodules `connect`, `exclusive`, `kinds` and
 //! `operations`, none in this file: rustdoc lists a type's methods module by module,

@@ -14,6 +14,7 @@ use crate::engine::{Armed, Job};
 use crate::error::chain;
 use crate::kind::Mode;
 use crate::lease;
+use crate::notify::Register;
 use crate::waiters::{KeyQueue, Subscription};
 use crate::{LockError, LockGuard};
 
@@ -144,8 +145,8 @@ struct Head<'a> {
 
 /// A subscription to the key's channel that the head asks for.
 struct Ask {
-    /// Registers an interest of the queue's own, even in a channel listened to.
-    register: bool,
+    /// Whether the queue's own interest is new (registered even in a channel listened to).
+    register: Register,
     /// Asked before in this wait: a failure is then only logged at debug level.
     again: bool,
 }
@@ -259,10 +260,12 @@ impl<'a> Head<'a> {
         }
         let again = std::mem::replace(&mut self.asked, true);
         self.unheard_since = Some(now);
-        Some(Ask {
-            register: unregistered,
-            again,
-        })
+        let register = if unregistered {
+            Register::New
+        } else {
+            Register::Again
+        };
+        Some(Ask { register, again })
     }
 
     /// One attempt, carrying the writer's intent if any: the lock, the pause before the

@@ -72,6 +72,7 @@ use super::{Attempt, Claim, Policies, Renewed, Seen, Store, Together};
 use crate::info::LockInfo;
 use crate::key::{key_slot, LockKey};
 use crate::kind::Mode;
+use crate::notify::Register;
 use crate::scripts::ACQUIRE;
 use crate::token::Token;
 use crate::waiters::Wake;
@@ -443,7 +444,7 @@ impl Store for ClusterBackend {
             .map_err(LockError::backend("withdraw"))
     }
 
-    async fn subscribe(&self, key: &str, register: bool) -> Result<(), LockError> {
+    async fn subscribe(&self, key: &str, register: Register) -> Result<(), LockError> {
         self.subscriber.subscribe(key, register).await
     }
 

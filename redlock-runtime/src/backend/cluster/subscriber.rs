@@ -13,7 +13,7 @@ use redis::{PushInfo, PushKind};
 use tokio::sync::mpsc;
 
 use super::recovery::{auditor, resubscriber};
-use crate::notify::{channel_of, wake_for_message, ChannelLocks, Channels};
+use crate::notify::{channel_of, wake_for_message, ChannelLocks, Channels, Register};
 use crate::waiters::Wake;
 use crate::LockError;
 
@@ -86,7 +86,7 @@ impl ShardSubscriber {
         Self { inner }
     }
 
-    /// Adds one interest in `key`'s channel when `register`, and subscribes unless the
+    /// Adds one interest in `key`'s channel for `Register::New`, and subscribes unless the
     /// server already confirmed it (as [`Subscriber::subscribe`](crate::notify)).
     ///
     /// A channel lost with its connection (or dropped by the server) is left to the
@@ -102,7 +102,7 @@ impl ShardSubscriber {
     /// reply still owns an interest, which its queue's [`unsubscribe`](Self::unsubscribe)
     /// drops. The `SSUBSCRIBE` is skipped if the channel was confirmed meanwhile or
     /// nobody wants it any more.
-    pub(crate) async fn subscribe(&self, key: &str, register: bool) -> Result<(), LockError> {
+    pub(crate) async fn subscribe(&self, key: &str, register: Register) -> Result<(), LockError> {
         let inner = &self.inner;
         if !inner.channels.register(key, register) {
             return Ok(());
@@ -293,7 +293,9 @@ mod tests {
 
         let turn = sub.inner.ops.lock(key).await;
         // The old queue's head gives up (its deadline) while waiting for its turn.
-        let cut = tokio::time::timeout(Duration::from_millis(50), sub.subscribe(key, true)).await;
+        let cut =
+            tokio::time::timeout(Duration::from_millis(50), sub.subscribe(key, Register::New))
+                .await;
         assert!(cut.is_err(), "the subscription did not wait for its turn");
         assert_eq!(
             sub.inner.channels.interests(),
@@ -302,7 +304,7 @@ mod tests {
         );
         // A newer queue's head asks, then the old queue's `Unsubscribe` arrives; the
         // earlier (un)subscription finishes.
-        let newer = sub.subscribe(key, true);
+        let newer = sub.subscribe(key, Register::New);
         let old_unsubscribe = sub.unsubscribe(key);
         let earlier_done = async {
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -344,9 +346,9 @@ mod tests {
             .take(2)
             .collect();
         let (heard, unheard) = (&keys[0], &keys[1]);
-        sub.subscribe(heard, true).await.unwrap();
+        sub.subscribe(heard, Register::New).await.unwrap();
         assert_eq!(shard_numsub(&cluster, heard).await, 1);
-        sub.inner.channels.register(unheard, true);
+        sub.inner.channels.register(unheard, Register::New);
         sub.inner.channels.confirm(unheard);
         assert!(sub.listening(unheard));
         assert_eq!(shard_numsub(&cluster, unheard).await, 0);
@@ -387,7 +389,7 @@ mod tests {
         let (cluster, _waiters, backend) = cluster_backend().await;
         let sub = backend.subscriber();
         let keys: Vec<String> = (0..150).map(|i| format!("lock:lost_{{{i}}}")).collect();
-        for r in join_all(keys.iter().map(|k| sub.subscribe(k, true))).await {
+        for r in join_all(keys.iter().map(|k| sub.subscribe(k, Register::New))).await {
             r.unwrap();
         }
         assert!(keys.iter().all(|k| sub.listening(k)));
@@ -411,7 +413,7 @@ mod tests {
             // once, while the connections are being re-established.
             tokio::time::sleep(Duration::from_millis(round % 4)).await;
             let asked = Instant::now();
-            let answers = join_all(keys.iter().map(|k| sub.subscribe(k, false))).await;
+            let answers = join_all(keys.iter().map(|k| sub.subscribe(k, Register::Again))).await;
             let took = asked.elapsed();
             let failed = answers.iter().filter(|r| r.is_err()).count();
             assert!(

@@ -20,6 +20,7 @@ use crate::backend::{Attempt, Claim, Policies, Renewed, Seen, Store, Together};
 use crate::info::LockInfo;
 use crate::key::{LockKey, PLACE_INFIX};
 use crate::kind::Mode;
+use crate::notify::Register;
 use crate::token::Token;
 use crate::wire::{LeaseRef, Renewal};
 use crate::LockError;
@@ -316,7 +317,7 @@ impl Store for RedlockBackend {
     /// lost and a release could go unheard). When the call fails, the waiter polls and
     /// calls again after a while (the manager's wait loop), which asks every node that
     /// is still missing.
-    async fn subscribe(&self, key: &str, register: bool) -> Result<(), LockError> {
+    async fn subscribe(&self, key: &str, register: Register) -> Result<(), LockError> {
         let needed: Vec<usize> = (0..self.nodes.len())
             .filter(|&i| self.nodes[i].subscriber().register(key, register))
             .collect();
