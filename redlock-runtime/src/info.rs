@@ -147,20 +147,14 @@ fn short(d: Duration) -> String {
 /// This process's part of the metadata (kind, pid, host), one string per kind.
 struct Owner {
     host: String,
-    exclusive: String,
-    read: String,
-    permit: String,
+    /// By kind, in [`LockKind::ALL`]'s order.
+    suffixes: [String; LockKind::ALL.len()],
 }
 
 static OWNER: LazyLock<Owner> = LazyLock::new(|| {
     let (pid, host) = (std::process::id(), host_name());
-    let suffix = |kind: LockKind| format!("|{}|{pid}|{host}", kind.code());
-    Owner {
-        exclusive: suffix(LockKind::Exclusive),
-        read: suffix(LockKind::Read),
-        permit: suffix(LockKind::Permit),
-        host,
-    }
+    let suffixes = LockKind::ALL.map(|kind| format!("|{}|{pid}|{host}", kind.code()));
+    Owner { host, suffixes }
 });
 
 /// This machine's name as locks record it (see [`host_name`]), read once.
@@ -171,11 +165,7 @@ pub(crate) fn this_host() -> &'static str {
 /// The metadata argument of the acquire scripts for a grant of `mode`:
 /// `|<kind>|<pid>|<host>`.
 pub(crate) fn owner_suffix(mode: Mode) -> &'static str {
-    match mode {
-        Mode::Exclusive => &OWNER.exclusive,
-        Mode::Read => &OWNER.read,
-        Mode::Permit(_) => &OWNER.permit,
-    }
+    &OWNER.suffixes[mode.kind() as usize]
 }
 
 /// The acquire time the scripts record: this process's clock, in Unix milliseconds (0

@@ -29,15 +29,23 @@ pub enum LockKind {
 
 impl fmt::Display for LockKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Exclusive => "exclusive",
-            Self::Read => "read",
-            Self::Permit => "permit",
-        })
+        f.write_str(self.name())
     }
 }
 
 impl LockKind {
+    /// Every kind, in declaration order (`ALL[kind as usize] == kind`).
+    pub(crate) const ALL: [Self; 3] = [Self::Exclusive, Self::Read, Self::Permit];
+
+    /// The kind's name, as shown and as the metrics' `kind` label.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::Exclusive => "exclusive",
+            Self::Read => "read",
+            Self::Permit => "permit",
+        }
+    }
+
     /// The letter a lock's metadata records its kind by (`|e|`, `|r|`, `|p|` in the
     /// value, and `inspect.lua`'s first field).
     pub(crate) fn code(self) -> char {
@@ -50,7 +58,7 @@ impl LockKind {
 
     /// The kind recorded as `code` (see [`code`](Self::code)).
     pub(crate) fn from_code(code: &str) -> Option<Self> {
-        [Self::Exclusive, Self::Read, Self::Permit]
+        Self::ALL
             .into_iter()
             .find(|kind| code.len() == 1 && code.starts_with(kind.code()))
     }
@@ -100,8 +108,15 @@ mod tests {
     use super::*;
 
     #[test]
+    fn every_kind_is_in_all_at_its_own_index() {
+        for (i, kind) in LockKind::ALL.into_iter().enumerate() {
+            assert_eq!(kind as usize, i, "{kind}");
+        }
+    }
+
+    #[test]
     fn every_kind_is_read_back_from_its_code_and_nothing_else_is() {
-        for kind in [LockKind::Exclusive, LockKind::Read, LockKind::Permit] {
+        for kind in LockKind::ALL {
             assert_eq!(LockKind::from_code(&kind.code().to_string()), Some(kind));
         }
         for other in ["", "x", "ee", "E", "exclusive"] {

@@ -114,14 +114,6 @@ mod on {
         }
     }
 
-    fn kind_label(kind: LockKind) -> &'static str {
-        match kind {
-            LockKind::Exclusive => "exclusive",
-            LockKind::Read => "read",
-            LockKind::Permit => "permit",
-        }
-    }
-
     /// Counts an acquisition (of a lock named `name`, that could wait `wait`, started
     /// at `started`) and, when it was granted or timed out, records how long it waited.
     pub(crate) fn acquisition<T>(
@@ -132,7 +124,7 @@ mod on {
         started: Instant,
     ) {
         let outcome = outcome(result, wait.is_zero());
-        let kind = kind_label(kind);
+        let kind = kind.name();
         counter!(
             "redlock_acquire_total",
             "outcome" => outcome,
@@ -192,7 +184,7 @@ mod on {
 
         /// A lock of `kind` granted now.
         pub(crate) fn start(kind: LockKind, name: &Name) -> Self {
-            let kind = kind_label(kind);
+            let kind = kind.name();
             gauge!("redlock_held", "kind" => kind).increment(1.0);
             Self(Some(Held {
                 kind,
