@@ -258,12 +258,13 @@ mod tests {
     use redlock_testkit::{ChaosProxy, Direction, Fault, RedisServer};
 
     use crate::backend::server::Timeouts;
-    use crate::backend::{Attempt, Claim, SingleBackend, Store};
+    use crate::backend::{SingleBackend, Store};
     use crate::key::LockKey;
     use crate::kind::Mode;
     use crate::scripts::{ACQUIRE, ACQUIRE_BATCH, RELEASE, RELEASE_BATCH};
     use crate::token::Token;
     use crate::waiters::Wake;
+    use crate::wire::{Attempt, Claim};
 
     const TTL: Duration = Duration::from_secs(30);
 

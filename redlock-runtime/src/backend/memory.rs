@@ -17,13 +17,14 @@ use std::time::{Duration, Instant, SystemTime};
 
 use super::glob::glob_match;
 use super::server::{lock_keys, scan_glob};
-use super::{Attempt, Claim, Policies, Renewed, Seen, Store, Together};
+use super::{Policies, Store};
 use crate::info::{self, LockInfo, SharedHolder};
 use crate::key::LockKey;
 use crate::kind::{LockKind, Mode};
 use crate::notify::Register;
 use crate::token::Token;
 use crate::waiters::Wake;
+use crate::wire::{Attempt, Claim, Renewed, Seen, Together};
 use crate::wire::{LeaseRef, Renewal};
 use crate::LockError;
 
@@ -735,7 +736,7 @@ impl Store for MemoryBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::Intent;
+    use crate::wire::Intent;
 
     /// Entries of the shared store under `prefix`: (lock entries, counters).
     fn count(prefix: &str) -> (usize, usize) {

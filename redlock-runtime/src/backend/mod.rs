@@ -49,121 +49,14 @@ use crate::key::LockKey;
 use crate::kind::Mode;
 use crate::notify::Register;
 use crate::token::Token;
-use crate::wire::{LeaseRef, Renewal, ReplicaWait};
+use crate::wire::{Attempt, Claim, LeaseRef, Renewal, Renewed, Seen, Together};
 use crate::LockError;
-
-/// The outcome of one acquisition attempt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Attempt {
-    /// The lock is ours, with this fencing token; `replicas` is the `WAIT` count when
-    /// replicas were asked for.
-    Acquired { fence: u64, replicas: Option<u32> },
-    /// Someone else holds it for about this long (`None`: no expiry was set). `holder`
-    /// names the holder when the server said who (a digest of its token, the same on
-    /// every node that holder holds; Redis backends only).
-    Held {
-        remaining: Option<Duration>,
-        holder: Option<u64>,
-    },
-}
-
-/// The outcome of one attempt at several keys at once.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Together {
-    /// Every key is ours, with these fencing tokens (in key order).
-    Acquired(Vec<u64>),
-    /// A key is held by someone else for about this long; nothing was taken.
-    Held(Option<Duration>),
-}
 
 /// A uniformly random duration in `0..=max`.
 pub(crate) fn jitter(max: Duration) -> Duration {
     let span = u64::try_from(max.as_micros()).unwrap_or(u64::MAX).max(1);
     let r = getrandom::u64().unwrap_or(0);
     Duration::from_micros(r % span.saturating_add(1))
-}
-
-/// What one renewal of a batch found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Renewed {
-    /// The lock lives another ttl.
-    Yes,
-    /// The server (or a Redlock majority) no longer has our token.
-    Lost,
-    /// No answer for this lock (its node or slot failed): retry soon.
-    Unknown,
-}
-
-impl From<bool> for Renewed {
-    fn from(renewed: bool) -> Self {
-        if renewed {
-            Self::Yes
-        } else {
-            Self::Lost
-        }
-    }
-}
-
-/// One acquisition attempt's request: what the backend writes for a new lock.
-///
-/// A struct, not an argument list, so that new lock kinds add a field here instead of
-/// a parameter to every backend.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Claim<'a> {
-    pub(crate) key: &'a LockKey,
-    /// The attempt's owner token (fresh per attempt).
-    pub(crate) token: Token,
-    pub(crate) ttl: Duration,
-    /// What to `WAIT` for after acquiring, if anything.
-    pub(crate) replicas: Option<ReplicaWait>,
-    /// The key alone, a reader's place, or one of `n` permits.
-    pub(crate) mode: Mode,
-    /// A writer's intent, kept by the server while readers hold the key (exclusive
-    /// claims only): readers arriving meanwhile queue behind the writer.
-    pub(crate) intent: Option<Intent>,
-}
-
-/// A waiting writer's intent: while it is registered, new readers are refused.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Intent {
-    /// The writer's wait (one per `lock` call, the same for all its attempts).
-    pub(crate) waiter: u64,
-    /// How long the intent holds: the writer's remaining wait. A grant to the writer
-    /// withdraws it, whatever earlier attempts were told: one may have registered it
-    /// with its reply lost.
-    pub(crate) until: Duration,
-}
-
-/// The grant an operator was shown (by `inspect` or `list`): a force-unlock given one
-/// deletes the lock only while no later grant holds it.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Seen<'a> {
-    /// The holder's digest as [`LockInfo::holder`] names it; `None`: any (a Redlock
-    /// permit's places, each held by a token of its own).
-    pub(crate) holder: Option<&'a str>,
-    /// The latest grant's fencing token; a lock whose grant has a greater one was
-    /// granted after it. `None`: any (a value written before metadata existed).
-    pub(crate) fence: Option<u64>,
-}
-
-impl<'a> Seen<'a> {
-    /// The grant `info` shows.
-    pub(crate) fn of(info: &'a LockInfo) -> Self {
-        Self {
-            holder: Some(&info.holder),
-            fence: info.fencing_token,
-        }
-    }
-
-    /// Whether a lock held by `holder` with the latest grant `fence` is still the one
-    /// shown.
-    pub(crate) fn admits(&self, holder: &str, fence: Option<u64>) -> bool {
-        self.holder.is_none_or(|h| h == holder)
-            && match (self.fence, fence) {
-                (Some(shown), Some(now)) => now <= shown,
-                _ => true,
-            }
-    }
 }
 
 /// What every backend does, one signature per operation (see the module docs).
@@ -256,7 +149,7 @@ pub(crate) trait Store {
         seen: Option<Seen<'_>>,
     ) -> impl Future<Output = Result<bool, LockError>> + Send;
 
-    /// Withdraws the intent of a writer (`waiter`, see [`Intent`]) that stopped waiting
+    /// Withdraws the intent of a writer (`waiter`, see [`Intent`](crate::wire::Intent)) that stopped waiting
     /// for `key` without the lock, and wakes the key's waiters: readers it kept out may
     /// enter.
     fn withdraw(

@@ -33,7 +33,8 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, ConnectionAddr, ConnectionInfo, ErrorKind};
 use tokio::sync::{oneshot, watch, Mutex};
 
-use super::{Attempt, Claim, Policies, Renewed, Seen, SingleBackend, Store, Timeouts, Together};
+use super::{Policies, SingleBackend, Store, Timeouts};
+
 use crate::error::chain;
 use crate::info::LockInfo;
 use crate::key::LockKey;
@@ -41,6 +42,7 @@ use crate::kind::Mode;
 use crate::notify::{Channels, Register};
 use crate::token::Token;
 use crate::waiters::Wake;
+use crate::wire::{Attempt, Claim, Renewed, Seen, Together};
 use crate::wire::{LeaseRef, Renewal};
 use crate::LockError;
 

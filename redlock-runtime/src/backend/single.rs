@@ -24,7 +24,7 @@ use super::server::{
     script_loads, ttl_ms, unexpected, withdraw_pipe, LeaseSender, Resend, ScriptCall, Timeouts,
     WaitAttempt, WaitPool, MAX_REPLICA_WAIT,
 };
-use super::{Attempt, Claim, Policies, Renewed, Seen, Store, Together};
+use super::{Policies, Store};
 use crate::info::LockInfo;
 use crate::key::LockKey;
 use crate::kind::Mode;
@@ -32,6 +32,7 @@ use crate::notify::{push_handler, Channels, Register, Subscriber};
 use crate::scripts::ACQUIRE;
 use crate::token::Token;
 use crate::waiters::Wake;
+use crate::wire::{Attempt, Claim, Renewed, Seen, Together};
 use crate::wire::{LeaseRef, Publish, Renewal, ReplicaWait};
 use crate::LockError;
 

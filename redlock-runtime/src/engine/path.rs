@@ -20,11 +20,12 @@ use std::time::Duration;
 use tracing::Instrument;
 
 use super::Shared;
-use crate::backend::{Renewed, RELEASE_RETRIES};
+use crate::backend::RELEASE_RETRIES;
 use crate::error::chain;
 use crate::lease::{self, Lease};
 use crate::stats::{self, Loss, Release};
 use crate::wire::LeaseRef;
+use crate::wire::Renewed;
 use crate::LockError;
 
 /// Extends `lease` to `ttl`, called with its `op` lock held (the caller drops it once

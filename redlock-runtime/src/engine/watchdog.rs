@@ -24,13 +24,13 @@ use tokio::sync::{mpsc, Notify, OwnedMutexGuard};
 use tracing::Instrument;
 
 use super::{path, Shared};
-use crate::backend::Renewed;
 use crate::error::chain;
 use crate::key::LockKey;
 use crate::kind::Mode;
 use crate::lease::{self, Lease};
 use crate::stats::{self, Loss, Renewing};
 use crate::token::Token;
+use crate::wire::Renewed;
 use crate::wire::{LeaseRef, Renewal};
 
 /// Work handed to the task.

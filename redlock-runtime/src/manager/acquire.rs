@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 use tracing::Instrument;
 
 use super::LockManager;
-use crate::backend::{Attempt, Claim, Intent, Together};
 use crate::engine::{Armed, Job};
 use crate::key::LockKey;
 use crate::kind::Mode;
@@ -16,6 +15,7 @@ use crate::lease::{self, Lease};
 use crate::options::Resolved;
 use crate::stats;
 use crate::token::Token;
+use crate::wire::{Attempt, Claim, Intent, Together};
 use crate::wire::{LeaseRef, ReplicaWait};
 use crate::{LockError, LockGuard, LockKind, MultiGuard};
 

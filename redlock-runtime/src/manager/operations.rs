@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use super::LockManager;
-use crate::backend::Seen;
 use crate::key::LockKey;
+use crate::wire::Seen;
 use crate::{LockError, LockInfo};
 
 impl LockManager {

@@ -9,13 +9,14 @@ use tokio::sync::futures::Notified;
 
 use super::acquire::{retried_while_waiting, Outcome, Request};
 use super::LockManager;
-use crate::backend::{jitter, Intent};
+use crate::backend::jitter;
 use crate::engine::{Armed, Job};
 use crate::error::chain;
 use crate::kind::Mode;
 use crate::lease;
 use crate::notify::Register;
 use crate::waiters::{KeyQueue, Subscription};
+use crate::wire::Intent;
 use crate::{LockError, LockGuard};
 
 /// How often a head polls while it cannot hear releases.

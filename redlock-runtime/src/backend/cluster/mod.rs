@@ -68,7 +68,7 @@ use super::server::{
     scan_glob, scan_unfinished, script_loads, ttl_ms, unexpected, withdraw_pipe, LeaseSender,
     Resend, ScriptCall, Timeouts, WaitAttempt, WaitPool, MAX_REPLICA_WAIT, MAX_SCAN_STEPS,
 };
-use super::{Attempt, Claim, Policies, Renewed, Seen, Store, Together};
+use super::{Policies, Store};
 use crate::info::LockInfo;
 use crate::key::{key_slot, LockKey};
 use crate::kind::Mode;
@@ -76,6 +76,7 @@ use crate::notify::Register;
 use crate::scripts::ACQUIRE;
 use crate::token::Token;
 use crate::waiters::Wake;
+use crate::wire::{Attempt, Claim, Renewed, Seen, Together};
 use crate::wire::{LeaseRef, Publish, Renewal, ReplicaWait};
 use crate::LockError;
 

@@ -10,11 +10,11 @@ use futures_util::stream::{self, StreamExt};
 use super::super::server::{
     chunk_outcomes, decode, renew_call, replicated_outcome, unexpected, ScriptCall,
 };
-use super::super::Renewed;
 use super::slots::{fetch_slot_map, SlotMap, SLOT_MAP_AGE};
 use super::{slot_master, ClusterBackend};
 use crate::error::chain;
 use crate::key::key_slot;
+use crate::wire::Renewed;
 use crate::wire::{Renewal, ReplicaWait};
 use crate::LockError;
 

@@ -102,12 +102,13 @@ use tokio_util::sync::CancellationToken;
 
 use self::stragglers::{Landing, ReleaseAnswers, Settling};
 use super::single::SingleBackend;
-use super::{Attempt, Timeouts, Together};
+use super::Timeouts;
 use crate::key::LockKey;
 use crate::kind::Mode;
 use crate::notify::Hearing;
 use crate::token::Token;
 use crate::waiters::Wake;
+use crate::wire::{Attempt, Together};
 use crate::LockError;
 
 /// The default bound on each node's reply.

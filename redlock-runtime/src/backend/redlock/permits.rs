@@ -10,11 +10,12 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 
 use super::stragglers::undo;
 use super::{lock, RedlockBackend, Stake, MAX_JITTER};
+use crate::backend::jitter;
 use crate::backend::single::SingleBackend;
-use crate::backend::{jitter, Attempt, Claim, Renewed};
 use crate::key::LockKey;
 use crate::kind::Mode;
 use crate::token::Token;
+use crate::wire::{Attempt, Claim, Renewed};
 use crate::wire::{LeaseRef, Publish};
 use crate::LockError;
 

@@ -11,10 +11,11 @@ use super::stragglers::{release_on, Stragglers};
 use super::voting::Contest;
 use super::{lock, RedlockBackend, Stake};
 use crate::backend::single::SingleBackend;
-use crate::backend::{Attempt, Claim, Renewed, Store, Together};
+use crate::backend::Store;
 use crate::key::LockKey;
 use crate::kind::Mode;
 use crate::token::Token;
+use crate::wire::{Attempt, Claim, Renewed, Together};
 use crate::wire::{LeaseRef, Publish, Renewal};
 use crate::LockError;
 

@@ -16,12 +16,13 @@ use super::{finish, gather, hearing, lock, RedlockBackend};
 use crate::backend::glob::glob_match;
 use crate::backend::server::{scan_glob, INSPECT_BATCH};
 use crate::backend::single::SingleBackend;
-use crate::backend::{Attempt, Claim, Policies, Renewed, Seen, Store, Together};
+use crate::backend::{Policies, Store};
 use crate::info::LockInfo;
 use crate::key::{LockKey, PLACE_INFIX};
 use crate::kind::Mode;
 use crate::notify::Register;
 use crate::token::Token;
+use crate::wire::{Attempt, Claim, Renewed, Seen, Together};
 use crate::wire::{LeaseRef, Renewal};
 use crate::LockError;
 

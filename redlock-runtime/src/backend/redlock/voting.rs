@@ -401,7 +401,7 @@ fn won_too_late(ttl: Duration, elapsed: Duration) -> LockError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::Attempt;
+    use crate::wire::Attempt;
 
     fn held(holder: u64) -> Answer<Attempt> {
         (

@@ -6,13 +6,13 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 use redis::Value;
 
-use super::super::{Attempt, Claim, Together};
 use super::{reconnecting, ttl_ms, ScriptCall};
 use crate::info::{owner_suffix, unix_ms_now};
 use crate::key::LockKey;
 use crate::kind::Mode;
 use crate::scripts::{ACQUIRE, ACQUIRE_ALL, ACQUIRE_SHARED};
 use crate::token::Token;
+use crate::wire::{Attempt, Claim, Together};
 use crate::LockError;
 
 /// The fence of a grant, or `{pttl, holder}` when held, from `acquire.lua`.

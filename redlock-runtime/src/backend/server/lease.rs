@@ -8,12 +8,12 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 use redis::{FromRedisValue, Value};
 
-use super::super::Seen;
 use super::renew::renew_call;
 use super::{decode, is_dropped, ttl_ms, ScriptCall};
 use crate::key::LockKey;
 use crate::scripts::{EXTEND, FORCE_UNLOCK, RELEASE, RELEASE_SHARED};
 use crate::token::Token;
+use crate::wire::Seen;
 use crate::wire::{LeaseRef, Publish, Renewal, ReplicaWait};
 use crate::LockError;
 

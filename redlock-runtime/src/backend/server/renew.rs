@@ -4,9 +4,9 @@
 
 use std::future::Future;
 
-use super::super::Renewed;
 use super::{ttl_ms, ScriptCall};
 use crate::scripts::{RENEW, RENEW_SHARED};
+use crate::wire::Renewed;
 use crate::wire::{Renewal, ReplicaWait};
 use crate::LockError;
 

@@ -8,9 +8,9 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 use redis::Cmd;
 
-use super::super::Claim;
 use super::{release_call, RELEASE_RETRIES};
 use crate::error::chain;
+use crate::wire::Claim;
 use crate::wire::{LeaseRef, Publish};
 
 /// The longest `WAIT` a lock asks for (min(ttl/10, 1 s)).

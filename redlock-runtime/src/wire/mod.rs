@@ -1,5 +1,13 @@
-//! What a lease's requests carry across the network: the lease they name, and the
-//! replicas every request that sets its expiry waits for.
+//! What crosses the network, typed: an acquisition's request and the stores' replies
+//! (`request`, `reply`), the lease a held lock's requests name and the replicas every
+//! request that sets its expiry waits for, and how a script tells the waiters
+//! ([`Publish`]). The scripts themselves are `scripts`' (one `.lua` per operation).
+
+mod reply;
+mod request;
+
+pub(crate) use reply::{Attempt, Renewed, Together};
+pub(crate) use request::{Claim, Intent, Seen};
 
 use std::time::Duration;
 
