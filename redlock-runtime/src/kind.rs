@@ -94,6 +94,21 @@ impl Mode {
         !matches!(self, Self::Exclusive)
     }
 
+    /// How many holders may share the key (`acquire_shared.lua`'s limit): `n` for
+    /// permits, 0 (no limit) otherwise.
+    pub(crate) fn limit(self) -> u32 {
+        match self {
+            Self::Permit(n) => n,
+            Self::Exclusive | Self::Read => 0,
+        }
+    }
+
+    /// Whether new holders of this mode stay out while a writer waits for the key:
+    /// readers do (a writer is not starved by readers); a permit is no reader.
+    pub(crate) fn yields_to_writers(self) -> bool {
+        matches!(self, Self::Read)
+    }
+
     /// The marker a shared holder kind writes into the lock key (`acquire_shared.lua`).
     pub(crate) fn marker(self) -> &'static str {
         match self {

@@ -93,3 +93,18 @@ impl ToRedisArgs for Publish {
         out.write_arg(self.command().as_bytes());
     }
 }
+
+/// A script's yes-or-no argument, as the scripts read it: `1` or `0`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Flag(pub(crate) bool);
+
+impl Flag {
+    /// The argument's bytes.
+    pub(crate) fn arg(self) -> &'static [u8] {
+        if self.0 {
+            b"1"
+        } else {
+            b"0"
+        }
+    }
+}

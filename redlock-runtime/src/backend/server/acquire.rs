@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
-use redis::Value;
+use redis::{FromRedisValue, Value};
 
 use super::{reconnecting, ttl_ms, ScriptCall};
 use crate::info::{owner_suffix, unix_ms_now};
@@ -12,42 +12,15 @@ use crate::key::LockKey;
 use crate::kind::Mode;
 use crate::scripts::{ACQUIRE, ACQUIRE_ALL, ACQUIRE_SHARED};
 use crate::token::Token;
-use crate::wire::{Attempt, Claim, Together};
+use crate::wire::{Attempt, Claim, Flag, Together};
 use crate::LockError;
 
-/// The fence of a grant, or `{pttl, holder}` when held, from `acquire.lua`.
-///
-/// A grant whose fence is not a positive integer that fits a `u64` is an error, never
-/// token 0: the caller gives the lock back (the manager's pending-attempt release). A
-/// holder that is not 16 hex digits is simply not named.
+/// An acquire script's reply ([`Attempt`]'s `FromRedisValue`), a grant counting
+/// `replicas` acknowledgements when a `WAIT` followed it.
 pub(crate) fn decode_acquire(reply: Value, replicas: Option<u32>) -> Result<Attempt, LockError> {
-    let items = match reply {
-        Value::Array(items) => items,
-        fence => {
-            return Ok(Attempt::Acquired {
-                fence: parse_fence(&fence)?,
-                replicas,
-            })
-        }
-    };
-    let mut items = items.into_iter();
-    let Some(pttl) = items.next() else {
-        return Err(LockError::unexpected_reply(
-            "acquire",
-            "an empty array".to_owned(),
-        ));
-    };
-    let pttl: i64 =
-        redis::from_redis_value(pttl).map_err(|e| LockError::backend("acquire")(e.into()))?;
-    let holder = items
-        .next()
-        .and_then(|h| redis::from_redis_value::<String>(h).ok())
-        .filter(|h| h.len() == 16)
-        .and_then(|h| u64::from_str_radix(&h, 16).ok());
-    Ok(Attempt::Held {
-        remaining: u64::try_from(pttl).ok().map(Duration::from_millis),
-        holder,
-    })
+    Attempt::from_redis_value(reply)
+        .map(|attempt| attempt.acked(replicas))
+        .map_err(|e| LockError::unexpected_reply("acquire", e.to_string()))
 }
 
 /// The call of `acquire_all.lua` for `keys` (every key, then every key's counter).
@@ -82,81 +55,16 @@ pub(crate) fn acquire_args(
     )
 }
 
-/// An `acquire_all.lua` reply for `n` keys: `{1, fence..}` or `{0, i, pttl, holder}`.
+/// An `acquire_all.lua` reply for `n` keys ([`Together`]'s `FromRedisValue`), with
+/// one fence per key.
 pub(crate) fn decode_acquire_all(reply: Value, n: usize) -> Result<Together, LockError> {
-    let Value::Array(items) = reply else {
-        return Err(LockError::unexpected_reply(
-            "acquire",
-            format!("{reply:?} from acquire_all"),
-        ));
-    };
-    let mut items = items.into_iter();
-    match items.next() {
-        Some(Value::Int(1)) => {
-            let fences = items
-                .map(|f| parse_fence(&f))
-                .collect::<Result<Vec<_>, _>>()?;
-            if fences.len() != n {
-                return Err(LockError::unexpected_reply(
-                    "acquire",
-                    format!("{} fences for {n} keys", fences.len()),
-                ));
-            }
-            Ok(Together::Acquired(fences))
+    let unexpected = |detail| LockError::unexpected_reply("acquire", detail);
+    match Together::from_redis_value(reply).map_err(|e| unexpected(e.to_string()))? {
+        Together::Acquired(fences) if fences.len() != n => {
+            Err(unexpected(format!("{} fences for {n} keys", fences.len())))
         }
-        Some(Value::Int(0)) => {
-            let pttl = items
-                .nth(1)
-                .and_then(|p| redis::from_redis_value::<i64>(p).ok());
-            Ok(Together::Held(
-                pttl.and_then(|p| u64::try_from(p).ok())
-                    .map(Duration::from_millis),
-            ))
-        }
-        other => Err(LockError::unexpected_reply(
-            "acquire",
-            format!("{other:?} leading an acquire_all reply"),
-        )),
+        together => Ok(together),
     }
-}
-
-/// The fencing token in a grant: an integer, or the counter's decimal digits, exactly.
-fn parse_fence(value: &Value) -> Result<u64, LockError> {
-    let digits = match value {
-        Value::Int(n) => {
-            return u64::try_from(*n)
-                .ok()
-                .filter(|&fence| fence >= 1)
-                .ok_or_else(|| {
-                    LockError::unexpected_reply(
-                        "acquire",
-                        format!("fencing token {n} is not positive"),
-                    )
-                })
-        }
-        Value::BulkString(bytes) => bytes.as_slice(),
-        Value::SimpleString(s) => s.as_bytes(),
-        other => {
-            return Err(LockError::unexpected_reply(
-                "acquire",
-                format!("fencing token {other:?}"),
-            ))
-        }
-    };
-    std::str::from_utf8(digits)
-        .ok()
-        .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
-        .and_then(|s| s.parse::<u64>().ok())
-        .filter(|&fence| fence >= 1)
-        .ok_or_else(|| {
-            LockError::unexpected_reply(
-                "acquire",
-                format!(
-                    "fencing token {:?} is not a positive 64-bit integer",
-                    String::from_utf8_lossy(digits)
-                ),
-            )
-        })
 }
 
 /// An acquisition attempt: `acquire_shared.lua` for a reader or a permit,
@@ -184,29 +92,23 @@ pub(crate) fn acquire_call(claim: &Claim<'_>) -> ScriptCall {
                 args,
             }
         }
-        Mode::Read | Mode::Permit(_) => {
-            let (limit, honour_intents) = match claim.mode {
-                Mode::Permit(n) => (n, "0"),
-                _ => (0, "1"),
-            };
-            ScriptCall {
-                script: &ACQUIRE_SHARED,
-                keys: vec![
-                    key.full().to_owned(),
-                    key.holders(),
-                    key.fence().to_owned(),
-                    key.intents(),
-                ],
-                args: vec![
-                    token,
-                    ttl,
-                    claim.mode.marker().as_bytes().to_vec(),
-                    limit.to_string().into_bytes(),
-                    honour_intents.as_bytes().to_vec(),
-                    owner_suffix(claim.mode).as_bytes().to_vec(),
-                ],
-            }
-        }
+        Mode::Read | Mode::Permit(_) => ScriptCall {
+            script: &ACQUIRE_SHARED,
+            keys: vec![
+                key.full().to_owned(),
+                key.holders(),
+                key.fence().to_owned(),
+                key.intents(),
+            ],
+            args: vec![
+                token,
+                ttl,
+                claim.mode.marker().as_bytes().to_vec(),
+                claim.mode.limit().to_string().into_bytes(),
+                Flag(claim.mode.yields_to_writers()).arg().to_vec(),
+                owner_suffix(claim.mode).as_bytes().to_vec(),
+            ],
+        },
     }
 }
 
