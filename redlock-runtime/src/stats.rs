@@ -86,12 +86,13 @@ pub(crate) enum Renewing {
     Error,
 }
 
-/// The `acquire_total` outcome of an acquisition's result (`once`: a single attempt,
-/// with no wait), as in metrics and logs.
-pub(crate) fn outcome<T>(result: &Result<T, LockError>, once: bool) -> &'static str {
+/// The `acquire_total` outcome of the result of an acquisition that could wait `wait`
+/// (a zero wait: a single attempt, which finds the lock busy rather than timing out),
+/// as in metrics and logs.
+pub(crate) fn outcome<T>(result: &Result<T, LockError>, wait: Duration) -> &'static str {
     match result {
         Ok(_) => "acquired",
-        Err(LockError::Timeout { .. }) if once => "busy",
+        Err(LockError::Timeout { .. }) if wait.is_zero() => "busy",
         Err(LockError::Timeout { .. }) => "timeout",
         Err(LockError::QueueFull { .. }) => "queue_full",
         Err(_) => "error",
@@ -123,7 +124,7 @@ mod on {
         (name, wait): (&Name, Duration),
         started: Instant,
     ) {
-        let outcome = outcome(result, wait.is_zero());
+        let outcome = outcome(result, wait);
         let kind = kind.name();
         counter!(
             "redlock_acquire_total",

@@ -53,6 +53,24 @@ impl Job {
     }
 }
 
+/// Which of a [`Schedule`]'s two orders to look at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Order {
+    /// By when each lease's renewal may start.
+    Ready,
+    /// By when each lease needs the task (its deadline, or its renewal while a batch is
+    /// in flight).
+    Wake,
+}
+
+/// Whether a scan picks the leases due for renewal, or leaves them (a batch is in
+/// flight: they wait for it, watched by their deadline).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Renewals {
+    Pick,
+    Wait,
+}
+
 /// The watchdog's schedule of held leases, and how the task is woken for it.
 pub(crate) struct Watchdog {
     schedule: Mutex<Schedule>,
@@ -184,13 +202,12 @@ impl Schedule {
         }
     }
 
-    /// The lease of the first entry of `ready` (or `wake`) due at `now`. The entry stays
-    /// until the caller files, parks or removes the lease.
-    fn first_due(&mut self, now: u64, ready: bool) -> Option<Arc<Lease>> {
-        let set = if ready {
-            &mut self.ready
-        } else {
-            &mut self.wake
+    /// The lease of the first entry of `order` due at `now`. The entry stays until the
+    /// caller files, parks or removes the lease.
+    fn first_due(&mut self, now: u64, order: Order) -> Option<Arc<Lease>> {
+        let set = match order {
+            Order::Ready => &mut self.ready,
+            Order::Wake => &mut self.wake,
         };
         // Every entry has its lease in `leases`; a stray one is dropped, never spun on.
         while let Some(&(at, id)) = set.first().filter(|&&(at, _)| at <= now) {
@@ -260,18 +277,21 @@ impl Watchdog {
         self.schedule().leases.len()
     }
 
-    /// Marks overdue leases lost, picks those due for renewal (unless a batch is in
-    /// flight), each with its operation lock taken, and returns when to look again.
+    /// Marks overdue leases lost, picks those due for renewal (with [`Renewals::Pick`]:
+    /// not while a batch is in flight), each with its operation lock taken, and returns when to look again.
     /// Only the entries due at `now` are examined.
     ///
     /// While it scans, the planned wake-up reads as "unknown" (`u64::MAX`), so a lease
     /// [`watch`](Self::watch)ed meanwhile always wakes the task for another look.
-    fn scan(&self, now: u64, pick: bool) -> (Vec<Due>, u64) {
+    fn scan(&self, now: u64, renewals: Renewals) -> (Vec<Due>, u64) {
         self.planned_wake.store(u64::MAX, Ordering::Release);
         let mut due = Vec::new();
         let mut schedule = self.schedule();
         // Leases whose renewal may start now (while a batch is in flight, they wait).
-        while let Some(l) = pick.then(|| schedule.first_due(now, true)).flatten() {
+        while let Some(l) = (renewals == Renewals::Pick)
+            .then(|| schedule.first_due(now, Order::Ready))
+            .flatten()
+        {
             self.count_examined();
             if !self.still_watched(&mut schedule, &l, now) {
                 continue;
@@ -293,7 +313,7 @@ impl Watchdog {
         }
         // Leases that need the task: their deadline passed, or their renewal is due
         // while a batch is in flight (they wait in `ready`, watched by their deadline).
-        while let Some(l) = schedule.first_due(now, false) {
+        while let Some(l) = schedule.first_due(now, Order::Wake) {
             self.count_examined();
             if !self.still_watched(&mut schedule, &l, now) {
                 continue;
@@ -348,13 +368,14 @@ type Work = Pin<Box<dyn Future<Output = bool> + Send>>;
 /// The task body. `true` from a work item means "a renewal batch finished".
 pub(crate) async fn run(shared: Arc<Shared>, mut jobs: mpsc::UnboundedReceiver<Job>) {
     let mut work: FuturesUnordered<Work> = FuturesUnordered::new();
-    let mut renewing = false;
+    // `Wait` while a renewal batch is in flight.
+    let mut renewals = Renewals::Pick;
     let mut open = true;
     // Bounded by the manager's lifetime: ends once every sender is gone and work drained.
     while open || !work.is_empty() {
-        let (due, next) = shared.watchdog.scan(lease::now(), !renewing);
+        let (due, next) = shared.watchdog.scan(lease::now(), renewals);
         if !due.is_empty() {
-            renewing = true;
+            renewals = Renewals::Wait;
             work.push(Box::pin(renew(shared.clone(), due)));
             continue;
         }
@@ -366,7 +387,7 @@ pub(crate) async fn run(shared: Arc<Shared>, mut jobs: mpsc::UnboundedReceiver<J
             },
             Some(renewed) = work.next(), if !work.is_empty() => {
                 if renewed {
-                    renewing = false;
+                    renewals = Renewals::Pick;
                 }
             }
             () = tokio::time::sleep_until(lease::instant(next).into()) => {}
@@ -530,7 +551,7 @@ mod tests {
         let now = lease::now();
         // The previous round planned to wake now; this round scans and finds nothing...
         shared.watchdog.planned_wake.store(now, Ordering::Release);
-        let (due, _next) = shared.watchdog.scan(now, true);
+        let (due, _next) = shared.watchdog.scan(now, Renewals::Pick);
         assert!(due.is_empty());
         // ...while a lock whose first renewal is due long before the idle wake-up is
         // watched, before the round stores its plan.
@@ -564,7 +585,7 @@ mod tests {
             shared.watch(&lease(id, 3000, T0 - 2000 * MS));
         }
         examined(&shared);
-        let (due, next) = shared.watchdog.scan(T0, true);
+        let (due, next) = shared.watchdog.scan(T0, Renewals::Pick);
         assert_eq!(ids(&due), [1000, 1001, 1002]);
         let looked_at = examined(&shared);
         assert!(
@@ -579,7 +600,7 @@ mod tests {
         );
         // Ticks with nothing due (a release job waking the task) examine nothing.
         for _ in 0..10 {
-            let (none, _) = shared.watchdog.scan(T0 + MS, false);
+            let (none, _) = shared.watchdog.scan(T0 + MS, Renewals::Wait);
             assert!(none.is_empty());
         }
         assert_eq!(examined(&shared), 0, "idle ticks examined leases");
@@ -599,12 +620,12 @@ mod tests {
         // An extend to 60 s is in flight when the renewal falls due: skipped, parked.
         let op = l.op.clone().try_lock_owned().unwrap();
         l.extending(first, Duration::from_secs(60));
-        let (due, _) = shared.watchdog.scan(first, true);
+        let (due, _) = shared.watchdog.scan(first, Renewals::Pick);
         assert!(due.is_empty(), "renewed while an extend was in flight");
         l.confirmed(first, Duration::from_secs(60));
         drop(op);
         // Until the extend files it again, only its deadline (now 60 s) wakes the task.
-        let (due, next) = shared.watchdog.scan(first + 5000 * MS, true);
+        let (due, next) = shared.watchdog.scan(first + 5000 * MS, Renewals::Pick);
         assert!(due.is_empty());
         assert_eq!(
             next,
@@ -613,12 +634,12 @@ mod tests {
         );
         shared.reschedule(&l);
         // Renewed at ttl/3 (−ttl/6 slack) of the new ttl, not earlier.
-        let (due, _) = shared.watchdog.scan(first + 9_000 * MS, true);
+        let (due, _) = shared.watchdog.scan(first + 9_000 * MS, Renewals::Pick);
         assert!(
             due.is_empty(),
             "renewed before the extended ttl asked for it"
         );
-        let (due, _) = shared.watchdog.scan(first + 10_000 * MS, true);
+        let (due, _) = shared.watchdog.scan(first + 10_000 * MS, Renewals::Pick);
         assert_eq!(ids(&due), [1]);
         book(
             &shared,
@@ -637,10 +658,10 @@ mod tests {
         l.confirmed(at, Duration::from_millis(300));
         drop(op);
         shared.reschedule(&l);
-        let (due, next) = shared.watchdog.scan(at + 40 * MS, true);
+        let (due, next) = shared.watchdog.scan(at + 40 * MS, Renewals::Pick);
         assert!(due.is_empty());
         assert_eq!(next, at + 100 * MS);
-        let (due, _) = shared.watchdog.scan(next, true);
+        let (due, _) = shared.watchdog.scan(next, Renewals::Pick);
         assert_eq!(ids(&due), [1]);
 
         // A lease whose renewal moved later without being filed again (the window
@@ -648,12 +669,12 @@ mod tests {
         let m = lease(2, 3000, T0);
         shared.watch(&m);
         m.confirmed(T0 + 800 * MS, Duration::from_secs(3));
-        let (due, _) = shared.watchdog.scan(T0 + 1000 * MS, true);
+        let (due, _) = shared.watchdog.scan(T0 + 1000 * MS, Renewals::Pick);
         assert!(
             due.iter().all(|d| d.lease.id != 2),
             "renewed at its old time"
         );
-        let (due, _) = shared.watchdog.scan(T0 + 1300 * MS, true);
+        let (due, _) = shared.watchdog.scan(T0 + 1300 * MS, Renewals::Pick);
         assert!(due.iter().any(|d| d.lease.id == 2));
     }
 
@@ -664,21 +685,21 @@ mod tests {
         let shared = shared();
         let l = lease(1, 300, T0);
         shared.watch(&l);
-        let (due, next) = shared.watchdog.scan(T0 + 100 * MS, false);
+        let (due, next) = shared.watchdog.scan(T0 + 100 * MS, Renewals::Wait);
         assert!(due.is_empty());
         assert_eq!(
             next,
             l.deadline(),
             "only its deadline matters while a batch flies"
         );
-        let (due, _) = shared.watchdog.scan(T0 + 150 * MS, true);
+        let (due, _) = shared.watchdog.scan(T0 + 150 * MS, Renewals::Pick);
         assert_eq!(ids(&due), [1]);
         drop(due);
         let m = lease(2, 300, T0);
         shared.watch(&m);
-        let (due, _) = shared.watchdog.scan(T0 + 100 * MS, false);
+        let (due, _) = shared.watchdog.scan(T0 + 100 * MS, Renewals::Wait);
         assert!(due.is_empty());
-        let (due, _) = shared.watchdog.scan(m.deadline(), false);
+        let (due, _) = shared.watchdog.scan(m.deadline(), Renewals::Wait);
         assert!(due.is_empty());
         assert!(!m.is_active(), "the deadline passed without a renewal");
     }
@@ -690,7 +711,7 @@ mod tests {
         let shared = Arc::new(shared());
         let l = lease(1, 3000, T0);
         shared.watch(&l);
-        let (due, _) = shared.watchdog.scan(l.next_renewal(), true);
+        let (due, _) = shared.watchdog.scan(l.next_renewal(), Renewals::Pick);
         assert_eq!(ids(&due), [1]);
         assert!(l.mark_released().is_some());
         shared.unwatch(l.id);
@@ -715,7 +736,7 @@ mod tests {
         let (mut now, mut calls, mut ticks) = (start, 0usize, 0usize);
         while now < start + 1000 * MS && ticks < 10_000 {
             ticks += 1;
-            let (due, next) = shared.watchdog.scan(now, true);
+            let (due, next) = shared.watchdog.scan(now, Renewals::Pick);
             if due.is_empty() {
                 assert!(next > now);
                 now = next;
@@ -740,13 +761,13 @@ mod tests {
         // The retry does happen, at its instant; once it succeeds the lease is back on
         // the ttl/3 schedule, ready ttl/6 early to join another lease's batch.
         let at = l.next_renewal();
-        let (due, _) = shared.watchdog.scan(at, true);
+        let (due, _) = shared.watchdog.scan(at, Renewals::Pick);
         assert_eq!(ids(&due), [1]);
         book(&shared, &due, vec![Renewed::Yes], at, at);
         drop(due);
         let m = lease(2, 30_000, at);
         shared.watch(&m);
-        let (due, _) = shared.watchdog.scan(at + 5000 * MS, true);
+        let (due, _) = shared.watchdog.scan(at + 5000 * MS, Renewals::Pick);
         assert_eq!(ids(&due), [1, 2]);
     }
 
@@ -773,7 +794,7 @@ mod tests {
         let (mut now, mut renewals, mut ticks) = (T0, 0usize, 0usize);
         while now < T0 + 4000 * MS && ticks < 100_000 {
             ticks += 1;
-            let (due, next) = shared.watchdog.scan(now, true);
+            let (due, next) = shared.watchdog.scan(now, Renewals::Pick);
             if due.is_empty() {
                 assert!(next > now);
                 now = next;

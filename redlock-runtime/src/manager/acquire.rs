@@ -97,7 +97,7 @@ impl LockManager {
             started,
         );
         let waited = started.elapsed();
-        let outcome = stats::outcome(&result, opts.wait.is_zero());
+        let outcome = stats::outcome(&result, opts.wait);
         match &result {
             Ok(guard) => {
                 tracing::debug!(

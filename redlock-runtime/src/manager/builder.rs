@@ -482,7 +482,12 @@ impl LockManagerBuilder {
         let backend = target.connect(settings).await?;
         // Again with the backend's shortest grantable ttl, known now.
         check_ttl(self.default_ttl, backend.min_ttl())?;
-        check_eviction(&backend, self.require_noeviction).await?;
+        let eviction = if self.require_noeviction {
+            Eviction::Required
+        } else {
+            Eviction::Warned
+        };
+        check_eviction(&backend, eviction).await?;
         let shared = Arc::new(Shared::new(backend, waiters, self.default_ttl));
         tokio::spawn(engine::run(shared.clone(), rx));
         Ok(LockManager(Arc::new(Inner {
@@ -546,8 +551,18 @@ fn check_tls_support() -> Result<(), LockError> {
     ))
 }
 
-/// Warns about, or with `require` refuses, nodes that may evict lock keys.
-async fn check_eviction(backend: &Backend, require: bool) -> Result<(), LockError> {
+/// What [`check_eviction`] does about a node that may evict lock keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Eviction {
+    /// Refuses it (`require_noeviction(true)`).
+    Required,
+    /// Warns about it.
+    Warned,
+}
+
+/// Warns about, or as `eviction` says refuses, nodes that may evict lock keys.
+async fn check_eviction(backend: &Backend, eviction: Eviction) -> Result<(), LockError> {
+    let require = eviction == Eviction::Required;
     const RISK: &str = "Redis may evict lock keys under memory pressure, and an evicted \
                         lock is granted to a second client while its holder still holds it";
     for (node, policy) in backend.eviction_policies().await? {
