@@ -123,10 +123,10 @@ impl fmt::Debug for Target {
             // No nodes: the in-memory store, or a configured client (its label `..`:
             // its own `Debug` redacts its password, but not necessarily every TLS
             // secret it holds, so none of it is shown).
-            Ok(nodes) if nodes.is_empty() => match &self.label {
-                Some(label) => write!(f, "{}({label})", self.name),
-                None => f.write_str(self.name),
-            },
+            Ok(nodes) if nodes.is_empty() && self.label.as_deref() == Some("..") => {
+                write!(f, "{}(..)", self.name)
+            }
+            Ok(nodes) if nodes.is_empty() && self.label.is_none() => f.write_str(self.name),
             Ok(nodes) => {
                 let mut tuple = f.debug_tuple(self.name);
                 if let Some(label) = &self.label {

@@ -9,7 +9,7 @@
 //! | one extend or renewal in flight per lease, booked before the next is sent | extend, renewal | the lease's `op` lock: [`extend`] runs with it held; the watchdog takes it for a renewal |
 //! | book what was sent: a confirmation moves the deadline by the ttl the request carried | extend, renewal | [`booked`] |
 //! | lower before sending, raise only on success | extend | [`extend`] (`Lease::extending`) |
-//! | a release that freed the key tells this process's waiters at once | release, keep, the undo of an attempt | [`release`] |
+//! | a release that freed the key tells this process's waiters at once | release, keep, the undo of an abandoned attempt (`Job::Abandon`) | [`tell`], after [`release`] and its booking |
 //! | a release that finds the lock gone, unnoticed, counts it lost | release, keep (foreground and background) | [`book_release`] |
 //!
 //! What the server must do with these requests (the compare-token checks, the wake-ups
@@ -22,6 +22,7 @@ use tracing::Instrument;
 use super::Shared;
 use crate::backend::RELEASE_RETRIES;
 use crate::error::chain;
+use crate::key::LockKey;
 use crate::lease::{self, Lease};
 use crate::stats::{self, Loss, Release};
 use crate::wire::LeaseRef;
@@ -59,19 +60,21 @@ pub(crate) fn booked(lease: &Lease, sent: u64, ttl: Duration, outcome: Renewed) 
 }
 
 /// Sends one release of `lease`, keeping the key `keep` longer when that is not zero
-/// (`hold_at_least`): true when it was ours. A release that freed the key wakes this
-/// process's waiters at once (the server's message follows).
+/// (`hold_at_least`): true when it was ours. The caller then [`tell`]s this process's
+/// waiters.
 pub(crate) async fn release(
     shared: &Shared,
     lease: LeaseRef<'_>,
     keep: Duration,
 ) -> Result<bool, LockError> {
     let span = tracing::debug_span!(target: "redlock", "redlock.release");
-    let released = shared.backend.release(lease, keep).instrument(span).await;
-    if let Ok(true) = released {
-        shared.waiters.wake(lease.key.full());
-    }
-    released
+    shared.backend.release(lease, keep).instrument(span).await
+}
+
+/// Wakes this process's waiters for `key` after a release freed it (or shortened its
+/// hold), at once: the server's message follows.
+pub(crate) fn tell(shared: &Shared, key: &LockKey) {
+    shared.waiters.wake(key.full());
 }
 
 /// [`release`], tried again after each of `RELEASE_RETRIES`' pauses while it fails;
@@ -88,7 +91,10 @@ pub(crate) async fn release_retrying(
             tokio::time::sleep(pause).await;
         }
         match release(shared, lease, keep()).await {
-            Ok(true) => return Release::Released,
+            Ok(true) => {
+                tell(shared, key);
+                return Release::Released;
+            }
             Ok(false) => return Release::Lost,
             Err(e) => tracing::debug!(
                 target: "redlock",

@@ -489,7 +489,6 @@ fn book(shared: &Shared, due: &[Due], outcomes: Vec<Renewed>, sent: u64, now: u6
         .chain(std::iter::repeat(Renewed::Unknown));
     let mut schedule = shared.watchdog.schedule();
     for (d, outcome) in due.iter().zip(outcomes) {
-        path::booked(&d.lease, sent, d.ttl, outcome);
         match outcome {
             Renewed::Yes => stats::renewal(Renewing::Renewed),
             Renewed::Lost => stats::renewal(Renewing::Lost),
@@ -500,6 +499,7 @@ fn book(shared: &Shared, due: &[Due], outcomes: Vec<Renewed>, sent: u64, now: u6
                 continue;
             }
         }
+        path::booked(&d.lease, sent, d.ttl, outcome);
         schedule.file(&d.lease);
     }
 }

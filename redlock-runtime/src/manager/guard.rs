@@ -353,6 +353,9 @@ impl LockManager {
             }
         };
         path::book_release(shared, lease, outcome);
+        if outcome == Release::Released {
+            path::tell(shared, &lease.key);
+        }
         match (outcome, was) {
             (Release::Released, Ok(())) => Ok(()),
             _ => Err(LockError::Lost {
