@@ -242,6 +242,10 @@ fn the_manager_page_reads_in_the_order_a_user_learns() {
         ],
         &["lock", "try_lock", "try_lock_with", "lock_with"],
         &[
+            "fair",
+            "try_fair",
+            "try_fair_with",
+            "fair_with",
             "read",
             "try_read",
             "try_read_with",

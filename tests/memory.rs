@@ -14,6 +14,7 @@ async fn futures_and_types_are_send_sync() {
 }
 
 kinds_tests!(Memory);
+fair_tests!(Memory);
 rules_tests!(Memory);
 
 #[tokio::test(flavor = "current_thread")]

@@ -11,6 +11,7 @@ use redlock::{LockError, LockManager, LockOptions};
 use redlock_testkit::{Fault, ProxiedSet, RedisSet};
 
 kinds_tests!(Redlock::new());
+fair_tests!(Redlock::new());
 rules_tests!(Redlock::new());
 
 #[tokio::test(flavor = "current_thread")]

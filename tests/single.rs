@@ -12,6 +12,7 @@ use redlock_testkit::{fence_key, key_slot, RedisServer};
 
 conformance_tests!(Single::new());
 kinds_tests!(Single::new());
+fair_tests!(Single::new());
 rules_tests!(Single::new());
 
 /// The lock is stored under its full key, its fencing counter is its slot's

@@ -111,6 +111,8 @@ pub(crate) enum Mode {
     Read,
     /// `"write"` or `"exclusive"` (the default): one holder.
     Exclusive,
+    /// `"fair"`: one holder, in the order of arrival across every process.
+    Fair,
 }
 
 /// `keys = ["...", "..."]`: the templates of a call that locks several keys.
@@ -265,18 +267,19 @@ impl Options {
         Ok(())
     }
 
-    /// `mode = "read" | "write" | "exclusive"`.
+    /// `mode = "read" | "write" | "exclusive" | "fair"`.
     fn mode_option(&mut self, option: &OptionInput) -> syn::Result<()> {
-        let expected = "\"read\", \"write\" or \"exclusive\"";
+        let expected = "\"read\", \"write\", \"exclusive\" or \"fair\"";
         if let Some(lit) = option.read::<LitStr, _>(&mut self.mode, expected)? {
             match lit.value().as_str() {
                 "read" => self.mode.value = Some(Mode::Read),
                 "write" | "exclusive" => self.mode.value = Some(Mode::Exclusive),
+                "fair" => self.mode.value = Some(Mode::Fair),
                 other => option.cx.error_spanned_by(
                     &lit,
                     format_args!(
-                        "invalid `mode` value `{other}`: expected \"read\", \"write\" or \
-                         \"exclusive\""
+                        "invalid `mode` value `{other}`: expected \"read\", \"write\", \
+                         \"exclusive\" or \"fair\""
                     ),
                 ),
             }

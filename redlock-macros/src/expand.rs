@@ -23,7 +23,7 @@
 //!         __redlock_manager,
 //!         __redlock_key,
 //!         CallOptions {
-//!             kind: Mode::Exclusive, // `Read` (mode = "read"), `Permit(4u32)` (permits = 4)
+//!             kind: Mode::Exclusive, // `Read` (mode = "read"), `Fair` (mode = "fair"), `Permit(4u32)` (permits = 4)
 //!             ttl: Some(Duration::from_millis(10000u64)),
 //!             wait: None,
 //!             hold_at_least: None,
@@ -476,7 +476,7 @@ impl<'a> Expansion<'a> {
         }
     }
 
-    /// The runtime's `Mode` variant: `Permit(N)`, `Read` or `Exclusive`.
+    /// The runtime's `Mode` variant: `Permit(N)`, `Read`, `Fair` or `Exclusive`.
     fn call_kind(&self) -> TokenStream {
         match (self.options.permits.get(), self.options.mode.get()) {
             (Some(&permits), _) => {
@@ -484,6 +484,7 @@ impl<'a> Expansion<'a> {
                 quote!(Permit(#permits))
             }
             (None, Some(Mode::Read)) => quote!(Read),
+            (None, Some(Mode::Fair)) => quote!(Fair),
             (None, Some(Mode::Exclusive) | None) => quote!(Exclusive),
         }
     }

@@ -46,6 +46,9 @@ pub struct LockInfo {
     /// [`hold_at_least`](crate::LockOptions::hold_at_least) before their minimum hold,
     /// held until it ends with no job running under them (0 or 1 for an exclusive lock).
     pub kept: u32,
+    /// How many waiters have a place in its queue: a [fair](crate::LockManager::fair)
+    /// lock's, 0 for the other kinds.
+    pub queued: u32,
     /// The time left before it expires unless renewed (`None`: no expiry set).
     pub ttl: Option<Duration>,
     /// The fencing token of the (latest) grant.
@@ -117,6 +120,9 @@ impl fmt::Display for LockInfo {
             0 => {}
             kept if kept == self.holders => f.write_str(", kept by hold_at_least")?,
             kept => write!(f, ", {kept} kept by hold_at_least")?,
+        }
+        if self.queued > 0 {
+            write!(f, ", {} queued", self.queued)?;
         }
         f.write_str(")")?;
         if let Some(fence) = self.fencing_token {
@@ -239,11 +245,12 @@ pub(crate) fn decode_inspect(key: &str, reply: Value) -> Result<Option<LockInfo>
         Value::Array(items) => items,
         other => return Err(LockError::unexpected_reply("inspect", format!("{other:?}"))),
     };
-    let Ok([kind, pttl, holder, holders, meta, now, kept, shared]) = <[Value; 8]>::try_from(items)
+    let Ok([kind, pttl, holder, holders, meta, now, kept, shared, queued]) =
+        <[Value; 9]>::try_from(items)
     else {
         return Err(LockError::unexpected_reply(
             "inspect",
-            "not 8 fields".to_owned(),
+            "not 9 fields".to_owned(),
         ));
     };
     let text = |v: Value| redis::from_redis_value::<String>(v).ok();
@@ -259,6 +266,8 @@ pub(crate) fn decode_inspect(key: &str, reply: Value) -> Result<Option<LockInfo>
     let holders: u32 = redis::from_redis_value(holders)
         .map_err(|e| LockError::unexpected_reply("inspect", e.to_string()))?;
     let kept: u32 = redis::from_redis_value(kept)
+        .map_err(|e| LockError::unexpected_reply("inspect", e.to_string()))?;
+    let queued: u32 = redis::from_redis_value(queued)
         .map_err(|e| LockError::unexpected_reply("inspect", e.to_string()))?;
     let meta = parse_meta(&redis::from_redis_value::<Vec<u8>>(meta).unwrap_or_default());
     let now = text(now).and_then(|n| n.parse::<u64>().ok());
@@ -283,6 +292,7 @@ pub(crate) fn decode_inspect(key: &str, reply: Value) -> Result<Option<LockInfo>
             .unwrap_or(kind),
         holders,
         kept,
+        queued,
         ttl: u64::try_from(pttl).ok().map(Duration::from_millis),
         fencing_token: meta.fence,
         host: meta.host,
@@ -328,6 +338,7 @@ pub(crate) fn local(
         kind,
         holders,
         kept,
+        queued: 0,
         ttl: Some(ttl),
         fencing_token: Some(fence),
         host: Some(this_host().to_owned()),

@@ -28,6 +28,10 @@ const FENCE_INFIX: &str = "fence:";
 const HOLDERS_SUFFIX: &str = ":~holders";
 /// The end of a key's writer intents: writers waiting for its readers to leave.
 const INTENTS_SUFFIX: &str = ":~writers";
+/// The end of a fair lock's queue: its waiters in the order of arrival.
+const QUEUE_SUFFIX: &str = ":~queue";
+/// The end of a fair lock's heartbeats: when each queued waiter's place runs out.
+const HEARTBEATS_SUFFIX: &str = ":~heartbeats";
 /// What precedes the number of one of a key's permit places (Redlock, see
 /// [`LockKey::place`]).
 pub(crate) const PLACE_INFIX: &str = ":~permit:";
@@ -37,7 +41,10 @@ fn is_reserved(full: &str) -> bool {
     // Suffix checks only: a substring search would cost every acquisition more.
     let number = full.trim_end_matches(|c: char| c.is_ascii_digit());
     let place = number.len() < full.len() && number.ends_with(PLACE_INFIX);
-    place || full.ends_with(HOLDERS_SUFFIX) || full.ends_with(INTENTS_SUFFIX)
+    place
+        || [HOLDERS_SUFFIX, INTENTS_SUFFIX, QUEUE_SUFFIX, HEARTBEATS_SUFFIX]
+            .iter()
+            .any(|suffix| full.ends_with(suffix))
 }
 
 /// A validated lock key and the fencing counter of its hash slot.
@@ -69,7 +76,7 @@ impl LockKey {
         if is_reserved(&full) {
             return Err(LockError::InvalidKey {
                 reason: format!(
-                    "keys ending in {HOLDERS_SUFFIX:?}, {INTENTS_SUFFIX:?} or {PLACE_INFIX:?} and a number are reserved for read/write locks and permits"
+                    "keys ending in {HOLDERS_SUFFIX:?}, {INTENTS_SUFFIX:?}, {QUEUE_SUFFIX:?}, {HEARTBEATS_SUFFIX:?} or {PLACE_INFIX:?} and a number are reserved for read/write locks, fair locks and permits"
                 ),
             });
         }
@@ -134,6 +141,18 @@ impl LockKey {
     /// writer's waiter id, score: when it gives up, in the server's milliseconds).
     pub(crate) fn intents(&self) -> String {
         self.companion(INTENTS_SUFFIX)
+    }
+
+    /// A fair lock's queue, a sorted set (member: a waiter's id; score: its ticket, the
+    /// order of arrival).
+    pub(crate) fn queue(&self) -> String {
+        self.companion(QUEUE_SUFFIX)
+    }
+
+    /// A fair lock's heartbeats, a sorted set (member: a queued waiter's id; score: the
+    /// server time in milliseconds its place runs out at unless it asks again).
+    pub(crate) fn heartbeats(&self) -> String {
+        self.companion(HEARTBEATS_SUFFIX)
     }
 
     /// Permit place `i` of the key: on Redlock, a permit of `n` is one of `n` exclusive

@@ -25,6 +25,9 @@ pub enum LockKind {
     Read,
     /// One of at most `n` holders: [`permit`](crate::LockManager::permit).
     Permit,
+    /// One holder at a time, granted in the order of arrival across every process:
+    /// [`fair`](crate::LockManager::fair).
+    Fair,
 }
 
 impl fmt::Display for LockKind {
@@ -35,7 +38,7 @@ impl fmt::Display for LockKind {
 
 impl LockKind {
     /// Every kind, in declaration order (`ALL[kind as usize] == kind`).
-    pub(crate) const ALL: [Self; 3] = [Self::Exclusive, Self::Read, Self::Permit];
+    pub(crate) const ALL: [Self; 4] = [Self::Exclusive, Self::Read, Self::Permit, Self::Fair];
 
     /// The kind's name, as shown and as the metrics' `kind` label.
     pub(crate) fn name(self) -> &'static str {
@@ -43,6 +46,7 @@ impl LockKind {
             Self::Exclusive => "exclusive",
             Self::Read => "read",
             Self::Permit => "permit",
+            Self::Fair => "fair",
         }
     }
 
@@ -53,6 +57,7 @@ impl LockKind {
             Self::Exclusive => 'e',
             Self::Read => 'r',
             Self::Permit => 'p',
+            Self::Fair => 'f',
         }
     }
 
@@ -76,6 +81,8 @@ pub enum Mode {
     Read,
     /// One of this many places: `permits = n`.
     Permit(u32),
+    /// The key alone, in the order of arrival on the server: `mode = "fair"`.
+    Fair,
 }
 
 impl Mode {
@@ -85,13 +92,14 @@ impl Mode {
             Self::Exclusive => LockKind::Exclusive,
             Self::Read => LockKind::Read,
             Self::Permit(_) => LockKind::Permit,
+            Self::Fair => LockKind::Fair,
         }
     }
 
     /// Whether holders share the key (read, permits): they are members of its holder
     /// set, each with an expiry of its own, rather than the key's value.
     pub(crate) fn is_shared(self) -> bool {
-        !matches!(self, Self::Exclusive)
+        !matches!(self, Self::Exclusive | Self::Fair)
     }
 
     /// How many holders may share the key (`acquire_shared.lua`'s limit): `n` for
@@ -99,7 +107,7 @@ impl Mode {
     pub(crate) fn limit(self) -> u32 {
         match self {
             Self::Permit(n) => n,
-            Self::Exclusive | Self::Read => 0,
+            Self::Exclusive | Self::Read | Self::Fair => 0,
         }
     }
 
@@ -113,7 +121,7 @@ impl Mode {
     pub(crate) fn marker(self) -> &'static str {
         match self {
             Self::Read => "~read",
-            Self::Permit(_) | Self::Exclusive => "~permit",
+            Self::Permit(_) | Self::Exclusive | Self::Fair => "~permit",
         }
     }
 }

@@ -87,9 +87,9 @@ fn lock_key(manager: &LockManager, full_key: String) -> Result<LockKey, LockErro
     LockKey::new(manager.prefix(), full_key)
 }
 
-/// Acquires `full_key` in the kind of `options`. An exclusive call re-enters the key
-/// when an exclusive call further up this task's call chain holds it on the same
-/// `manager` (or a clone of it); read and permit calls always acquire.
+/// Acquires `full_key` in the kind of `options`. An exclusive or fair call re-enters
+/// the key when an exclusive or fair call further up this task's call chain holds it on
+/// the same `manager` (or a clone of it); read and permit calls always acquire.
 pub async fn enter(
     manager: LockManager,
     full_key: String,
@@ -97,7 +97,7 @@ pub async fn enter(
 ) -> Result<Call, LockError> {
     let mode = options.kind;
     let outer = match mode {
-        Mode::Exclusive => HELD
+        Mode::Exclusive | Mode::Fair => HELD
             .try_with(|held| {
                 held.iter()
                     .find(|h| h.manager.same_as(&manager) && h.guard.key() == full_key)
@@ -182,7 +182,7 @@ impl CallGuard for LockGuard {
     }
 
     fn reentrant(&self) -> Option<LockGuard> {
-        (self.kind() == LockKind::Exclusive).then(|| self.view())
+        matches!(self.kind(), LockKind::Exclusive | LockKind::Fair).then(|| self.view())
     }
 }
 

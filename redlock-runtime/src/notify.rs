@@ -35,7 +35,7 @@ use redis::{PushInfo, PushKind, Value};
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
 use crate::error::chain;
-use crate::waiters::Wake;
+use crate::waiters::{Call, Wake};
 use crate::LockError;
 
 /// One node's subscriber connection.
@@ -589,7 +589,7 @@ pub(crate) fn push_handler(
 /// Wakes the head waiting for the channel of a (sharded) message push: a release.
 pub(crate) fn wake_for_message(wake: &Wake, push: PushInfo) {
     if let Some(msg) = redis::Msg::from_push_info(push) {
-        wake.wake(msg.get_channel_name());
+        wake.wake_for(msg.get_channel_name(), Call::of_payload(msg.get_payload_bytes()));
     }
 }
 

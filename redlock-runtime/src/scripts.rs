@@ -22,6 +22,14 @@ pub(crate) struct LuaScript {
 /// `SET NX PX` + fencing `INCR` (+ writer intent when held): see `scripts/acquire.lua`.
 pub(crate) static ACQUIRE: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(include_str!("scripts/acquire.lua")));
+/// A fair lock's attempt: its place in the key's queue, then (its turn) `acquire.lua`
+/// itself: see `scripts/acquire_fair.lua`.
+pub(crate) static ACQUIRE_FAIR: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::new(concat!(
+        include_str!("scripts/acquire_fair.lua"),
+        include_str!("scripts/acquire.lua")
+    ))
+});
 /// Compare-token `DEL` + publish (or `PEXPIRE`, hold_at_least): see `scripts/release.lua`.
 pub(crate) static RELEASE: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(include_str!("scripts/release.lua")));

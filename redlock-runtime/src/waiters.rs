@@ -7,7 +7,7 @@
 //! [`Notify::notify_waiters`]; the head enables its `Notified` before each attempt, so a
 //! release between a failed attempt and the wait is never missed.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
@@ -46,6 +46,9 @@ pub(crate) struct KeyQueue {
     pub(crate) turn: Semaphore,
     /// Woken on every release of the key seen by this process.
     pub(crate) wake: Notify,
+    /// Whom the wake-ups were for: a fair lock's release names the one waiter whose
+    /// turn it is, and the others sleep on.
+    calls: Mutex<Calls>,
     /// Whether the queue holds an interest in the key's wake-up channel
     /// ([`Subscription`]).
     subscription: AtomicU8,
@@ -64,7 +67,78 @@ pub(crate) enum Subscription {
     Confirmed,
 }
 
+/// Whom a wake-up is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Call {
+    /// Every waiter of the key (the key was freed, or its hold got shorter).
+    Anyone,
+    /// The fair waiter with this id: its turn has come (a fair lock's release, or a
+    /// first place left behind by a dropped one).
+    Waiter(u64),
+}
+
+impl Call {
+    /// Whom a release's published payload calls: a waiter's id in decimal digits (a
+    /// fair lock's), or anyone ('' for free, 'kept', anything else).
+    pub(crate) fn of_payload(payload: &[u8]) -> Self {
+        std::str::from_utf8(payload)
+            .ok()
+            .filter(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|p| p.parse().ok())
+            .map_or(Self::Anyone, Self::Waiter)
+    }
+}
+
+/// The recent wake-ups of a key: how many called anyone, and the waiters named.
+#[derive(Debug, Default)]
+struct Calls {
+    anyone: u64,
+    named: VecDeque<u64>,
+}
+
+/// The most named calls a key remembers: a call nobody takes (its waiter is gone)
+/// is forgotten after this many more.
+const NAMED_CALLS: usize = 64;
+
 impl KeyQueue {
+    fn calls(&self) -> MutexGuard<'_, Calls> {
+        self.calls.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// How many wake-ups for anyone there were so far: [`called`](Self::called) compares
+    /// with it.
+    pub(crate) fn calls_for_anyone(&self) -> u64 {
+        self.calls().anyone
+    }
+
+    /// Whether a wake-up since `anyone` (what [`calls_for_anyone`](Self::calls_for_anyone)
+    /// said) was for fair waiter `waiter`: one for anyone, or one naming it (taken).
+    pub(crate) fn called(&self, waiter: u64, anyone: u64) -> bool {
+        let mut calls = self.calls();
+        if let Some(i) = calls.named.iter().position(|&w| w == waiter) {
+            calls.named.remove(i);
+            return true;
+        }
+        calls.anyone != anyone
+    }
+
+    /// Records a wake-up, then wakes the queue's waiters.
+    fn call(&self, call: Call) {
+        {
+            let mut calls = self.calls();
+            match call {
+                Call::Anyone => calls.anyone += 1,
+                Call::Waiter(w) => {
+                    if calls.named.len() == NAMED_CALLS {
+                        calls.named.pop_front();
+                    }
+                    calls.named.push_back(w);
+                }
+            }
+        }
+        self.wake.notify_waiters();
+    }
+
     /// Where the queue stands with the key's channel.
     pub(crate) fn subscription(&self) -> Subscription {
         match self.subscription.load(Ordering::Acquire) {
@@ -74,7 +148,16 @@ impl KeyQueue {
         }
     }
 
-    /// Records where the queue stands (only its head calls this).
+    /// Takes the queue's interest in the key's channel for the caller, if nobody took
+    /// it yet: true when the caller registers it. (A key's fair waiters in one process
+    /// are all heads, and may ask at once.)
+    pub(crate) fn claim_subscription(&self) -> bool {
+        self.subscription
+            .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// Records where the queue stands (only its heads call this).
     pub(crate) fn set_subscription(&self, state: Subscription) {
         let n = match state {
             Subscription::None => 0,
@@ -106,6 +189,12 @@ impl Waiters {
         self.keys.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// The most tasks that may wait for one key here (and the most places a fair
+    /// lock's queue on the server may hold).
+    pub(crate) fn max_per_key(&self) -> usize {
+        self.max_per_key
+    }
+
     /// Whether any local task is queued for `key` (then newcomers queue behind it).
     pub(crate) fn is_queued(&self, key: &str) -> bool {
         self.keys().contains_key(key)
@@ -118,6 +207,7 @@ impl Waiters {
             queue: Arc::new(KeyQueue {
                 turn: Semaphore::new(1),
                 wake: Notify::new(),
+                calls: Mutex::default(),
                 subscription: AtomicU8::new(0),
             }),
             waiting: 0,
@@ -136,15 +226,22 @@ impl Waiters {
 
     /// Wakes the head waiting for `key`, if any.
     pub(crate) fn wake(&self, key: &str) {
-        if let Some(entry) = self.keys().get(key) {
-            entry.queue.wake.notify_waiters();
+        self.wake_for(key, Call::Anyone);
+    }
+
+    /// Wakes the waiters of `key` that `call` is for.
+    pub(crate) fn wake_for(&self, key: &str, call: Call) {
+        let queue = self.keys().get(key).map(|entry| entry.queue.clone());
+        if let Some(queue) = queue {
+            queue.call(call);
         }
     }
 
     /// Wakes every head (after a reconnect: notifications may have been lost).
     pub(crate) fn wake_all(&self) {
-        for entry in self.keys().values() {
-            entry.queue.wake.notify_waiters();
+        let queues: Vec<_> = self.keys().values().map(|e| e.queue.clone()).collect();
+        for queue in queues {
+            queue.call(Call::Anyone);
         }
     }
 
@@ -187,8 +284,13 @@ impl Wake {
 
     /// Wakes the head waiting for `key`, if any (a release was heard).
     pub(crate) fn wake(&self, key: &str) {
+        self.wake_for(key, Call::Anyone);
+    }
+
+    /// Wakes the waiters of `key` that `call` is for (a release was heard).
+    pub(crate) fn wake_for(&self, key: &str, call: Call) {
         if let Some(waiters) = self.0.upgrade() {
-            waiters.wake(key);
+            waiters.wake_for(key, call);
         }
     }
 

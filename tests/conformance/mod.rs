@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use redlock::{LockError, LockGuard, LockManager, LockManagerBuilder, LockOptions};
 
 pub mod backends;
+pub mod fair;
 pub mod kinds;
 pub mod rules;
 

@@ -300,6 +300,7 @@ mod tests {
             replicas: None,
             mode: Mode::Exclusive,
             intent: None,
+            arrival: None,
         }
     }
 

@@ -816,6 +816,7 @@ mod tests {
             replicas: None,
             mode: Mode::Exclusive,
             intent: None,
+            arrival: None,
         };
         let attempt =
             moved_while_answering(&sentinel, &proxy, &new.url(), sentinel.acquire(&claim))

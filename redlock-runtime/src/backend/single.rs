@@ -324,7 +324,7 @@ impl SingleBackend {
         claim: &Claim<'_>,
         rw: ReplicaWait,
     ) -> Result<Attempt, LockError> {
-        let call = acquire_call(claim);
+        let call = acquire_call(claim, Publish::Channel);
         // WAIT counts the writes of its own connection and blocks it meanwhile: a
         // connection of its own. A pooled one found broken (the server restarted) is
         // dropped with the other idle ones, broken too, and the request retried once on
@@ -415,7 +415,7 @@ impl Store for SingleBackend {
             return Box::pin(self.acquire_and_wait(claim, rw)).await;
         }
         let reply: Value = if by_script_call(claim) {
-            let call = acquire_call(claim);
+            let call = acquire_call(claim, Publish::Channel);
             Box::pin(self.resending(|| call.invoke(&self.con))).await
         } else {
             let coalesced = self.coalescing.as_ref().map(|c| (c, c.acquires.alone()));
@@ -457,7 +457,7 @@ impl Store for SingleBackend {
     /// are in flight shares one call with them (see `coalesce`).
     async fn release(&self, lease: LeaseRef<'_>, keep: Duration) -> Result<bool, LockError> {
         // The plain exclusive release (the uncontended path) builds its request in place.
-        let plain = !lease.mode.is_shared() && keep.is_zero();
+        let plain = lease.mode == Mode::Exclusive && keep.is_zero();
         let coalesced = self
             .coalescing
             .as_ref()
@@ -622,6 +622,7 @@ mod tests {
                 replicas: Some(wait),
                 mode: Mode::Exclusive,
                 intent: None,
+                arrival: None,
             }),
         )
         .await;

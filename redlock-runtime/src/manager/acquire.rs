@@ -15,7 +15,7 @@ use crate::lease::{self, Lease};
 use crate::options::Resolved;
 use crate::stats;
 use crate::token::Token;
-use crate::wire::{Attempt, Claim, Intent, Together};
+use crate::wire::{Arrival, Attempt, Claim, Intent, Together};
 use crate::wire::{LeaseRef, ReplicaWait};
 use crate::{LockError, LockGuard, LockKind, MultiGuard};
 
@@ -42,7 +42,22 @@ pub(super) struct Request<'a> {
 /// How an attempt ended when it did not fail.
 pub(super) enum Outcome {
     Acquired(LockGuard),
+    /// Held by someone else for about this long (`None`: not known).
     Held(Option<Duration>),
+    /// Not a fair waiter's turn: the key is held for about `remaining` (`None`: free,
+    /// or not known), and the waiter's place has `ticket`.
+    Queued {
+        remaining: Option<Duration>,
+        ticket: u64,
+    },
+}
+
+/// What a waiting attempt carries besides the claim: a writer's intent, or a fair
+/// waiter's place.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Carried {
+    pub(super) intent: Option<Intent>,
+    pub(super) arrival: Option<Arrival>,
 }
 
 impl LockManager {
@@ -68,16 +83,19 @@ impl LockManager {
                 replicas,
             };
             let mut first_error = None;
-            if opts.wait.is_zero() || !self.0.shared.waiters.is_queued(key.full()) {
-                match self.bounded_attempt(&request, None).await {
+            // A fair waiter's first attempt already takes its place in the queue: the
+            // wait's.
+            let queues = mode == Mode::Fair && !opts.wait.is_zero();
+            if opts.wait.is_zero() || !(queues || self.0.shared.waiters.is_queued(key.full())) {
+                match self.bounded_attempt(&request, Carried::default()).await {
                     Ok(Outcome::Acquired(guard)) => return Ok(guard),
-                    Ok(Outcome::Held(_)) if opts.wait.is_zero() => {
+                    Ok(Outcome::Held(_) | Outcome::Queued { .. }) if opts.wait.is_zero() => {
                         return Err(LockError::Timeout {
                             key: key.full().to_owned(),
                         })
                     }
                     // With time to wait, the wait loop tries again.
-                    Ok(Outcome::Held(_)) => {}
+                    Ok(Outcome::Held(_) | Outcome::Queued { .. }) => {}
                     Err(e) if retried_while_waiting(&e) && !opts.wait.is_zero() => {
                         first_error = Some(e);
                     }
@@ -341,11 +359,7 @@ impl LockManager {
     /// server (a request applied after its reply was lost, a Redlock undo that did not
     /// arrive) carries an older token, so it can never be counted as part of this
     /// attempt's grant, and its background release can never delete this attempt's lock.
-    async fn attempt(
-        &self,
-        request: &Request<'_>,
-        intent: Option<Intent>,
-    ) -> Result<Outcome, LockError> {
+    async fn attempt(&self, request: &Request<'_>, carried: Carried) -> Result<Outcome, LockError> {
         let Request {
             key,
             mode,
@@ -366,7 +380,8 @@ impl LockManager {
                 ttl: opts.ttl,
                 replicas,
                 mode,
-                intent,
+                intent: carried.intent,
+                arrival: carried.arrival,
             })
             .await;
         // A backend that undoes its own failed attempts does so without waking anyone
@@ -378,6 +393,9 @@ impl LockManager {
         let attempt = attempt?;
         let fence = match attempt {
             Attempt::Held { remaining, .. } => return Ok(Outcome::Held(remaining)),
+            Attempt::Queued {
+                remaining, ticket, ..
+            } => return Ok(Outcome::Queued { remaining, ticket }),
             Attempt::Acquired {
                 fence,
                 replicas: acked,
@@ -434,13 +452,13 @@ impl LockManager {
     pub(super) async fn bounded_attempt(
         &self,
         request: &Request<'_>,
-        intent: Option<Intent>,
+        carried: Carried,
     ) -> Result<Outcome, LockError> {
         let one = (self.0.shared.backend).request_timeout(request.opts.ttl, request.mode)
             + request.replicas.map_or(Duration::ZERO, |r| r.timeout);
         let now = tokio::time::Instant::now();
         let bound = (now + one).max(tokio::time::Instant::from_std(request.opts.deadline));
-        tokio::time::timeout_at(bound, self.attempt(request, intent))
+        tokio::time::timeout_at(bound, self.attempt(request, carried))
             .await
             .unwrap_or_else(|_| Err(LockError::timed_out("acquire", bound - now)))
     }

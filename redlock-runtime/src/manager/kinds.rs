@@ -564,7 +564,7 @@ impl LockManager {
     }
 
     /// Prefixes, validates and acquires `key` in `mode`.
-    async fn acquire_mode(
+    pub(super) async fn acquire_mode(
         &self,
         key: &str,
         mode: Mode,

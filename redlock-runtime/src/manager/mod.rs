@@ -158,6 +158,7 @@ impl LockManager {
 // The order the manager's documentation lists its methods in: see the module docs.
 mod connect;
 mod exclusive;
+mod fair;
 mod kinds;
 mod operations;
 mod wait;

@@ -1,13 +1,15 @@
 //! Waiting for a held key: this process's queue for the key, and its head contending
 //! until acquired or out of time — the subscription to the key's channel kept, a
-//! writer's intent carried, each attempt's outcome turned into a pause.
+//! writer's intent or a fair waiter's place carried, each attempt's outcome turned into
+//! a pause. A fair lock's waiters are each a head: each keeps a place of its own in the
+//! server's queue, and asks when a release names it (or its heartbeat is due).
 
 use std::pin::{pin, Pin};
 use std::time::{Duration, Instant};
 
 use tokio::sync::futures::Notified;
 
-use super::acquire::{retried_while_waiting, Outcome, Request};
+use super::acquire::{retried_while_waiting, Carried, Outcome, Request};
 use super::LockManager;
 use crate::backend::jitter;
 use crate::engine::{Armed, Job};
@@ -16,7 +18,7 @@ use crate::kind::Mode;
 use crate::lease;
 use crate::notify::Register;
 use crate::waiters::{KeyQueue, Subscription};
-use crate::wire::Intent;
+use crate::wire::{Arrival, Intent};
 use crate::{LockError, LockGuard};
 
 /// How often a head polls while it cannot hear releases.
@@ -25,6 +27,13 @@ const POLL_UNSUBSCRIBED: Duration = Duration::from_millis(100);
 const RESUBSCRIBE_AFTER: Duration = Duration::from_secs(1);
 /// The longest pause between attempts that failed.
 const MAX_RETRY_BACKOFF: Duration = Duration::from_millis(500);
+/// How long a fair waiter's place in the server's queue lasts without another attempt:
+/// the bound on how long a waiter that died, was cut off or was dropped without a word
+/// holds up the queue (the server drops its place by its own clock).
+pub(crate) const FAIR_PLACE_LASTS: Duration = Duration::from_secs(3);
+/// How often a fair waiter asks while not called: its heartbeat, a third of
+/// [`FAIR_PLACE_LASTS`], so one late or lost attempt does not cost its place.
+const FAIR_HEARTBEAT: Duration = Duration::from_secs(1);
 
 impl LockManager {
     /// Queues locally, then contends as the head until acquired or out of time. When
@@ -44,7 +53,7 @@ impl LockManager {
     ) -> Result<LockGuard, LockError> {
         let key = request.key;
         // Declared first: dropped (withdrawn, if armed) after the queue is left.
-        let mut intent = self.writer_intent(request);
+        let mut standing = self.standing(request);
         let waiters = &self.0.shared.waiters;
         let place = waiters
             .join(key.full())
@@ -52,36 +61,67 @@ impl LockManager {
                 key: key.full().to_owned(),
             })?;
         let mut head = Head::new(self, *request, &place.queue, last_error);
-        let turn = place.queue.turn.acquire();
-        let Ok(Ok(_turn)) = tokio::time::timeout_at(head.deadline, turn).await else {
-            return Err(head.give_up());
+        // A fair waiter is a head of its own: its place on the server orders it.
+        let _turn = match standing.fair_waiter() {
+            Some(_) => None,
+            None => {
+                let turn = place.queue.turn.acquire();
+                let Ok(Ok(turn)) = tokio::time::timeout_at(head.deadline, turn).await else {
+                    return Err(head.give_up());
+                };
+                Some(turn)
+            }
         };
         loop {
             head.before_deadline()?;
             head.keep_subscription().await?;
             let mut notified = pin!(place.queue.wake.notified());
             notified.as_mut().enable();
-            let carried = intent.carry(head.deadline);
+            let anyone = place.queue.calls_for_anyone();
+            let carried = standing.carry(head.deadline);
             match head.attempt(carried).await? {
                 Step::Acquired(guard) => {
-                    intent.granted();
+                    standing.granted();
                     return Ok(guard);
                 }
                 Step::Pause(pause) => head.pause(notified, pause).await?,
+                Step::Queued { pause, ticket } => {
+                    standing.queued(ticket);
+                    let called = standing.fair_waiter().map(|w| (w, anyone));
+                    head.pause_until_called(notified, pause, called).await?;
+                }
             }
         }
     }
 
-    /// The intent of a writer's wait (none for the other modes), not yet carried.
-    fn writer_intent<'a>(&'a self, request: &Request<'a>) -> WriterIntent<impl FnOnce() + 'a> {
+    /// What the wait leaves on the server, not yet carried: a writer's intent, a fair
+    /// waiter's place, or nothing (the other modes).
+    fn standing<'a>(&'a self, request: &Request<'a>) -> Standing<impl FnOnce() + 'a> {
         let key = request.key;
-        let intent = (request.mode == Mode::Exclusive).then(|| Intent {
-            waiter: getrandom::u64().unwrap_or_else(|_| lease::now()),
-            until: Duration::ZERO,
-        });
-        let withdrawal = intent
-            .map(|i| Armed::disarmed(move || self.send_job(Job::Withdraw(key.clone(), i.waiter))));
-        WriterIntent { intent, withdrawal }
+        let waiter = getrandom::u64().unwrap_or_else(|_| lease::now());
+        let mut carried = Carried::default();
+        match request.mode {
+            Mode::Exclusive => {
+                carried.intent = Some(Intent {
+                    waiter,
+                    until: Duration::ZERO,
+                });
+            }
+            Mode::Fair => {
+                carried.arrival = Some(Arrival {
+                    waiter,
+                    ticket: 0,
+                    heartbeat: FAIR_PLACE_LASTS,
+                    bound: self.0.shared.waiters.max_per_key(),
+                });
+            }
+            Mode::Read | Mode::Permit(_) => return Standing::none(),
+        }
+        let withdraw = move || self.send_job(Job::Withdraw(key.clone(), waiter));
+        Standing {
+            carried,
+            withdrawal: Some(Armed::disarmed(withdraw)),
+        }
     }
 }
 
@@ -91,25 +131,44 @@ enum Step {
     Acquired(LockGuard),
     /// Held, or a failed request to try again: the longest pause before the next round.
     Pause(Duration),
+    /// Not this fair waiter's turn: the longest pause before it asks again, and the
+    /// ticket of its place.
+    Queued { pause: Duration, ticket: u64 },
 }
 
-/// A writer's intent: it keeps new readers out while the writer waits for the readers
-/// it found (one id for the whole wait; see [`Intent`]).
-struct WriterIntent<W: FnOnce()> {
-    intent: Option<Intent>,
-    /// Withdraws the intent in the background when the wait ends without the lock (out
-    /// of time, an error, its future dropped): left registered, it would keep new
-    /// readers out for the rest of the writer's wait. Armed once an attempt carrying the
-    /// intent is sent (it may register it, even when its reply is lost); a grant
-    /// withdraws it itself.
+/// What a wait leaves on the server, one id for the whole wait: a writer's intent (it
+/// keeps new readers out while the writer waits for the readers it found; see
+/// [`Intent`]), or a fair waiter's place in the key's queue (see [`Arrival`]).
+struct Standing<W: FnOnce()> {
+    carried: Carried,
+    /// Withdraws the intent or the place in the background when the wait ends without
+    /// the lock (out of time, an error, its future dropped): left registered, an intent
+    /// would keep new readers out for the rest of the writer's wait, and a place would
+    /// hold up the queue until its heartbeat ran out. Armed once an attempt carrying it
+    /// is sent (it may register it, even when its reply is lost); a grant withdraws it
+    /// itself.
     withdrawal: Option<Armed<W>>,
 }
 
-impl<W: FnOnce()> WriterIntent<W> {
-    /// The intent the next attempt carries, lasting to `deadline` (at least 1 ms); from
-    /// now on it may be registered, so it is withdrawn if the wait ends without the lock.
-    fn carry(&mut self, deadline: tokio::time::Instant) -> Option<Intent> {
-        if let Some(intent) = &mut self.intent {
+impl<W: FnOnce()> Standing<W> {
+    /// Nothing to leave on the server (a reader, a permit).
+    fn none() -> Self {
+        Self {
+            carried: Carried::default(),
+            withdrawal: None,
+        }
+    }
+
+    /// A fair waiter's id.
+    fn fair_waiter(&self) -> Option<u64> {
+        self.carried.arrival.map(|a| a.waiter)
+    }
+
+    /// What the next attempt carries, an intent lasting to `deadline` (at least 1 ms);
+    /// from now on it may be registered, so it is withdrawn if the wait ends without
+    /// the lock.
+    fn carry(&mut self, deadline: tokio::time::Instant) -> Carried {
+        if let Some(intent) = &mut self.carried.intent {
             intent.until = deadline
                 .saturating_duration_since(tokio::time::Instant::now())
                 .max(Duration::from_millis(1));
@@ -117,10 +176,18 @@ impl<W: FnOnce()> WriterIntent<W> {
         if let Some(w) = &mut self.withdrawal {
             w.arm();
         }
-        self.intent
+        self.carried
     }
 
-    /// The lock was granted: the grant withdrew the intent.
+    /// The server gave the fair waiter's place `ticket`: later attempts carry it, so a
+    /// place dropped meanwhile (a heartbeat that came late) comes back where it was.
+    fn queued(&mut self, ticket: u64) {
+        if let Some(arrival) = &mut self.carried.arrival {
+            arrival.ticket = arrival.ticket.max(ticket);
+        }
+    }
+
+    /// The lock was granted: the grant withdrew the intent or the place.
     fn granted(&mut self) {
         if let Some(w) = &mut self.withdrawal {
             w.disarm();
@@ -199,10 +266,18 @@ impl<'a> Head<'a> {
     /// is still unsubscribed when the queue empties. The wait bounds the subscription
     /// too. A subscription that fails leaves the head polling.
     async fn keep_subscription(&mut self) -> Result<(), LockError> {
-        let Some(Ask { register, again }) = self.ask_due() else {
+        let Some(Ask {
+            mut register,
+            again,
+        }) = self.ask_due()
+        else {
             return Ok(());
         };
         let (manager, key) = (self.manager, self.request.key.full());
+        // One head registers the queue's interest, though several fair ones may ask.
+        if register == Register::New && !self.queue.claim_subscription() {
+            register = Register::Again;
+        }
         self.queue.set_subscription(Subscription::Asked);
         let subscribe = manager.0.shared.backend.subscribe(key, register);
         match tokio::time::timeout_at(self.deadline, subscribe).await {
@@ -269,12 +344,17 @@ impl<'a> Head<'a> {
         Some(Ask { register, again })
     }
 
-    /// One attempt, carrying the writer's intent if any: the lock, the pause before the
-    /// next round, or the error that ends the wait.
-    async fn attempt(&mut self, intent: Option<Intent>) -> Result<Step, LockError> {
-        match self.manager.bounded_attempt(&self.request, intent).await {
+    /// One attempt, carrying the writer's intent or the fair waiter's place if any: the
+    /// lock, the pause before the next round, or the error that ends the wait.
+    async fn attempt(&mut self, carried: Carried) -> Result<Step, LockError> {
+        match self.manager.bounded_attempt(&self.request, carried).await {
             Ok(Outcome::Acquired(guard)) => Ok(Step::Acquired(guard)),
             Ok(Outcome::Held(remaining)) => Ok(Step::Pause(self.pause_after_held(remaining))),
+            Ok(Outcome::Queued { remaining, ticket }) => {
+                // Its heartbeat is due by then, whoever holds the key.
+                let pause = self.pause_after_held(remaining).min(FAIR_HEARTBEAT);
+                Ok(Step::Queued { pause, ticket })
+            }
             Err(e) if retried_while_waiting(&e) => Ok(Step::Pause(self.pause_after_failure(e))),
             Err(e) => Err(e),
         }
@@ -308,6 +388,43 @@ impl<'a> Head<'a> {
         self.backoff = (self.backoff * 2).min(MAX_RETRY_BACKOFF);
         // Jittered, so managers that failed together do not retry together.
         self.backoff / 2 + jitter(self.backoff / 2)
+    }
+
+    /// As [`pause`](Self::pause), but for a fair waiter (`called`: its id, and the
+    /// count of wake-ups for anyone before the attempt) only a wake-up that calls it
+    /// ends the pause early: a fair lock's release names the one waiter whose turn it is.
+    async fn pause_until_called(
+        &mut self,
+        mut notified: Pin<&mut Notified<'a>>,
+        pause: Duration,
+        called: Option<(u64, u64)>,
+    ) -> Result<(), LockError> {
+        let Some((waiter, anyone)) = called else {
+            return self.pause(notified, pause).await;
+        };
+        let until = (tokio::time::Instant::now() + pause).min(self.deadline);
+        loop {
+            let now = tokio::time::Instant::now();
+            if now >= self.deadline {
+                return Err(self.give_up());
+            }
+            if now >= until {
+                return Ok(());
+            }
+            tokio::select! {
+                () = notified.as_mut() => {}
+                () = tokio::time::sleep_until(until) => return Ok(()),
+            }
+            if self.queue.called(waiter, anyone) {
+                return Ok(());
+            }
+            // Someone else's call: listen again.
+            notified.set(self.queue.wake.notified());
+            notified.as_mut().enable();
+            if self.queue.called(waiter, anyone) {
+                return Ok(());
+            }
+        }
     }
 
     /// Sleeps until a release is heard (`notified`, enabled before the attempt, so a

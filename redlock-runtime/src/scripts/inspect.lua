@@ -1,7 +1,8 @@
 -- Describe a lock for an operator (LockManager::inspect and list), never its token.
--- KEYS[1] lock key K, KEYS[2] its holders zset H (same slot)
+-- KEYS[1] lock key K, KEYS[2] its holders zset H, KEYS[3] its fair queue's heartbeats
+-- (same slot; acquire_fair.lua)
 -- Returns nil when K is absent or not a string; else {kind, pttl, holder, holders, meta,
--- now, kept, shared}:
+-- now, kept, shared, queued}:
 --   kind     'e' when K holds a token (exclusive), 'r' / 'p' when it holds the read /
 --            permit marker (alone, or padded to 16 bytes with '~': acquire_shared.lua);
 --   pttl     K's PTTL in milliseconds (-1: no expiry);
@@ -17,6 +18,8 @@
 --   shared   for a marker, {name, ms left} of each live holder, soonest to expire first:
 --            the name a holder would be kept under (so it keeps its name when kept),
 --            followed by '~kept' when it is kept; {} for an exclusive lock.
+--   queued   how many waiters hold a live place in the key's fair queue (0 for a key
+--            that is not fair).
 local v = redis.pcall('GET', KEYS[1])
 if type(v) ~= 'string' then
   return nil
@@ -56,4 +59,8 @@ else
 end
 local pttl = redis.call('PTTL', KEYS[1])
 local holder = string.sub(redis.sha1hex(head), 1, 16)
-return {kind, pttl, holder, holders, string.sub(v, 17), string.format('%d', now), kept, shared}
+local queued = 0
+if KEYS[3] then
+  queued = redis.call('ZCOUNT', KEYS[3], '(' .. string.format('%d', now), '+inf')
+end
+return {kind, pttl, holder, holders, string.sub(v, 17), string.format('%d', now), kept, shared, queued}

@@ -5,6 +5,9 @@
 -- for none (a Redlock undo: waking waiters there would wake the undoing caller itself),
 -- ARGV[3] keep in milliseconds (hold_at_least: > 0 keeps the key held until then
 -- instead of deleting it; '0' or absent: delete)
+-- KEYS[2], KEYS[3] (a fair lock only) its queue and heartbeats (acquire_fair.lua): the
+-- places whose heartbeat ran out are dropped, and the wake-up names the first waiter
+-- left (its id instead of '' or 'kept'), so that it alone asks; '' when none is left.
 -- A kept key is held no longer by the token but by its *kept name*, the first 16 hex
 -- digits of SHA1('~kept' .. token), the rest of the value (the metadata) unchanged: no
 -- extend or renewal can re-arm a released lock (one sent before this release and applied
@@ -26,6 +29,17 @@ if head ~= ARGV[1] then
     return -1
   end
 end
+local wake
+if KEYS[2] then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local gone = redis.call('ZRANGE', KEYS[3], '-inf', now, 'BYSCORE')
+  if #gone > 0 then
+    redis.call('ZREM', KEYS[2], unpack(gone))
+    redis.call('ZREM', KEYS[3], unpack(gone))
+  end
+  wake = redis.call('ZRANGE', KEYS[2], 0, 0)[1] or ''
+end
 local keep = ARGV[3]
 if keep and keep ~= '0' and keep ~= '' then
   if not string.match(keep, '^[1-9][0-9]*$') then
@@ -34,12 +48,12 @@ if keep and keep ~= '0' and keep ~= '' then
   local kept = string.sub(redis.sha1hex('~kept' .. ARGV[1]), 1, 16)
   redis.call('SET', KEYS[1], kept .. string.sub(held, 17), 'PX', keep)
   if ARGV[2] ~= '' then
-    redis.call(ARGV[2], KEYS[1], 'kept')
+    redis.call(ARGV[2], KEYS[1], wake or 'kept')
   end
   return 1
 end
 redis.call('DEL', KEYS[1])
 if ARGV[2] ~= '' then
-  redis.call(ARGV[2], KEYS[1], '')
+  redis.call(ARGV[2], KEYS[1], wake or '')
 end
 return 1

@@ -18,6 +18,14 @@ pub(crate) enum Attempt {
         remaining: Option<Duration>,
         holder: Option<u64>,
     },
+    /// A fair lock's waiter whose turn it is not: the key is held for about
+    /// `remaining` (`None`: free, someone else's turn, or no expiry), and the waiter's
+    /// place has `ticket`.
+    Queued {
+        remaining: Option<Duration>,
+        holder: Option<u64>,
+        ticket: u64,
+    },
 }
 
 /// The outcome of one attempt at several keys at once.
@@ -63,8 +71,9 @@ impl Attempt {
     }
 }
 
-/// The reply of `acquire.lua` and `acquire_shared.lua`: the grant's fencing token, or
-/// `{pttl, holder}` when held.
+/// The reply of `acquire.lua`, `acquire_shared.lua` and `acquire_fair.lua`: the grant's
+/// fencing token, or `{pttl, holder}` when held (`{pttl, holder, ticket}`: a fair
+/// waiter's turn has not come).
 ///
 /// A grant whose fence is not a positive integer that fits a `u64` is an error, never
 /// token 0: the caller gives the lock back (the manager's pending-attempt release). A
@@ -88,10 +97,15 @@ impl FromRedisValue for Attempt {
             .and_then(|h| String::from_redis_value(h).ok())
             .filter(|h| h.len() == 16)
             .and_then(|h| u64::from_str_radix(&h, 16).ok());
-        Ok(Self::Held {
-            remaining: u64::try_from(pttl).ok().map(Duration::from_millis),
-            holder,
-        })
+        let remaining = u64::try_from(pttl).ok().map(Duration::from_millis);
+        match items.next() {
+            None => Ok(Self::Held { remaining, holder }),
+            Some(ticket) => Ok(Self::Queued {
+                remaining,
+                holder,
+                ticket: u64::from_redis_value(ticket)?,
+            }),
+        }
     }
 }
 

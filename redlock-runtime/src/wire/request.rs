@@ -1,4 +1,5 @@
-//! What an acquisition asks the stores for ([`Claim`], with a writer's [`Intent`]), and
+//! What an acquisition asks the stores for ([`Claim`], with a writer's [`Intent`] or a
+//! fair waiter's [`Arrival`]), and
 //! the grant an operator's force-unlock names ([`Seen`]).
 
 use std::time::Duration;
@@ -26,6 +27,24 @@ pub(crate) struct Claim<'a> {
     /// A writer's intent, kept by the server while readers hold the key (exclusive
     /// claims only): readers arriving meanwhile queue behind the writer.
     pub(crate) intent: Option<Intent>,
+    /// A fair waiter's place in the key's queue (fair claims only; `None`: one attempt
+    /// that does not queue, granted only when nobody is queued).
+    pub(crate) arrival: Option<Arrival>,
+}
+
+/// A fair waiter's place in a key's queue, kept by the server while the waiter asks
+/// again within its heartbeat (`acquire_fair.lua`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Arrival {
+    /// The waiter (one per `fair` call, the same for all its attempts).
+    pub(crate) waiter: u64,
+    /// Its place in the order of arrival: 0 before the server gave it one, then the
+    /// ticket the last attempt was told (a place dropped meanwhile comes back there).
+    pub(crate) ticket: u64,
+    /// How long the place lasts without another attempt.
+    pub(crate) heartbeat: Duration,
+    /// The most places the queue may hold (the manager's `max_waiters_per_key`).
+    pub(crate) bound: usize,
 }
 
 /// A waiting writer's intent: while it is registered, new readers are refused.

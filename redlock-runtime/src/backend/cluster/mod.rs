@@ -263,7 +263,7 @@ impl Store for ClusterBackend {
         } = *claim;
         let Some(rw) = replicas else {
             if by_script_call(claim) {
-                return acquire_by_call(&self.con, claim).await;
+                return acquire_by_call(&self.con, claim, Publish::Shard).await;
             }
             let keys = [key.full(), key.fence()];
             let args = acquire_args(&token, ttl);
@@ -274,7 +274,7 @@ impl Store for ClusterBackend {
             return decode_acquire(reply, None);
         };
         // Every kind `WAIT`s for its replicas.
-        let call = acquire_call(claim);
+        let call = acquire_call(claim, Publish::Shard);
         // WAIT blocks the node connection it runs on: a cluster connection of its own
         // (it reconnects by itself), and the pipeline explicitly routed to the key's
         // master (never a bare WAIT).

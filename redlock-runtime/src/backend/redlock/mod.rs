@@ -81,6 +81,7 @@
 //! - [`quorum`]: acquire, release, extend and renew of locks on every node;
 //! - [`store`]: the [`Store`](super::Store) impl.
 
+mod fair;
 mod fences;
 mod inspect;
 mod permits;
@@ -162,7 +163,9 @@ impl Grant for Attempt {
     fn fences(&self) -> Result<&[u64], (Option<Duration>, Option<u64>)> {
         match self {
             Attempt::Acquired { fence, .. } => Ok(std::slice::from_ref(fence)),
-            Attempt::Held { remaining, holder } => Err((*remaining, *holder)),
+            Attempt::Held { remaining, holder } | Attempt::Queued { remaining, holder, .. } => {
+                Err((*remaining, *holder))
+            }
         }
     }
 }

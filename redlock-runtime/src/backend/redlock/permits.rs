@@ -55,7 +55,9 @@ impl RedlockBackend {
                     break;
                 }
                 match self.try_place(claim, i).await {
-                    Ok(Attempt::Held { remaining, .. }) => search.wait(remaining),
+                    Ok(Attempt::Held { remaining, .. } | Attempt::Queued { remaining, .. }) => {
+                        search.wait(remaining)
+                    }
                     Ok(Attempt::Acquired { .. }) => return self.hold_key(claim).await,
                     Err(e) => search.last_error = Some(e),
                 }
@@ -83,7 +85,7 @@ impl RedlockBackend {
             intent: None,
             ..*claim
         };
-        let held = self.acquire_quorum(&unlimited).await;
+        let held = self.acquire_quorum(&unlimited, None).await;
         if !matches!(held, Ok(Attempt::Acquired { .. })) {
             self.give_back_place(claim.token);
         }
@@ -128,7 +130,7 @@ impl RedlockBackend {
             intent: None,
             ..*claim
         };
-        self.acquire_quorum(&attempt).await
+        self.acquire_quorum(&attempt, None).await
     }
 
     /// Reads the remaining ttl of places `indices` of `key` on every node (one pipeline

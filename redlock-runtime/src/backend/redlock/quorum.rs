@@ -8,6 +8,7 @@ use std::time::Duration;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 
 use super::stragglers::{release_on, Stragglers};
+use super::fair::Tickets;
 use super::voting::Contest;
 use super::{lock, RedlockBackend, Stake};
 use crate::backend::single::SingleBackend;
@@ -24,7 +25,13 @@ const RENEW_PER_LOCK: Duration = Duration::from_micros(10);
 
 /// Quorum operations on one key.
 impl RedlockBackend {
-    pub(super) async fn acquire_quorum(&self, claim: &Claim<'_>) -> Result<Attempt, LockError> {
+    /// One key (exclusive, a reader, a fair waiter), voted on by the nodes; what they
+    /// said of a fair waiter's place goes to `tickets`.
+    pub(super) async fn acquire_quorum(
+        &self,
+        claim: &Claim<'_>,
+        tickets: Option<&Arc<Tickets>>,
+    ) -> Result<Attempt, LockError> {
         let Claim {
             key,
             token,
@@ -32,6 +39,7 @@ impl RedlockBackend {
             replicas,
             mode,
             intent,
+            arrival,
         } = *claim;
         // An attempt's undo deletes its place at once, whatever `hold_at_least` says.
         let stake = Stake {
@@ -47,6 +55,7 @@ impl RedlockBackend {
         let shared_key = Arc::new(key.clone());
         let request = |nodes: Arc<[SingleBackend]>, i: usize| {
             let key = shared_key.clone();
+            let tickets = tickets.cloned();
             async move {
                 match nodes.get(i) {
                     Some(node) => {
@@ -57,8 +66,13 @@ impl RedlockBackend {
                             replicas: None,
                             mode,
                             intent,
+                            arrival,
                         };
-                        node.acquire(&claim).await
+                        let attempt = node.acquire(&claim).await;
+                        if let Some(tickets) = &tickets {
+                            tickets.add(&attempt);
+                        }
+                        attempt
                     }
                     None => Err(LockError::invalid_option("no such redlock node")),
                 }
@@ -67,8 +81,9 @@ impl RedlockBackend {
         let keys = [shared_key.clone()];
         match self.contend(&keys, stake, ttl, request).await? {
             Contest::Won(fences) => {
-                if let Some(intent) = intent {
-                    self.withdraw_intent(key, intent.waiter);
+                // Withdrawn on every node: the nodes that refused it registered it.
+                if let Some(waiter) = intent.map(|i| i.waiter).or(arrival.map(|a| a.waiter)) {
+                    self.withdraw_intent(key, waiter);
                 }
                 // One fence per key: never missing.
                 let fence = fences.first().copied().ok_or_else(|| {

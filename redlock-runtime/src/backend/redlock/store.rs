@@ -58,6 +58,8 @@ impl Store for RedlockBackend {
         let rounds = match mode {
             Mode::Permit(_) => PERMIT_ROUNDS + 1,
             Mode::Exclusive | Mode::Read => 3,
+            // A second round when the nodes gave the waiter different tickets.
+            Mode::Fair => 6,
         };
         self.node_timeout(ttl) * rounds
     }
@@ -65,7 +67,8 @@ impl Store for RedlockBackend {
     async fn acquire(&self, claim: &Claim<'_>) -> Result<Attempt, LockError> {
         match claim.mode {
             Mode::Permit(n) => self.acquire_place(claim, n).await,
-            Mode::Exclusive | Mode::Read => self.acquire_quorum(claim).await,
+            Mode::Exclusive | Mode::Read => self.acquire_quorum(claim, None).await,
+            Mode::Fair => self.acquire_fair(claim).await,
         }
     }
 
@@ -132,7 +135,7 @@ impl Store for RedlockBackend {
             .iter()
             .map(|r| match r.mode {
                 Mode::Permit(_) => self.place_of(r.token),
-                Mode::Exclusive | Mode::Read => None,
+                Mode::Exclusive | Mode::Read | Mode::Fair => None,
             })
             .collect();
         let mut asked = Vec::with_capacity(batch.len() * 2);
@@ -293,8 +296,9 @@ impl Store for RedlockBackend {
         Ok(held)
     }
 
-    /// Withdraws the intent on every node (those that refused the writer registered
-    /// it), waking the key's waiters there; `Err` when no node could be reached.
+    /// Withdraws the intent or the fair place on every node (those that refused the
+    /// waiter registered it), waking the key's waiters there; `Err` when no node could
+    /// be reached.
     async fn withdraw(&self, key: &LockKey, waiter: u64) -> Result<(), LockError> {
         let answers = self
             .on_all("withdraw", self.node_timeout, |n| n.withdraw(key, waiter))

@@ -359,20 +359,24 @@ impl RedlockBackend {
         tokio::spawn(futures_util::future::join(at_once, stragglers));
     }
 
-    /// Removes a writer's intent from every node once it won, in the background: the
-    /// nodes that refused this attempt registered it, and would keep new readers out
-    /// (a majority of such nodes, left by successive writers, would keep them out for
-    /// good) until it ran out by itself.
+    /// Removes a writer's intent, or a fair waiter's place, from every node once it
+    /// won, in the background: the nodes that refused this attempt registered it, and
+    /// would keep new readers out (a majority of such nodes, left by successive writers,
+    /// would keep them out for good), or keep the fair waiters behind it waiting, until
+    /// it ran out by itself.
     pub(super) fn withdraw_intent(&self, key: &LockKey, waiter: u64) {
-        let (nodes, intents, full) = (self.nodes.clone(), key.intents(), key.full().to_owned());
+        let mut zrem = redis::pipe();
+        for set in [key.intents(), key.queue(), key.heartbeats()] {
+            zrem.cmd("ZREM").arg(set).arg(waiter).ignore();
+        }
+        let (nodes, full) = (self.nodes.clone(), key.full().to_owned());
         tokio::spawn(async move {
             join_all(nodes.iter().map(|node| {
-                let mut zrem = redis::cmd("ZREM");
-                zrem.arg(&intents).arg(waiter.to_string());
+                let zrem = &zrem;
                 let mut con = node.connection();
                 let key = &full;
                 async move {
-                    if let Err(e) = zrem.query_async::<i64>(&mut con).await {
+                    if let Err(e) = zrem.query_async::<()>(&mut con).await {
                         tracing::debug!(
                             target: "redlock",
                             key,

@@ -10,9 +10,9 @@ use super::{reconnecting, ttl_ms, ScriptCall};
 use crate::info::{owner_suffix, unix_ms_now};
 use crate::key::LockKey;
 use crate::kind::Mode;
-use crate::scripts::{ACQUIRE, ACQUIRE_ALL, ACQUIRE_SHARED};
+use crate::scripts::{ACQUIRE, ACQUIRE_ALL, ACQUIRE_FAIR, ACQUIRE_SHARED};
 use crate::token::Token;
-use crate::wire::{Attempt, Claim, Flag, Together};
+use crate::wire::{Attempt, Claim, Flag, Publish, Together};
 use crate::LockError;
 
 /// An acquire script's reply ([`Attempt`]'s `FromRedisValue`), a grant counting
@@ -68,8 +68,9 @@ pub(crate) fn decode_acquire_all(reply: Value, n: usize) -> Result<Together, Loc
 }
 
 /// An acquisition attempt: `acquire_shared.lua` for a reader or a permit,
-/// `acquire.lua` with the writer's intent for an exclusive claim.
-pub(crate) fn acquire_call(claim: &Claim<'_>) -> ScriptCall {
+/// `acquire.lua` with the writer's intent for an exclusive claim, `acquire_fair.lua`
+/// (telling a new first waiter by `publish`) for a fair one.
+pub(crate) fn acquire_call(claim: &Claim<'_>, publish: Publish) -> ScriptCall {
     let key = claim.key;
     let token = claim.token.as_bytes().to_vec();
     let ttl = ttl_ms(claim.ttl).to_string().into_bytes();
@@ -92,6 +93,7 @@ pub(crate) fn acquire_call(claim: &Claim<'_>) -> ScriptCall {
                 args,
             }
         }
+        Mode::Fair => fair_call(claim, publish),
         Mode::Read | Mode::Permit(_) => ScriptCall {
             script: &ACQUIRE_SHARED,
             keys: vec![
@@ -112,21 +114,58 @@ pub(crate) fn acquire_call(claim: &Claim<'_>) -> ScriptCall {
     }
 }
 
+/// A fair claim's `acquire_fair.lua` call: `acquire.lua`'s keys and arguments (no writer
+/// intent), then the queue's.
+fn fair_call(claim: &Claim<'_>, publish: Publish) -> ScriptCall {
+    let key = claim.key;
+    let (waiter, ticket, heartbeat, bound) = match claim.arrival {
+        Some(a) => (a.waiter.to_string(), a.ticket, ttl_ms(a.heartbeat), a.bound),
+        None => (String::new(), 0, 1, 0),
+    };
+    ScriptCall {
+        script: &ACQUIRE_FAIR,
+        keys: vec![
+            key.full().to_owned(),
+            key.fence().to_owned(),
+            key.intents(),
+            key.queue(),
+            key.heartbeats(),
+        ],
+        args: vec![
+            claim.token.as_bytes().to_vec(),
+            ttl_ms(claim.ttl).to_string().into_bytes(),
+            owner_suffix(claim.mode).as_bytes().to_vec(),
+            Vec::new(),
+            Vec::new(),
+            unix_ms_now().to_string().into_bytes(),
+            waiter.into_bytes(),
+            ticket.to_string().into_bytes(),
+            heartbeat.to_string().into_bytes(),
+            bound.to_string().into_bytes(),
+            publish.command().as_bytes().to_vec(),
+        ],
+    }
+}
+
 /// Whether an attempt goes through [`acquire_call`] (a reader, a permit, a writer with
 /// an intent) rather than the plain exclusive request the uncontended path builds in
 /// place.
 pub(crate) fn by_script_call(claim: &Claim<'_>) -> bool {
-    claim.mode.is_shared() || claim.intent.is_some()
+    claim.mode != Mode::Exclusive || claim.intent.is_some()
 }
 
 /// One attempt through [`acquire_call`] on `con`, sent again once if the connection
 /// dropped under it (a retry finding its own place is granted again, with a token of
 /// its own).
-pub(crate) async fn acquire_by_call<C>(con: &C, claim: &Claim<'_>) -> Result<Attempt, LockError>
+pub(crate) async fn acquire_by_call<C>(
+    con: &C,
+    claim: &Claim<'_>,
+    publish: Publish,
+) -> Result<Attempt, LockError>
 where
     C: ConnectionLike + Clone,
 {
-    let call = acquire_call(claim);
+    let call = acquire_call(claim, publish);
     let reply: Value = reconnecting(|| call.invoke(con))
         .await
         .map_err(LockError::backend("acquire"))?;

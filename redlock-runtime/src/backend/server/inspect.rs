@@ -202,7 +202,7 @@ pub(crate) fn parse_eviction_policy(info: &str) -> Result<String, LockError> {
 pub(crate) fn inspect_call(key: &LockKey) -> ScriptCall {
     ScriptCall {
         script: &INSPECT,
-        keys: vec![key.full().to_owned(), key.holders()],
+        keys: vec![key.full().to_owned(), key.holders(), key.heartbeats()],
         args: Vec::new(),
     }
 }

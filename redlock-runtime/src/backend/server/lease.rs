@@ -11,6 +11,7 @@ use redis::{FromRedisValue, Value};
 use super::renew::renew_call;
 use super::{decode, is_dropped, ttl_ms, ScriptCall};
 use crate::key::LockKey;
+use crate::kind::Mode;
 use crate::scripts::{EXTEND, FORCE_UNLOCK, RELEASE, RELEASE_SHARED};
 use crate::token::Token;
 use crate::wire::Seen;
@@ -34,9 +35,14 @@ pub(crate) fn release_call(lease: LeaseRef<'_>, keep: Duration, publish: Publish
             ],
         }
     } else {
+        let mut keys = vec![key.full().to_owned()];
+        if lease.mode == Mode::Fair {
+            // The wake-up names the queue's first waiter.
+            keys.extend([key.queue(), key.heartbeats()]);
+        }
         ScriptCall {
             script: &RELEASE,
-            keys: vec![key.full().to_owned()],
+            keys,
             args: vec![token, publish.command().as_bytes().to_vec(), keep],
         }
     }
@@ -85,12 +91,19 @@ fn ttl_ms_or_zero(d: Duration) -> u64 {
     u64::try_from(d.as_millis() + u128::from(partial)).unwrap_or(u64::MAX)
 }
 
-/// The withdrawal of writer `waiter`'s intent on `key`: its `ZREM`, and a wake-up by
-/// `publish` for the readers it kept out.
+/// The withdrawal of `waiter` from `key`: a writer's intent or a fair waiter's place
+/// (`ZREM`s of both: a waiter's id is random), and a wake-up by `publish` for the
+/// readers an intent kept out, or the waiter behind a place.
 pub(crate) fn withdraw_pipe(key: &LockKey, waiter: u64, publish: Publish) -> redis::Pipeline {
     let mut pipe = redis::pipe();
     pipe.cmd("ZREM")
         .arg(key.intents())
+        .arg(waiter)
+        .cmd("ZREM")
+        .arg(key.queue())
+        .arg(waiter)
+        .cmd("ZREM")
+        .arg(key.heartbeats())
         .arg(waiter)
         .cmd(publish.command())
         .arg(key.full())
@@ -283,7 +296,7 @@ pub(crate) async fn release_lease<S: LeaseSender>(
         }
         return Ok(released == 1);
     }
-    let request = if !lease.mode.is_shared() && keep.is_zero() {
+    let request = if lease.mode == Mode::Exclusive && keep.is_zero() {
         LeaseRequest::Release {
             key: lease.key,
             token: lease.token,

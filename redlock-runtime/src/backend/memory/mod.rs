@@ -9,6 +9,8 @@
 //! entries nobody released are swept whenever the map has doubled since the last sweep
 //! (amortised O(1) per acquisition).
 
+mod fair;
+
 use std::collections::HashMap;
 use std::future::{ready, Future};
 use std::hash::{BuildHasher, RandomState};
@@ -23,7 +25,7 @@ use crate::key::LockKey;
 use crate::kind::{LockKind, Mode};
 use crate::notify::Register;
 use crate::token::Token;
-use crate::waiters::Wake;
+use crate::waiters::{Call, Wake};
 use crate::wire::{Attempt, Claim, Renewed, Seen, Together};
 use crate::wire::{LeaseRef, Renewal};
 use crate::LockError;
@@ -46,6 +48,11 @@ struct Table {
     locks: HashMap<String, Held>,
     /// Writers waiting for a key's readers: waiter id → when the intent runs out.
     intents: HashMap<String, HashMap<u64, Instant>>,
+    /// Fair locks' waiters, in the order of arrival.
+    queues: fair::Queues,
+    /// Whom the operation in progress calls, once the store is unlocked: a fair
+    /// waiter whose turn came (the scripts publish its id).
+    called: Option<Call>,
     /// Fencing counters, by counter key (one per prefix and hash slot).
     fences: HashMap<String, u64>,
     listeners: Vec<Wake>,
@@ -67,6 +74,7 @@ impl Table {
             intents.retain(|_, until| *until > now);
             !intents.is_empty()
         });
+        self.queues.sweep(now);
         self.sweep_at = self.locks.len().saturating_mul(2);
     }
 }
@@ -113,6 +121,8 @@ enum Held {
         token: Token,
         expires: Instant,
         grant: Grant,
+        /// Exclusive or fair.
+        kind: LockKind,
     },
     /// Shared holders of one kind (readers, or permit holders), each with its expiry;
     /// `latest` is the latest grant.
@@ -252,6 +262,12 @@ impl Table {
         let expires = expiry(now, claim.ttl);
         let shared = match claim.mode {
             Mode::Exclusive => None,
+            Mode::Fair => {
+                if let Some(queued) = self.wait_turn(claim, now)? {
+                    return Ok(queued);
+                }
+                None
+            }
             Mode::Read | Mode::Permit(_) => Some(claim.mode.kind()),
         };
         if let Some(attempt) = self.meet_holders(claim, shared, expires, now) {
@@ -269,6 +285,40 @@ impl Table {
             fence,
             replicas: None,
         })
+    }
+
+    /// As `acquire_fair.lua`'s gate: `None` when it is the fair claim's turn (its
+    /// place, if any, is left: the exclusive grant follows), else how it waits. Expired
+    /// places are dropped first; a first place that leaves behind while the key is free
+    /// has its waiter called ([`Table::called`]).
+    fn wait_turn(&mut self, claim: &Claim<'_>, now: Instant) -> Result<Option<Attempt>, LockError> {
+        let key = claim.key.full();
+        let first = self.queues.first(key);
+        self.queues.reclaim(key, now);
+        let (ticket, waiter) = match claim.arrival {
+            Some(a) => (self.queues.join(key, a, now)?, Some(a.waiter)),
+            None => (0, None),
+        };
+        let head = self.queues.first(key);
+        let held = self.live(key, now).map(|entry| {
+            let other = entry.expiry_of(claim.token).is_none();
+            (other, entry.expires(now))
+        });
+        let other = held.is_some_and(|(other, _)| other);
+        if head == waiter && !other {
+            if let Some(w) = waiter {
+                self.queues.leave(key, w);
+            }
+            return Ok(None);
+        }
+        if held.is_none() && head != first && head != waiter {
+            self.called = head.map(Call::Waiter);
+        }
+        Ok(Some(Attempt::Queued {
+            remaining: held.map(|(_, until)| until.saturating_duration_since(now)),
+            holder: None,
+            ticket,
+        }))
     }
 
     /// What the key's live holders make of the claim (`shared`: the kind of a shared
@@ -348,6 +398,7 @@ impl Table {
                         token: claim.token,
                         expires,
                         grant: Grant::new(fence),
+                        kind: claim.mode.kind(),
                     },
                 );
             }
@@ -405,6 +456,7 @@ impl Table {
                     token,
                     expires,
                     grant: Grant::new(fences[fences.len() - 1]),
+                    kind: LockKind::Exclusive,
                 },
             );
         }
@@ -412,8 +464,9 @@ impl Table {
         Ok(Together::Acquired(fences))
     }
 
-    /// Removes a writer's intent.
+    /// Removes a writer's intent, or a fair waiter's place.
     fn withdraw(&mut self, key: &str, waiter: u64) {
+        self.queues.leave(key, waiter);
         if let Some(intents) = self.intents.get_mut(key) {
             intents.remove(&waiter);
             if intents.is_empty() {
@@ -423,9 +476,14 @@ impl Table {
     }
 
     /// As `release.lua` / `release_shared.lua`: whether `lease` held the key (and now
-    /// does not, or only until `keep` from now), and whether waiters should be woken.
+    /// does not, or only until `keep` from now), and whether waiters should be woken
+    /// (a fair lock's: its first waiter alone, [`Table::called`]).
     fn release(&mut self, lease: LeaseRef<'_>, keep: Duration, now: Instant) -> (bool, bool) {
         let key = lease.key.full();
+        if lease.mode == Mode::Fair {
+            self.queues.reclaim(key, now);
+            self.called = Some(self.queues.first(key).map_or(Call::Anyone, Call::Waiter));
+        }
         let Some(entry) = self.live(key, now) else {
             return (false, false);
         };
@@ -498,7 +556,18 @@ impl MemoryBackend {
 
     /// One attempt: see [`Table::acquire`].
     fn acquire_now(&self, claim: &Claim<'_>) -> Result<Attempt, LockError> {
-        store().acquire(claim, Instant::now())
+        let (attempt, called) = {
+            let mut s = store();
+            let attempt = s.acquire(claim, Instant::now());
+            let called = s.called.take().map(|call| (call, s.listeners.clone()));
+            (attempt, called)
+        };
+        if let Some((call, listeners)) = called {
+            for w in &listeners {
+                w.wake_for(claim.key.full(), call);
+            }
+        }
+        attempt
     }
 
     /// A release: see [`Table::release`].
@@ -514,13 +583,14 @@ impl MemoryBackend {
     /// Runs `op` on the store; when it says the key's hold ended or got shorter, wakes
     /// every manager's waiters of the key (as the scripts publish), outside the lock.
     fn telling(key: &LockKey, op: impl FnOnce(&mut Table) -> (bool, bool)) -> bool {
-        let (done, listeners) = {
+        let (done, call, listeners) = {
             let mut s = store();
             let (done, wake) = op(&mut s);
-            (done, wake.then(|| s.listeners.clone()))
+            let call = s.called.take().unwrap_or(Call::Anyone);
+            (done, call, wake.then(|| s.listeners.clone()))
         };
         for w in listeners.iter().flatten() {
-            w.wake(key.full());
+            w.wake_for(key.full(), call);
         }
         done
     }
@@ -557,7 +627,7 @@ impl MemoryBackend {
         let ttl = entry.expires(now).saturating_duration_since(now);
         let (holder, grant) = entry.named();
         let (kind, holding) = match entry {
-            Held::One { token, .. } => (LockKind::Exclusive, (token.is_kept_name(), Vec::new())),
+            Held::One { token, kind, .. } => (*kind, (token.is_kept_name(), Vec::new())),
             Held::Many { kind, holders, .. } => {
                 let mut shared: Vec<_> = holders
                     .iter()
@@ -572,15 +642,10 @@ impl MemoryBackend {
                 (*kind, (false, shared))
             }
         };
-        Some(info::local(
-            key.full(),
-            kind,
-            holding,
-            ttl,
-            grant.fence,
-            grant.at,
-            holder,
-        ))
+        let queued = s.queues.len(key.full(), now);
+        let mut info = info::local(key.full(), kind, holding, ttl, grant.fence, grant.at, holder);
+        info.queued = u32::try_from(queued).unwrap_or(u32::MAX);
+        Some(info)
     }
 
     /// Every live lock under `prefix` matching the glob: see [`Store::list`].
@@ -755,6 +820,7 @@ mod tests {
             replicas: None,
             mode: Mode::Exclusive,
             intent: None,
+            arrival: None,
         }
     }
 
