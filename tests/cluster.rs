@@ -252,6 +252,19 @@ async fn cluster_behaviour() {
         lock_all_holds_no_key_while_it_waits,
         kinds_exclude_each_other,
     );
+    macro_rules! fair {
+        ($($name:ident),* $(,)?) => {$(
+            let t = Instant::now();
+            conformance::fair::$name(&h).await;
+            step(concat!("conformance::fair::", stringify!($name)), t);
+        )*};
+    }
+    fair!(
+        fair_grants_in_arrival_order,
+        dead_fair_waiter_is_dropped_from_the_queue,
+        cancelled_fair_waiter_leaves_no_place,
+        a_full_fair_queue_refuses_with_queue_full,
+    );
 
     // Last: they move slots to other masters.
     let t = Instant::now();

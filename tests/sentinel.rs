@@ -773,3 +773,14 @@ async fn every_rule_on_every_path_through_sentinel() {
     conformance::each_shared_holder_is_listed(&h).await;
     conformance::shutdown_frees_every_lock_at_once(&h).await;
 }
+
+/// Issue 26: the fair lock through Sentinel, on one set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_lock_through_sentinel() {
+    let _one = ONE_SET.lock().await;
+    let h = SentinelHarness(start());
+    conformance::fair::fair_grants_in_arrival_order(&h).await;
+    conformance::fair::dead_fair_waiter_is_dropped_from_the_queue(&h).await;
+    conformance::fair::cancelled_fair_waiter_leaves_no_place(&h).await;
+    conformance::fair::a_full_fair_queue_refuses_with_queue_full(&h).await;
+}

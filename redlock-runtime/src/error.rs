@@ -221,6 +221,23 @@ impl LockError {
         }
     }
 
+    /// Whether this is a fair queue's refusal of a new place: `acquire_fair.lua`'s
+    /// error reply `QUEUEFULL`.
+    pub(crate) fn is_full_queue_reply(&self) -> bool {
+        matches!(self, Self::Backend { source, .. } if source.code() == Some("QUEUEFULL"))
+    }
+
+    /// A fair queue's refusal of a new place as [`QueueFull`](Self::QueueFull) for
+    /// `key`; other errors unchanged.
+    pub(crate) fn or_queue_full(self, key: &str) -> Self {
+        if self.is_full_queue_reply() {
+            return Self::QueueFull {
+                key: key.to_owned(),
+            };
+        }
+        self
+    }
+
     /// Names the server a [`Backend`](Self::Backend) error came from, unless it already
     /// does; other errors unchanged.
     pub(crate) fn on_node(self, node: impl fmt::Display) -> Self {

@@ -5,9 +5,9 @@
 //! The matrix each rule must cover is written where the rule lives (the scripts and
 //! `backend/mod.rs`); these tests are its proof:
 //! - **a released lock is renewed by nobody**: extend, renewal (the same script) and
-//!   release with `hold_at_least` (keep), for exclusive, read and permit holders;
+//!   release with `hold_at_least` (keep), for exclusive, read, permit and fair holders;
 //! - **every exit or shortening tells the waiters**: release (last holder or not),
-//!   keep, and extend to a shorter ttl, for exclusive, read and permit holders;
+//!   keep, and extend to a shorter ttl, for exclusive, read, permit and fair holders;
 //! - **`lock_all` holds no key while it waits** for another;
 //! - **the kinds exclude each other** the same way on every backend.
 
@@ -20,21 +20,24 @@ use redlock::{LockError, LockGuard, LockManager, LockOptions};
 
 use super::{manager, unique, Harness};
 
-/// A lock of `kind` (`exclusive`, `read` or `permit`, one place) on `key`.
+/// A lock of `kind` (`exclusive`, `read`, `permit` (one place) or `fair`) on `key`.
 async fn take(locks: &LockManager, kind: &str, key: &str, opts: LockOptions) -> LockGuard {
     let taken = match kind {
         "exclusive" => locks.lock_with(key, opts).await,
         "read" => locks.read_with(key, opts).await,
+        "fair" => locks.fair_with(key, opts).await,
         _ => locks.permit_with(key, 1, opts).await,
     };
     taken.unwrap_or_else(|e| panic!("{kind} on {key}: {e}"))
 }
 
 /// One attempt at what a holder of `kind` excludes: a writer for exclusive and read
-/// holders, another permit for a permit holder (of one place).
+/// holders, another permit for a permit holder (of one place), another fair waiter for
+/// a fair holder.
 async fn excluded_is_free(locks: &LockManager, kind: &str, key: &str) -> bool {
     let one = match kind {
         "permit" => locks.try_permit(key, 1).await,
+        "fair" => locks.try_fair(key).await,
         _ => locks.try_write(key).await,
     };
     match one.unwrap_or_else(|e| panic!("{kind} on {key}: {e}")) {
@@ -55,6 +58,7 @@ fn waiter(locks: &LockManager, kind: &'static str, key: &str) -> tokio::task::Jo
         let wait = LockOptions::new().wait(Duration::from_secs(20));
         let guard = match kind {
             "permit" => locks.permit_with(&key, 1, wait).await,
+            "fair" => locks.fair_with(&key, wait).await,
             _ => locks.write_with(&key, wait).await,
         };
         guard
@@ -80,7 +84,7 @@ pub async fn kept_hold_is_renewed_by_nobody<H: Harness>(h: &H) {
             .ttl(Duration::from_secs(3))
             .hold_at_least(hold)
     };
-    for kind in ["exclusive", "read", "permit"] {
+    for kind in ["exclusive", "read", "permit", "fair"] {
         // A first cycle, so that the release's script is cached and its request goes
         // out at once.
         let warm = unique("kept_warm");
@@ -124,6 +128,7 @@ pub async fn every_shortened_hold_wakes_its_waiters<H: Harness>(h: &H) {
         ("read", "extend"),
         ("exclusive", "extend"),
         ("permit", "extend"),
+        ("fair", "extend"),
     ] {
         let key = unique("sooner");
         let long = take(&a, kind, &key, opts(10_000)).await;
@@ -188,13 +193,14 @@ pub async fn lock_all_holds_no_key_while_it_waits<H: Harness>(h: &H) {
 pub async fn kinds_exclude_each_other<H: Harness>(h: &H) {
     let (a, b) = (manager(h).await, manager(h).await);
     let one = LockOptions::new().wait(Duration::ZERO);
-    for holder in ["exclusive", "read", "permit"] {
+    for holder in ["exclusive", "read", "permit", "fair"] {
         let key = unique("kinds");
         let guard = take(&a, holder, &key, LockOptions::new()).await;
-        for other in ["exclusive", "read", "permit"] {
+        for other in ["exclusive", "read", "permit", "fair"] {
             let taken = match other {
                 "exclusive" => b.lock_with(&key, one.clone()).await,
                 "read" => b.read_with(&key, one.clone()).await,
+                "fair" => b.fair_with(&key, one.clone()).await,
                 _ => b.permit_with(&key, 2, one.clone()).await,
             };
             let taken = match taken {
@@ -202,7 +208,7 @@ pub async fn kinds_exclude_each_other<H: Harness>(h: &H) {
                 Err(LockError::Timeout { .. }) => None,
                 Err(e) => panic!("{other} while {holder} holds: {e}"),
             };
-            let shares = holder == other && holder != "exclusive";
+            let shares = holder == other && ["read", "permit"].contains(&holder);
             assert_eq!(
                 taken.is_some(),
                 shares,

@@ -390,7 +390,7 @@ impl LockManager {
         if attempt.is_ok() || shared.backend.undoes_failed_attempts() {
             pending.disarm();
         }
-        let attempt = attempt?;
+        let attempt = attempt.map_err(|e| e.or_queue_full(key.full()))?;
         let fence = match attempt {
             Attempt::Held { remaining, .. } => return Ok(Outcome::Held(remaining)),
             Attempt::Queued {

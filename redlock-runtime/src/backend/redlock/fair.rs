@@ -50,6 +50,8 @@ struct Seen {
     queued: usize,
     /// Whether any node found the key held (not only someone else's turn).
     held: bool,
+    /// How many nodes refused a new place: their queue is full.
+    full: usize,
 }
 
 impl Tickets {
@@ -66,6 +68,7 @@ impl Tickets {
                 seen.held |= remaining.is_some();
             }
             Ok(Attempt::Held { .. }) => seen.held = true,
+            Err(e) if e.is_full_queue_reply() => seen.full += 1,
             _ => {}
         }
     }
@@ -83,8 +86,17 @@ impl RedlockBackend {
     /// on its way, which could delete a grant of the same token asked again.)
     pub(super) async fn acquire_fair(&self, claim: &Claim<'_>) -> Result<Attempt, LockError> {
         let tickets = Arc::new(Tickets::default());
-        let attempt = self.acquire_quorum(claim, Some(&tickets)).await?;
+        let attempt = self.acquire_quorum(claim, Some(&tickets)).await;
         let seen = tickets.seen();
+        // Too few nodes had room for a place: a quorum cannot grant it.
+        let attempt = match attempt {
+            Err(_) if seen.full > self.nodes.len() - self.quorum => {
+                return Err(LockError::QueueFull {
+                    key: claim.key.full().to_owned(),
+                })
+            }
+            attempt => attempt?,
+        };
         let (Attempt::Held { .. }, Some(arrival)) = (attempt, claim.arrival) else {
             return Ok(attempt);
         };
