@@ -1296,3 +1296,154 @@ fn a_batched_release_decides_each_key_as_release_alone_does() {
         "the release woke its waiters"
     );
 }
+
+// The fair lock: `acquire_fair.lua` runs before `acquire.lua`, as one script.
+
+/// The fair queue of `K`, and its heartbeats.
+const Q: &str = "lock:report_{7}:~queue";
+const B: &str = "lock:report_{7}:~heartbeats";
+
+impl Redis {
+    /// One fair attempt of waiter `waiter` ('' = one attempt that does not queue) with
+    /// `ticket`, its place lasting `beat` ms, the queue bounded by `bound`.
+    fn fair(
+        &mut self,
+        tok: &[u8],
+        waiter: &str,
+        ticket: u64,
+        beat: u64,
+        bound: u32,
+    ) -> RedisResult<Value> {
+        let script = [
+            include_str!("../redlock-runtime/src/scripts/acquire_fair.lua"),
+            ACQUIRE,
+        ]
+        .concat();
+        self.eval(
+            &script,
+            &[K, F, W, Q, B],
+            (
+                tok, 30_000, "", "", "", "", waiter, ticket, beat, bound, "PUBLISH",
+            ),
+        )
+    }
+
+    fn fair_release(&mut self, tok: &[u8]) -> i64 {
+        self.eval(RELEASE, &[K, Q, B], (tok, "PUBLISH", 0))
+            .expect("release")
+    }
+}
+
+/// A fair attempt refused: `(pttl, ticket)`.
+fn queued(v: &Value) -> (i64, i64) {
+    match v {
+        Value::Array(items) => match items.as_slice() {
+            [Value::Int(ms), _, Value::Int(ticket)] => (*ms, *ticket),
+            _ => panic!("odd fair refusal: {v:?}"),
+        },
+        other => panic!("not queued: {other:?}"),
+    }
+}
+
+/// Waiters are granted in the order they arrived, only at their turn; a release names
+/// the first waiter (and no one else) on the key's channel; a grant leaves the queue.
+#[test]
+fn fair_waiters_are_granted_in_arrival_order_and_named_by_the_release() {
+    let mut r = redis();
+    let mut sub_con = r.subscriber();
+    let mut sub = listen(&mut sub_con, K);
+    let held = fence(&r.fair(&token(1), "", 0, 3_000, 10).unwrap());
+    assert!(held > 0, "free and nobody queued: granted");
+    assert_eq!(queued(&r.fair(&token(2), "20", 0, 3_000, 10).unwrap()).1, 1);
+    assert_eq!(queued(&r.fair(&token(3), "30", 0, 3_000, 10).unwrap()).1, 2);
+    assert!(
+        queued(&r.fair(&token(9), "", 0, 3_000, 10).unwrap()).0 > 0,
+        "one attempt waits behind the queue"
+    );
+    assert_eq!(r.zcard(Q), 2, "a one-attempt call takes no place");
+    assert_eq!(r.fair_release(&token(1)), 1);
+    assert_eq!(messages(&mut sub), vec!["20".to_owned()]);
+    // 30 is not first: refused though the key is free.
+    assert_eq!(
+        queued(&r.fair(&token(3), "30", 2, 3_000, 10).unwrap()),
+        (-2, 2)
+    );
+    let second = fence(&r.fair(&token(2), "20", 1, 3_000, 10).unwrap());
+    assert!(second > held);
+    assert_eq!(r.zcard(Q), 1, "the grant left the queue");
+    // Its reply lost, the same attempt is sent again: granted again, no place taken.
+    assert_eq!(
+        fence(&r.fair(&token(2), "20", 1, 3_000, 10).unwrap()),
+        second
+    );
+    assert_eq!(r.zcard(Q), 1);
+    assert_eq!(r.fair_release(&token(2)), 1);
+    assert_eq!(messages(&mut sub), vec!["30".to_owned()]);
+    assert!(fence(&r.fair(&token(3), "30", 2, 3_000, 10).unwrap()) > second);
+    assert_eq!(r.fair_release(&token(3)), 1);
+    assert_eq!(
+        messages(&mut sub),
+        vec![String::new()],
+        "nobody queued: free for anyone"
+    );
+    assert!(!r.exists(Q) && !r.exists(B), "an empty queue leaves no key");
+}
+
+/// A waiter that stops asking loses its place by the server's clock, and when that
+/// leaves a new first waiter while the key is free, the attempt that found it out names
+/// it on the channel. A full queue refuses a new place with `QUEUEFULL`.
+#[test]
+fn a_silent_fair_waiter_is_dropped_by_the_servers_clock() {
+    let mut r = redis();
+    let mut sub_con = r.subscriber();
+    let mut sub = listen(&mut sub_con, K);
+    // First and the key free: granted at once, leaving no place.
+    let held = fence(&r.fair(&token(1), "10", 0, 200, 2).unwrap());
+    assert_eq!(r.zcard(Q), 0);
+    assert_eq!(queued(&r.fair(&token(2), "20", 0, 200, 2).unwrap()).1, 1);
+    assert_eq!(queued(&r.fair(&token(3), "30", 0, 5_000, 2).unwrap()).1, 2);
+    let full = r.fair(&token(4), "40", 0, 5_000, 2).unwrap_err();
+    assert_eq!(full.code(), Some("QUEUEFULL"), "{full}");
+    assert!(
+        r.pttl(Q) > 4_000,
+        "the queue lives as long as its latest place"
+    );
+    assert_eq!(r.fair_release(&token(1)), 1);
+    assert_eq!(messages(&mut sub), vec!["20".to_owned()]);
+    // 20 never comes: its place runs out 200 ms after it last asked.
+    sleep(Duration::from_millis(300));
+    assert_eq!(
+        queued(&r.fair(&token(4), "40", 0, 5_000, 2).unwrap()),
+        (-2, 3)
+    );
+    assert_eq!(
+        messages(&mut sub),
+        vec!["30".to_owned()],
+        "the new first waiter is named"
+    );
+    assert!(fence(&r.fair(&token(3), "30", 2, 5_000, 2).unwrap()) > held);
+}
+
+/// A place dropped or never made on a node comes back at the ticket it is sent (a
+/// Redlock waiter's agreed ticket), and a greater ticket moves it back.
+#[test]
+fn a_fair_place_comes_back_at_its_ticket() {
+    let mut r = redis();
+    fence(&r.fair(&token(1), "", 0, 3_000, 10).unwrap());
+    assert_eq!(queued(&r.fair(&token(2), "20", 0, 3_000, 10).unwrap()).1, 1);
+    assert_eq!(queued(&r.fair(&token(3), "30", 7, 3_000, 10).unwrap()).1, 7);
+    assert_eq!(queued(&r.fair(&token(4), "40", 0, 3_000, 10).unwrap()).1, 8);
+    assert_eq!(
+        queued(&r.fair(&token(2), "20", 9, 3_000, 10).unwrap()).1,
+        9,
+        "moved back"
+    );
+    assert_eq!(
+        queued(&r.fair(&token(2), "20", 3, 3_000, 10).unwrap()).1,
+        9,
+        "never forward"
+    );
+    assert_eq!(r.fair_release(&token(1)), 1);
+    let first: Vec<String> = r.con.zrange(Q, 0, 0).unwrap();
+    assert_eq!(first, vec!["30".to_owned()]);
+}

@@ -42,9 +42,14 @@ fn is_reserved(full: &str) -> bool {
     let number = full.trim_end_matches(|c: char| c.is_ascii_digit());
     let place = number.len() < full.len() && number.ends_with(PLACE_INFIX);
     place
-        || [HOLDERS_SUFFIX, INTENTS_SUFFIX, QUEUE_SUFFIX, HEARTBEATS_SUFFIX]
-            .iter()
-            .any(|suffix| full.ends_with(suffix))
+        || [
+            HOLDERS_SUFFIX,
+            INTENTS_SUFFIX,
+            QUEUE_SUFFIX,
+            HEARTBEATS_SUFFIX,
+        ]
+        .iter()
+        .any(|suffix| full.ends_with(suffix))
 }
 
 /// A validated lock key and the fencing counter of its hash slot.

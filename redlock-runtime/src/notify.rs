@@ -589,7 +589,10 @@ pub(crate) fn push_handler(
 /// Wakes the head waiting for the channel of a (sharded) message push: a release.
 pub(crate) fn wake_for_message(wake: &Wake, push: PushInfo) {
     if let Some(msg) = redis::Msg::from_push_info(push) {
-        wake.wake_for(msg.get_channel_name(), Call::of_payload(msg.get_payload_bytes()));
+        wake.wake_for(
+            msg.get_channel_name(),
+            Call::of_payload(msg.get_payload_bytes()),
+        );
     }
 }
 

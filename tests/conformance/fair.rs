@@ -32,7 +32,11 @@ async fn until_queued(locks: &LockManager, key: &str, n: u32) {
         queued(locks, key).await == n
     })
     .await;
-    assert!(seen, "the queue never held {n}: {}", queued(locks, key).await);
+    assert!(
+        seen,
+        "the queue never held {n}: {}",
+        queued(locks, key).await
+    );
 }
 
 /// 4 managers × 8 waiters arrive one after another (each queued on the server before
@@ -54,7 +58,10 @@ pub async fn fair_grants_in_arrival_order<H: Harness>(h: &H) {
         let locks = managers[i % MANAGERS].clone();
         let (waiter_key, grants) = (key.clone(), grants.clone());
         tasks.push(tokio::spawn(async move {
-            let guard = locks.fair_with(&waiter_key, waiting(60)).await.expect("fair");
+            let guard = locks
+                .fair_with(&waiter_key, waiting(60))
+                .await
+                .expect("fair");
             let at = Instant::now();
             grants.lock().unwrap().push((i, guard.fencing_token(), at));
             guard.release().await.expect("release");
@@ -73,7 +80,11 @@ pub async fn fair_grants_in_arrival_order<H: Harness>(h: &H) {
     }
     let grants = grants.lock().unwrap();
     let order: Vec<usize> = grants.iter().map(|g| g.0).collect();
-    assert_eq!(order, (0..32).collect::<Vec<_>>(), "granted out of arrival order");
+    assert_eq!(
+        order,
+        (0..32).collect::<Vec<_>>(),
+        "granted out of arrival order"
+    );
     let tokens: Vec<u64> = grants.iter().map(|g| g.1).collect();
     assert!(
         tokens.windows(2).all(|w| w[0] < w[1]) && tokens[0] > first_token,
@@ -179,7 +190,11 @@ pub async fn cancelled_fair_waiter_leaves_no_place<H: Harness>(h: &H) {
     holder.release().await.unwrap();
     let start = Instant::now();
     let next = b.fair_with(&key, waiting(10)).await.unwrap();
-    assert!(start.elapsed() < Duration::from_secs(2), "{:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        start.elapsed()
+    );
     next.release().await.unwrap();
 }
 

@@ -45,9 +45,9 @@ impl Queues {
 
     /// How many places of `key`'s queue are live at `now`.
     pub(super) fn len(&self, key: &str, now: Instant) -> usize {
-        self.0.get(key).map_or(0, |q| {
-            q.places.values().filter(|p| p.until > now).count()
-        })
+        self.0
+            .get(key)
+            .map_or(0, |q| q.places.values().filter(|p| p.until > now).count())
     }
 
     /// Drops the places of `key` whose heartbeat ran out by `now`.
@@ -136,7 +136,11 @@ mod tests {
         let now = Instant::now();
         assert_eq!(q.join("k", arrival(7, 0), now).unwrap(), 1);
         assert_eq!(q.join("k", arrival(3, 0), now).unwrap(), 2);
-        assert_eq!(q.join("k", arrival(7, 0), now).unwrap(), 1, "a renewal keeps it");
+        assert_eq!(
+            q.join("k", arrival(7, 0), now).unwrap(),
+            1,
+            "a renewal keeps it"
+        );
         assert_eq!(q.first("k"), Some(7));
         assert_eq!(q.join("k", arrival(9, 0), now).unwrap(), 3);
         assert!(matches!(

@@ -643,7 +643,15 @@ impl MemoryBackend {
             }
         };
         let queued = s.queues.len(key.full(), now);
-        let mut info = info::local(key.full(), kind, holding, ttl, grant.fence, grant.at, holder);
+        let mut info = info::local(
+            key.full(),
+            kind,
+            holding,
+            ttl,
+            grant.fence,
+            grant.at,
+            holder,
+        );
         info.queued = u32::try_from(queued).unwrap_or(u32::MAX);
         Some(info)
     }

@@ -123,7 +123,8 @@ impl RedlockBackend {
 /// pace a split vote would).
 fn queued(attempt: Attempt, seen: Seen, ticket: u64) -> Attempt {
     match attempt {
-        Attempt::Held { remaining, holder } | Attempt::Queued {
+        Attempt::Held { remaining, holder }
+        | Attempt::Queued {
             remaining, holder, ..
         } => Attempt::Queued {
             remaining: remaining.filter(|_| seen.held),

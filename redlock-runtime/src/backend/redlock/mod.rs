@@ -163,9 +163,10 @@ impl Grant for Attempt {
     fn fences(&self) -> Result<&[u64], (Option<Duration>, Option<u64>)> {
         match self {
             Attempt::Acquired { fence, .. } => Ok(std::slice::from_ref(fence)),
-            Attempt::Held { remaining, holder } | Attempt::Queued { remaining, holder, .. } => {
-                Err((*remaining, *holder))
-            }
+            Attempt::Held { remaining, holder }
+            | Attempt::Queued {
+                remaining, holder, ..
+            } => Err((*remaining, *holder)),
         }
     }
 }

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
 
-use super::stragglers::{release_on, Stragglers};
 use super::fair::Tickets;
+use super::stragglers::{release_on, Stragglers};
 use super::voting::Contest;
 use super::{lock, RedlockBackend, Stake};
 use crate::backend::single::SingleBackend;
