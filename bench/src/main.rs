@@ -10,7 +10,7 @@
 //! in the same run, and the ratio. The last line sums the ratios up:
 //!
 //! ```text
-//! ratios: uncontended=<x> uncontended_rslock=<x> distinct64=<x> distinct64_rslock=<x> distance=<x> distance_rslock=<x> acquire_vs_set=<x> release_vs_cad=<x> handoff_vs_poll=<x> handoff_vs_rslock=<x> handoff_vs_rtt=<x> fifo=<x> redlock5_vs_single=<x> redlock5_vs_floor=<x> frozen_node=<x> macro_vs_guard=<x> held_100k=<x> list_100k_ping=<x>
+//! ratios: uncontended=<x> uncontended_rslock=<x> distinct64=<x> distinct64_rslock=<x> distance=<x> distance_rslock=<x> acquire_vs_set=<x> release_vs_cad=<x> handoff_vs_poll=<x> handoff_vs_rslock=<x> handoff_vs_rtt=<x> fifo=<x> fair_rtts=<x> fair_attempts=<x> fair_violations=<n> redlock5_vs_single=<x> redlock5_vs_floor=<x> frozen_node=<x> macro_vs_guard=<x> held_100k=<x> list_100k_ping=<x>
 //! ```
 //!
 //! Throughput ratios are redlock ÷ baseline (`*_rslock`: rslock's ops/s ÷ the same raw
@@ -20,6 +20,9 @@
 //! `SET NX PX`'s, `release_vs_cad` the release script's ÷ the raw compare-and-delete
 //! script's (the `costs` table has every script, each against its budget);
 //! `fifo` is the fraction of contended acquisitions that changed holder;
+//! `fair_rtts` is the fair lock's hand-off p50 in raw `SET` round trips (32 waiters over 4
+//! managers), `fair_attempts` its acquisition attempts per release across all managers
+//! (the target is 1), `fair_violations` its grants out of arrival order (the target is 0);
 //! `redlock5_vs_single`, `redlock5_vs_floor` (÷ raw lock+release on all five servers at
 //! once, the machine's floor for Redlock) and `macro_vs_guard` are time-per-operation
 //! ratios (cost ÷ cost); `frozen_node` is Redlock's lock+release p50 with one master
@@ -35,6 +38,7 @@
 mod costs;
 mod cpu;
 mod distance;
+mod fair;
 mod frozen;
 mod handoff;
 mod held;
@@ -109,12 +113,13 @@ impl Config {
     }
 }
 
-const SCENARIOS: [&str; 11] = [
+const SCENARIOS: [&str; 12] = [
     "uncontended",
     "distinct64",
     "distance",
     "costs",
     "handoff",
+    "fair",
     "watchdog",
     "held",
     "list",
@@ -126,7 +131,7 @@ const SCENARIOS: [&str; 11] = [
 const USAGE: &str = "usage: redlock-bench [--quick] [--scenario NAME]...
   --quick            short runs (under 90 s on 2 cores), as CI runs it
   --scenario NAME    only this scenario (repeatable, or comma-separated):
-                     uncontended, distinct64, distance, costs, handoff, watchdog, held, list,
+                     uncontended, distinct64, distance, costs, handoff, fair, watchdog, held, list,
                      redlock5, frozen, macro";
 
 fn parse_args() -> Result<(bool, Vec<String>), String> {
@@ -268,6 +273,16 @@ fn main() -> ExitCode {
                 Err(e) => report("handoff", e),
             }
         }
+        if wanted("fair") {
+            match fair::run(&cfg, &url).await {
+                Ok(x) => {
+                    r.fair_rtts = Some(x.handoff_rtts);
+                    r.fair_attempts = Some(x.attempts_per_release);
+                    r.fair_violations = Some(x.violations as f64);
+                }
+                Err(e) => report("fair", e),
+            }
+        }
         if wanted("watchdog") {
             if let Err(e) = watchdog::run(&cfg, &url, pid).await {
                 report("watchdog", e);
@@ -335,6 +350,9 @@ struct Ratios {
     handoff_vs_rslock: Option<f64>,
     handoff_vs_rtt: Option<f64>,
     fifo: Option<f64>,
+    fair_rtts: Option<f64>,
+    fair_attempts: Option<f64>,
+    fair_violations: Option<f64>,
     redlock5_vs_single: Option<f64>,
     redlock5_vs_floor: Option<f64>,
     frozen_node: Option<f64>,
@@ -350,7 +368,7 @@ impl Ratios {
             _ => "n/a".into(),
         };
         format!(
-            "ratios: uncontended={} uncontended_rslock={} distinct64={} distinct64_rslock={} distance={} distance_rslock={} acquire_vs_set={} release_vs_cad={} handoff_vs_poll={} handoff_vs_rslock={} handoff_vs_rtt={} fifo={} redlock5_vs_single={} redlock5_vs_floor={} frozen_node={} macro_vs_guard={} held_100k={} list_100k_ping={}",
+            "ratios: uncontended={} uncontended_rslock={} distinct64={} distinct64_rslock={} distance={} distance_rslock={} acquire_vs_set={} release_vs_cad={} handoff_vs_poll={} handoff_vs_rslock={} handoff_vs_rtt={} fifo={} fair_rtts={} fair_attempts={} fair_violations={} redlock5_vs_single={} redlock5_vs_floor={} frozen_node={} macro_vs_guard={} held_100k={} list_100k_ping={}",
             f(self.uncontended, 2),
             f(self.uncontended_rslock, 2),
             f(self.distinct64, 2),
@@ -363,6 +381,9 @@ impl Ratios {
             f(self.handoff_vs_rslock, 1),
             f(self.handoff_vs_rtt, 2),
             f(self.fifo, 3),
+            f(self.fair_rtts, 2),
+            f(self.fair_attempts, 2),
+            f(self.fair_violations, 0),
             f(self.redlock5_vs_single, 2),
             f(self.redlock5_vs_floor, 2),
             f(self.frozen_node, 2),

@@ -78,6 +78,14 @@ impl Raw {
         }))
     }
 
+    /// What a lock taken some other way (with `token`, on `key`) is released as.
+    pub fn held(&self, key: &str, token: [u8; 16]) -> RawHeld {
+        RawHeld {
+            key: key.to_owned(),
+            token,
+        }
+    }
+
     /// Compare-and-delete by `EVALSHA`; true when it was still ours.
     pub async fn release(&self, held: RawHeld) -> Res<bool> {
         let n: i64 = redis::cmd("EVALSHA")

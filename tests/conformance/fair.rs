@@ -78,7 +78,7 @@ pub async fn fair_grants_in_arrival_order<H: Harness>(h: &H) {
     for task in tasks {
         task.await.unwrap();
     }
-    let grants = grants.lock().unwrap();
+    let grants = std::mem::take(&mut *grants.lock().unwrap());
     let order: Vec<usize> = grants.iter().map(|g| g.0).collect();
     assert_eq!(
         order,

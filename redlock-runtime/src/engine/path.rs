@@ -9,7 +9,7 @@
 //! | one extend or renewal in flight per lease, booked before the next is sent | extend, renewal | the lease's `op` lock: [`extend`] runs with it held; the watchdog takes it for a renewal |
 //! | book what was sent: a confirmation moves the deadline by the ttl the request carried | extend, renewal | [`booked`] |
 //! | lower before sending, raise only on success | extend | [`extend`] (`Lease::extending`) |
-//! | a release that freed the key tells this process's waiters at once | release, keep, the undo of an abandoned attempt (`Job::Abandon`) | [`tell`], after [`release`] and its booking |
+//! | a release that freed the key tells this process's waiters at once (a fair lock's: none, the server names the one waiter whose turn it is) | release, keep, the undo of an abandoned attempt (`Job::Abandon`) | [`tell`], after [`release`] and its booking |
 //! | a release that finds the lock gone, unnoticed, counts it lost | release, keep (foreground and background) | [`book_release`] |
 //!
 //! What the server must do with these requests (the compare-token checks, the wake-ups
@@ -23,6 +23,7 @@ use super::Shared;
 use crate::backend::RELEASE_RETRIES;
 use crate::error::chain;
 use crate::key::LockKey;
+use crate::kind::Mode;
 use crate::lease::{self, Lease};
 use crate::stats::{self, Loss, Release};
 use crate::wire::LeaseRef;
@@ -71,10 +72,14 @@ pub(crate) async fn release(
     shared.backend.release(lease, keep).instrument(span).await
 }
 
-/// Wakes this process's waiters for `key` after a release freed it (or shortened its
-/// hold), at once: the server's message follows.
-pub(crate) fn tell(shared: &Shared, key: &LockKey) {
-    shared.waiters.wake(key.full());
+/// Wakes this process's waiters for `key` after a release of a lock of `mode` freed it
+/// (or shortened its hold), at once: the server's message follows. Not for a fair lock:
+/// its release's message names the one waiter whose turn it is, in whichever process,
+/// and waking every fair waiter here would send each of them to ask.
+pub(crate) fn tell(shared: &Shared, key: &LockKey, mode: Mode) {
+    if mode != Mode::Fair {
+        shared.waiters.wake(key.full());
+    }
 }
 
 /// [`release`], tried again after each of `RELEASE_RETRIES`' pauses while it fails;
@@ -92,7 +97,7 @@ pub(crate) async fn release_retrying(
         }
         match release(shared, lease, keep()).await {
             Ok(true) => {
-                tell(shared, key);
+                tell(shared, key, lease.mode);
                 return Release::Released;
             }
             Ok(false) => return Release::Lost,

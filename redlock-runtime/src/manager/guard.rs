@@ -354,7 +354,7 @@ impl LockManager {
         };
         path::book_release(shared, lease, outcome);
         if outcome == Release::Released {
-            path::tell(shared, &lease.key);
+            path::tell(shared, &lease.key, lease.mode);
         }
         match (outcome, was) {
             (Release::Released, Ok(())) => Ok(()),
