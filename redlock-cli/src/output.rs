@@ -12,6 +12,7 @@ pub(crate) fn to_json(info: &LockInfo) -> Value {
         "kind": info.kind.to_string(),
         "holders": info.holders,
         "kept": info.kept,
+        "queued": info.queued,
         "ttl_ms": info.ttl.map(ms),
         "fencing_token": info.fencing_token,
         "host": info.host,
@@ -108,13 +109,18 @@ pub(crate) fn human(d: Duration) -> String {
     }
 }
 
-/// The holders, and how many of them are only kept by `hold_at_least` after their
-/// release (no job runs under those): `2`, `1 (kept)`, `3 (1 kept)`.
+/// The holders, how many of them are only kept by `hold_at_least` after their
+/// release (no job runs under those), and a fair lock's queue: `2`, `1 (kept)`,
+/// `3 (1 kept)`, `1 +4 queued`.
 fn holders(info: &LockInfo) -> String {
-    match info.kept {
+    let held = match info.kept {
         0 => info.holders.to_string(),
         kept if kept == info.holders => format!("{} (kept)", info.holders),
         kept => format!("{} ({kept} kept)", info.holders),
+    };
+    match info.queued {
+        0 => held,
+        queued => format!("{held} +{queued} queued"),
     }
 }
 

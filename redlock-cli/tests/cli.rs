@@ -411,6 +411,52 @@ async fn a_kept_lock_is_listed_inspected_and_watched_as_kept() {
     assert_eq!(info["kept"], 1);
 }
 
+/// Issue 26: a fair lock is listed and inspected with its kind and its queue's length.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_lock_is_shown_with_its_queue() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let locks = manager(&server).await;
+    let holder = locks.fair("report_{1}").await.unwrap();
+    let mut waiters = Vec::new();
+    for _ in 0..2 {
+        let locks = locks.clone();
+        waiters.push(tokio::spawn(async move {
+            let wait = LockOptions::new().wait(Duration::from_secs(30));
+            locks.fair_with("report_{1}", wait).await
+        }));
+    }
+    let mut queued = 0;
+    for _ in 0..500 {
+        queued = locks
+            .inspect("report_{1}")
+            .await
+            .unwrap()
+            .map_or(0, |i| i.queued);
+        if queued == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(queued, 2);
+    let listed = run(&url, &["list"]).await;
+    let table = String::from_utf8_lossy(&listed.stdout);
+    assert!(
+        table.contains("fair") && table.contains("1 +2 queued"),
+        "{table}"
+    );
+    let json = run(&url, &["--json", "inspect", "lock:report_{1}"]).await;
+    let info: Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(
+        (info["kind"].as_str(), info["queued"].as_u64()),
+        (Some("fair"), Some(2))
+    );
+    holder.release().await.unwrap();
+    for w in waiters {
+        w.await.unwrap().unwrap().release().await.unwrap();
+    }
+}
+
 /// `redlock --json watch KEY --for 20s`, read one event (a JSON line) at a time.
 struct Watch {
     child: tokio::process::Child,
