@@ -75,9 +75,11 @@ impl LockManager {
         loop {
             head.before_deadline()?;
             head.keep_subscription().await?;
+            // Counted before listening: a call for anyone in between is then told
+            // apart (and the attempt below sees what it announced anyway).
+            let anyone = place.queue.calls_for_anyone();
             let mut notified = pin!(place.queue.wake.notified());
             notified.as_mut().enable();
-            let anyone = place.queue.calls_for_anyone();
             let carried = standing.carry(head.deadline);
             match head.attempt(carried).await? {
                 Step::Acquired(guard) => {
