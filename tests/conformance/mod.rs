@@ -16,6 +16,7 @@ use redlock::{LockError, LockGuard, LockManager, LockManagerBuilder, LockOptions
 
 pub mod backends;
 pub mod kinds;
+pub mod leader;
 pub mod rules;
 
 /// A backend under test.
