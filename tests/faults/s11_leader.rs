@@ -254,7 +254,8 @@ async fn s11_paused_leader_stops_believing_and_is_fenced_off() {
 
 /// Writes on `resource` while leader of `name` (`lead_with`, which campaigns again
 /// whenever leadership is lost), every 50 ms, until `stop`; returns the terms it was
-/// elected with.
+/// elected with. A body whose term the resource refuses waits for the loss of its
+/// leadership (or `stop`).
 async fn leader_writes(
     locks: LockManager,
     name: String,
@@ -268,10 +269,20 @@ async fn leader_writes(
         terms.lock().unwrap().push(term);
         let (resource, mut stop) = (&resource, stop.clone());
         async move {
-            // Bounded by `stop`, which the test sends.
+            // The term's section: one begin, then a commit every 50 ms while the
+            // resource takes them (until someone newer began), bounded by `stop`.
+            let Ok(Begin::Granted(mut value)) = resource.begin(term).await else {
+                let _ = stop.wait_for(|s| *s).await;
+                return;
+            };
             while !*stop.borrow() {
-                if let Ok(Begin::Granted(v)) = resource.begin(term).await {
-                    let _ = resource.commit(term, v + 1).await;
+                match resource.commit(term, value + 1).await {
+                    Ok(true) => value += 1,
+                    Ok(false) => {
+                        let _ = stop.wait_for(|s| *s).await;
+                        return;
+                    }
+                    Err(_) => {}
                 }
                 let _ = tokio::time::timeout(Duration::from_millis(50), stop.changed()).await;
             }
@@ -318,7 +329,14 @@ async fn s11_sentinel_failover_under_a_leader() {
         };
         let started = Instant::now();
         while written(&resource).await < 5 {
-            assert!(started.elapsed() < Duration::from_secs(20), "nobody leads");
+            if started.elapsed() > Duration::from_secs(20) {
+                let info = observer.leader_info(&name).await;
+                let ended: Vec<bool> = instances.iter().map(|i| i.is_finished()).collect();
+                panic!(
+                    "nobody writes: leader {info:?}, instances ended {ended:?}, resource {:?}",
+                    resource.state().await
+                );
+            }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         let before = observer
