@@ -114,7 +114,10 @@ async fn main() -> Result<(), LockError> {
     let ticks: Vec<usize> = runs.log.iter().map(|r| r.0).collect();
     assert_eq!(ticks, (0..TICKS).collect::<Vec<_>>(), "each tick ran once");
     let terms: Vec<u64> = runs.log.iter().map(|r| r.2).collect();
-    assert!(terms.windows(2).all(|w| w[0] <= w[1]), "terms never go back");
+    assert!(
+        terms.windows(2).all(|w| w[0] <= w[1]),
+        "terms never go back"
+    );
     println!("{TICKS} ticks, each run once, by {INSTANCES} instances taking turns");
     Ok(())
 }
