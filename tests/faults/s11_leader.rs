@@ -145,6 +145,29 @@ async fn s11_killed_leader_is_replaced_after_its_ttl() {
     assert!(state.problems().is_empty(), "{:?}", state.problems());
 }
 
+/// What a resumed leader did after `resumed`: its commits accepted, its first
+/// `is_held()`, and how long after the resume `lost()` resolved (ms).
+fn after_resume(leader: &Holder, resumed: u64) -> (usize, Option<bool>, Option<f64>) {
+    let after = |name: &str| -> Vec<redlock_faults::protocol::Event> {
+        leader
+            .all(name)
+            .into_iter()
+            .filter(|e| e.u64("at").is_some_and(|at| at >= resumed))
+            .cloned()
+            .collect()
+    };
+    let accepted_late = after("commit")
+        .iter()
+        .filter(|c| c.bool("ok") == Some(true))
+        .count();
+    let held_after = after("held").first().and_then(|e| e.bool("held"));
+    let lost_after = after("lost")
+        .first()
+        .and_then(|e| e.u64("at"))
+        .map(|at| clock::ms(resumed, at));
+    (accepted_late, held_after, lost_after)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s11_paused_leader_stops_believing_and_is_fenced_off() {
     require_redis!();
@@ -202,23 +225,7 @@ async fn s11_paused_leader_stops_believing_and_is_fenced_off() {
         let done = leader.expect("done", Duration::from_secs(10)).await;
         assert!(leader.wait_exit(Duration::from_secs(5)).await);
         history.record(leader.section(term, enter, done.u64("at").unwrap(), true));
-        let after = |name: &str| -> Vec<redlock_faults::protocol::Event> {
-            leader
-                .all(name)
-                .into_iter()
-                .filter(|e| e.u64("at").is_some_and(|at| at >= resumed))
-                .cloned()
-                .collect()
-        };
-        let accepted_late = after("commit")
-            .iter()
-            .filter(|c| c.bool("ok") == Some(true))
-            .count();
-        let held_after = after("held").first().and_then(|e| e.bool("held"));
-        let lost_after = after("lost")
-            .first()
-            .and_then(|e| e.u64("at"))
-            .map(|at| clock::ms(resumed, at));
+        let (accepted_late, held_after, lost_after) = after_resume(&leader, resumed);
         println!(
             "s11 pause round {round}: paused {:.0} ms; term {term} -> {new_term} elected {:.0} ms \
              into the pause; after the resume: is_held() {held_after:?}, lost() after \
