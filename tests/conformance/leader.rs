@@ -27,6 +27,21 @@ pub fn leader_key(locks: &LockManager, name: &str) -> String {
     format!("{}leader:{{{name}}}", locks.prefix())
 }
 
+/// Checks the term a [`LeaderInfo`](redlock::LeaderInfo) shows against the leadership's:
+/// equal, except on Redlock, where the node `inspect` reads may have counted higher than
+/// the quorum that decided (as for `LockInfo::fencing_token`).
+#[track_caller]
+pub fn shows_term(locks: &LockManager, shown: u64, term: u64) {
+    if locks.backend_name() == "redlock" {
+        assert!(
+            shown >= term,
+            "shown term {shown} below the leader's {term}"
+        );
+    } else {
+        assert_eq!(shown, term);
+    }
+}
+
 /// A resignation wakes the follower at once: with a 30 s ttl, a hand-over that took
 /// anything near the ttl was not woken by the notification.
 const HANDOVER_BOUND: Duration = Duration::from_secs(2);
@@ -40,7 +55,7 @@ pub async fn elected_follower_waits_and_takes_over_on_resign<H: Harness>(h: &H) 
     assert!(first.is_held());
     assert_eq!(first.name(), name);
     let info = a.leader_info(&name).await.unwrap().expect("a leader");
-    assert_eq!(info.term, first.fencing_token());
+    shows_term(&a, info.term, first.fencing_token());
     assert_eq!(info.pid, Some(std::process::id()));
     assert_eq!(info.name, name);
     let follower = tokio::spawn({
@@ -67,7 +82,7 @@ pub async fn elected_follower_waits_and_takes_over_on_resign<H: Harness>(h: &H) 
     );
     assert!(second.fencing_token() > term, "terms go forward");
     let info = b.leader_info(&name).await.unwrap().expect("a leader");
-    assert_eq!(info.term, second.fencing_token());
+    shows_term(&b, info.term, second.fencing_token());
     second.resign().await.unwrap();
     assert!(a.leader_info(&name).await.unwrap().is_none());
 }
@@ -191,7 +206,7 @@ pub async fn a_watch_sees_every_change<H: Harness>(h: &H) {
         .expect("an election is seen")
         .unwrap()
         .expect("a leader");
-    assert_eq!(seen.term, first.fencing_token());
+    shows_term(&a, seen.term, first.fencing_token());
     assert_eq!(watch.current(), Some(&seen));
 
     // A resignation, heard at once (the ttl is 30 s).
@@ -218,7 +233,7 @@ pub async fn a_watch_sees_every_change<H: Harness>(h: &H) {
         .expect("the next election is seen")
         .unwrap()
         .expect("a leader");
-    assert_eq!(seen.term, second.fencing_token());
+    shows_term(&b, seen.term, second.fencing_token());
     h.steal(&leader_key(&b, &name)).await; // taken by someone else behind its back
     let stolen = tokio::time::timeout(Duration::from_secs(5), watch.changed())
         .await

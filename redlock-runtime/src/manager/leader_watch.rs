@@ -51,8 +51,10 @@ const RESUBSCRIBE_AFTER: Duration = Duration::from_secs(1);
 pub struct LeaderInfo {
     /// The name led.
     pub name: String,
-    /// The leader's term (its lock's fencing token; 0 only for a lock written without
-    /// one, which this library never does).
+    /// The leader's term: its lock's fencing token, as
+    /// [`LockInfo::fencing_token`] shows it (0 only for a lock written without one,
+    /// which this library never does). On Redlock it is at least the leader's term: the
+    /// node read may have counted higher than the quorum that elected it.
     pub term: u64,
     /// The leader's host name.
     pub host: Option<String>,
@@ -79,14 +81,16 @@ impl LeaderInfo {
         }
     }
 
-    /// Whether two readings are of the same leadership (the lease's time left aside).
+    /// Whether two readings are of the same leadership: the same holder (a digest of
+    /// the grant's random token, new at every election). Not the term: on Redlock two
+    /// readings of one leadership may read different nodes' counters.
     fn same_term(&self, other: &Self) -> bool {
-        self.term == other.term && self.holder == other.holder
+        self.holder == other.holder
     }
 }
 
-/// Whether a reading of who leads differs from the last one (a term or holder changed,
-/// someone was elected, or the leader left).
+/// Whether a reading of who leads differs from the last one (another leadership,
+/// someone elected, or the leader gone).
 fn differs(now: Option<&LeaderInfo>, last: Option<&LeaderInfo>) -> bool {
     match (now, last) {
         (Some(now), Some(last)) => !now.same_term(last),
@@ -227,8 +231,8 @@ impl LeaderWatch {
         self.last.as_ref()
     }
 
-    /// Waits until the leader differs from [`current`](Self::current): another term or
-    /// holder, someone elected, or the leader gone (resigned: heard at once; expired:
+    /// Waits until the leader differs from [`current`](Self::current): another
+    /// leadership (another holder: each election's is new), someone elected, or the leader gone (resigned: heard at once; expired:
     /// seen at its ttl). Returns the new leader (`None`: nobody leads now), which becomes
     /// `current`. Changes in between two calls are not queued: the next call compares
     /// with the last one returned.
