@@ -22,8 +22,9 @@ use crate::{LockError, LockGuard, LockOptions};
 /// shares a key with a lock taken with `lock(name)`.
 const NAMESPACE: &str = "leader:";
 
-/// The shortest wait of one attempt of a campaign: a campaign with a zero `wait` would
-/// otherwise try again at once, over and over.
+/// The shortest round of a campaign: its wait, and the least time between the starts
+/// of two rounds (a campaign with a zero `wait`, or whose attempts fail at once, would
+/// otherwise try again at once, over and over).
 const MIN_ATTEMPT: Duration = Duration::from_secs(1);
 
 /// The lock key of the leader `name`: `<prefix>leader:{<name>}`, one hash tag, so that on
@@ -142,6 +143,9 @@ impl LockManager {
         let attempt = options.wait(wait);
         loop {
             let resolved = self.resolve(&attempt)?;
+            // A round lasts at least `MIN_ATTEMPT`: one that ends early in an error
+            // (`ReplicasUnavailable` is not waited out) pauses until then.
+            let round = tokio::time::Instant::now() + MIN_ATTEMPT;
             match self.acquire(key.clone(), Mode::Exclusive, resolved).await {
                 Ok(guard) => {
                     return Ok(Leadership {
@@ -159,6 +163,7 @@ impl LockManager {
                 ),
                 Err(e) => return Err(e),
             }
+            tokio::time::sleep_until(round).await;
         }
     }
 
