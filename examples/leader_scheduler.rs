@@ -118,6 +118,12 @@ async fn main() -> Result<(), LockError> {
         terms.windows(2).all(|w| w[0] <= w[1]),
         "terms never go back"
     );
-    println!("{TICKS} ticks, each run once, by {INSTANCES} instances taking turns");
+    let mut leaders: Vec<usize> = runs.log.iter().map(|r| r.1).collect();
+    leaders.sort_unstable();
+    leaders.dedup();
+    println!(
+        "{TICKS} ticks, each run once, by {} of the {INSTANCES} instances taking turns",
+        leaders.len()
+    );
     Ok(())
 }

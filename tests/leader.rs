@@ -38,7 +38,7 @@ async fn leader_types_and_futures_are_send() {
 
 /// Three managers run a scheduler with `lead_with`: one tick every 40 ms, each leader
 /// steps down after 3 ticks. Never two leaders at once, every tick run once, terms
-/// never going back, every instance led at least once.
+/// never going back, a new term for each leadership.
 async fn one_of_three_runs_each_tick<H: Harness>(h: &H) {
     const TICKS: usize = 15;
     let name = leader_name("scheduler");
@@ -76,7 +76,7 @@ async fn one_of_three_runs_each_tick<H: Harness>(h: &H) {
                 if done {
                     return;
                 }
-                tokio::time::sleep(Duration::from_millis(5)).await;
+                tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }));
     }
@@ -92,10 +92,15 @@ async fn one_of_three_runs_each_tick<H: Harness>(h: &H) {
         log.windows(2).all(|w| w[0].1 <= w[1].1),
         "terms went back: {log:?}"
     );
+    // Each leadership ran 3 ticks and stepped down: 5 terms, handed over 4 times (to
+    // whichever follower won; no order among them is promised).
+    let mut terms: Vec<u64> = log.iter().map(|l| l.1).collect();
+    terms.dedup();
+    assert_eq!(terms.len(), TICKS / 3, "{log:?}");
     let mut leaders: Vec<usize> = log.iter().map(|l| l.0).collect();
     leaders.sort_unstable();
     leaders.dedup();
-    assert_eq!(leaders.len(), 3, "every instance led: {log:?}");
+    assert!(leaders.len() >= 2, "nobody took over: {log:?}");
 }
 
 /// A campaign outlives the manager's wait: with a 100 ms default wait, a follower keeps
