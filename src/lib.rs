@@ -23,9 +23,10 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub use redlock_runtime::{
-    IntoNode, LockError, LockGuard, LockInfo, LockKind, LockManager, LockManagerBuilder,
-    LockOptions, MultiGuard, SharedHolder, DEFAULT_MAX_WAITERS_PER_KEY, DEFAULT_PREFIX,
-    DEFAULT_SLOW_ACQUISITION, DEFAULT_TTL, DEFAULT_WAIT, MAX_KEY_LEN, MAX_TTL, MIN_TTL,
+    IntoNode, LeaderInfo, LeaderWatch, Leadership, LockError, LockGuard, LockInfo, LockKind,
+    LockManager, LockManagerBuilder, LockOptions, MultiGuard, SharedHolder,
+    DEFAULT_MAX_WAITERS_PER_KEY, DEFAULT_PREFIX, DEFAULT_SLOW_ACQUISITION, DEFAULT_TTL,
+    DEFAULT_WAIT, MAX_KEY_LEN, MAX_TTL, MIN_TTL,
 };
 
 /// The redis-rs crate redlock is built on, re-exported so an application names the same

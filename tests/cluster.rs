@@ -266,6 +266,22 @@ async fn cluster_behaviour() {
         a_full_fair_queue_refuses_with_queue_full,
     );
 
+    macro_rules! leader {
+        ($($name:ident),* $(,)?) => {$(
+            let t = Instant::now();
+            conformance::leader::$name(&h).await;
+            step(concat!("conformance::leader::", stringify!($name)), t);
+        )*};
+    }
+    leader!(
+        elected_follower_waits_and_takes_over_on_resign,
+        terms_strictly_increase,
+        lead_aborts_its_body_on_loss_and_campaigns_again,
+        a_watch_sees_every_change,
+        a_cancelled_campaign_leaves_no_lock,
+        leader_rejects_bad_input,
+    );
+
     // Last: they move slots to other masters.
     let t = Instant::now();
     stray_sunsubscribe_after_slot_migration(&h).await;

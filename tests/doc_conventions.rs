@@ -231,7 +231,7 @@ fn manager_methods(dir: &Path, file: &str, out: &mut Vec<String>) {
 /// manager, the exclusive lock, the other kinds, then the operators' methods.
 #[test]
 fn the_manager_page_reads_in_the_order_a_user_learns() {
-    let groups: [&[&str]; 4] = [
+    let groups: [&[&str]; 5] = [
         &[
             "builder",
             "connect",
@@ -262,6 +262,14 @@ fn the_manager_page_reads_in_the_order_a_user_learns() {
             "try_lock_all",
             "try_lock_all_with",
             "lock_all_with",
+        ],
+        &[
+            "leader",
+            "leader_with",
+            "lead",
+            "lead_with",
+            "leader_info",
+            "watch_leader",
         ],
         &[
             "is_locked",

@@ -16,6 +16,7 @@ async fn futures_and_types_are_send_sync() {
 kinds_tests!(Memory);
 fair_tests!(Memory);
 rules_tests!(Memory);
+leader_tests!(Memory);
 
 #[tokio::test(flavor = "current_thread")]
 async fn writer_waiting_behind_a_writer_keeps_new_readers_out() {

@@ -12,6 +12,7 @@ use redlock::{LockError, LockManager, LockOptions};
 use redlock_testkit::{wait_until, ChaosProxy, Fault, RedisServer, RedisSet};
 
 conformance_tests!(Redlock::new());
+leader_tests!(Redlock::new());
 
 /// Several managers and tasks over many keys: exact counts, never two holders, and
 /// tokens strictly increasing per key.

@@ -784,3 +784,16 @@ async fn fair_lock_through_sentinel() {
     conformance::fair::cancelled_fair_waiter_leaves_no_place(&h).await;
     conformance::fair::a_full_fair_queue_refuses_with_queue_full(&h).await;
 }
+
+/// Issue 26: leader election through Sentinel, on one set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_election_through_sentinel() {
+    let _one = ONE_SET.lock().await;
+    let h = SentinelHarness(start());
+    conformance::leader::elected_follower_waits_and_takes_over_on_resign(&h).await;
+    conformance::leader::terms_strictly_increase(&h).await;
+    conformance::leader::lead_aborts_its_body_on_loss_and_campaigns_again(&h).await;
+    conformance::leader::a_watch_sees_every_change(&h).await;
+    conformance::leader::a_cancelled_campaign_leaves_no_lock(&h).await;
+    conformance::leader::leader_rejects_bad_input(&h).await;
+}

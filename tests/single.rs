@@ -14,6 +14,7 @@ conformance_tests!(Single::new());
 kinds_tests!(Single::new());
 fair_tests!(Single::new());
 rules_tests!(Single::new());
+leader_tests!(Single::new());
 
 /// The lock is stored under its full key, its fencing counter is its slot's
 /// `lock:fence:{<tag>}` (shared by every key of the slot), the counter outlives the lock,

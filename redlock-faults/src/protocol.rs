@@ -12,6 +12,7 @@
 //! @commit token=7 ok=true at=...                 (at: after the reply)
 //! @lost at=...                                   (guard.lost() resolved)
 //! @done result=ok at=...                         (ok | lost | error:<kind>)
+//! @campaign at=...                               (leader mode: before campaigning)
 //! ```
 //!
 //! Times are [`clock::now_ns`](crate::clock::now_ns) readings.
@@ -94,6 +95,10 @@ pub enum Mode {
     /// A `#[distributed_lock(on_lost = "abort")]` function; the body is dropped at its next
     /// await once the lock is lost.
     Macro,
+    /// `leader_with(key)` (issue 26): the leader lock `lock:leader:{<key>}`, the term as
+    /// the token; the steps run as in `Guard` mode (no `is_held()` check before a commit),
+    /// then the leader resigns.
+    Leader,
 }
 
 /// The holder's settings, from its command line.
@@ -125,6 +130,7 @@ impl Args {
         let mode = match self.mode {
             Mode::Guard => "guard",
             Mode::Macro => "macro",
+            Mode::Leader => "leader",
         };
         [
             ("--lock", self.lock_url.clone()),
@@ -162,6 +168,7 @@ impl Args {
         let mode = match text("--mode")?.as_str() {
             "guard" => Mode::Guard,
             "macro" => Mode::Macro,
+            "leader" => Mode::Leader,
             other => return Err(format!("--mode {other}")),
         };
         Ok(Self {

@@ -47,8 +47,9 @@ pub use redis;
 pub use key::MAX_KEY_LEN;
 pub use kind::LockKind;
 pub use manager::{
-    LockGuard, LockManager, LockManagerBuilder, MultiGuard, DEFAULT_MAX_WAITERS_PER_KEY,
-    DEFAULT_PREFIX, DEFAULT_SLOW_ACQUISITION, DEFAULT_TTL, DEFAULT_WAIT,
+    LeaderInfo, LeaderWatch, Leadership, LockGuard, LockManager, LockManagerBuilder, MultiGuard,
+    DEFAULT_MAX_WAITERS_PER_KEY, DEFAULT_PREFIX, DEFAULT_SLOW_ACQUISITION, DEFAULT_TTL,
+    DEFAULT_WAIT,
 };
 pub use node::IntoNode;
 pub use options::{LockOptions, MAX_TTL, MIN_TTL};

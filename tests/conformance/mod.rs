@@ -17,6 +17,7 @@ use redlock::{LockError, LockGuard, LockManager, LockManagerBuilder, LockOptions
 pub mod backends;
 pub mod fair;
 pub mod kinds;
+pub mod leader;
 pub mod rules;
 
 /// A backend under test.

@@ -17,6 +17,7 @@ mod support;
 mod workload;
 
 mod s10_nemesis;
+mod s11_leader;
 mod s1_kill;
 mod s2_pause;
 mod s3_partition;

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! fault-holder --lock URL --resource-url URL --resource NAME --key K --ttl-ms N
-//!              --mode guard|macro --steps N --step-ms MS --hold-ms MS
+//!              --mode guard|macro|leader --steps N --step-ms MS --hold-ms MS
 //! ```
 //!
 //! Each step is one critical-section access of the fenced resource: `begin(token)`, a sleep
@@ -11,14 +11,15 @@
 //! the steps do not look at `is_held()` before committing, as if the pause struck right
 //! after such a check: only fencing can catch the late write. In `macro` mode the steps run
 //! in a `#[distributed_lock(on_lost = "abort")]` function, which is dropped at its next
-//! await once the lock is lost.
+//! await once the lock is lost. In `leader` mode the process campaigns for the leadership
+//! of `K` (`leader_with`), works as in `guard` mode under its term, then resigns.
 
 use std::io::Write as _;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redlock::{distributed_lock, LockError, LockGuard, LockManager, LockOptions};
+use redlock::{distributed_lock, LockError, LockManager, LockOptions};
 use redlock_faults::clock::now_ns;
 use redlock_faults::protocol::{Args, Event, Mode};
 use redlock_faults::resource::{Begin, Resource};
@@ -67,19 +68,16 @@ impl HolderError {
     }
 }
 
-/// The critical-section steps, with `token`.
+/// The critical-section steps, with `token`; `held` tells whether the lock (or
+/// leadership) is still held, reported before each step.
 async fn steps(
     args: &Args,
     resource: &Resource,
     token: u64,
-    guard: &LockGuard,
+    held: impl Fn() -> bool,
 ) -> Result<(), HolderError> {
     for _ in 0..args.steps {
-        emit(
-            Event::new("held")
-                .with("held", guard.is_held())
-                .with("at", now_ns()),
-        );
+        emit(Event::new("held").with("held", held()).with("at", now_ns()));
         let at = now_ns();
         let begun = resource.begin(token).await?;
         let value = match begun {
@@ -132,7 +130,40 @@ async fn annotated(
             .with("token", g.fencing_token())
             .with("at", now_ns()),
     );
-    steps(args, resource, g.fencing_token(), g).await
+    steps(args, resource, g.fencing_token(), || g.is_held()).await
+}
+
+/// The leader mode: campaign, work under the term, resign.
+async fn lead(locks: &LockManager, args: &Args, resource: &Resource) -> Result<(), HolderError> {
+    emit(Event::new("campaign").with("at", now_ns()));
+    let opts = LockOptions::new()
+        .ttl(Duration::from_millis(args.ttl_ms))
+        .wait(Duration::from_secs(10));
+    let leadership = Arc::new(locks.leader_with(&args.key, opts).await?);
+    let term = leadership.fencing_token();
+    emit(
+        Event::new("acquired")
+            .with("token", term)
+            .with("at", now_ns()),
+    );
+    let watcher = {
+        let leadership = leadership.clone();
+        tokio::spawn(async move {
+            leadership.lost().await;
+            emit(Event::new("lost").with("at", now_ns()));
+        })
+    };
+    let worked = steps(args, resource, term, || leadership.is_held()).await;
+    watcher.abort();
+    let _ = watcher.await;
+    let leadership = Arc::try_unwrap(leadership).map_err(|_| {
+        HolderError::Lock(LockError::NotHeld {
+            key: args.key.clone(),
+        })
+    })?;
+    let resigned = leadership.resign().await;
+    worked?;
+    resigned.map_err(HolderError::from)
 }
 
 async fn run(args: Args) -> Result<(), HolderError> {
@@ -144,6 +175,7 @@ async fn run(args: Args) -> Result<(), HolderError> {
     emit(Event::new("ready").with("pid", std::process::id()));
     match args.mode {
         Mode::Macro => annotated(&locks, &args.key, &args, &resource).await,
+        Mode::Leader => lead(&locks, &args, &resource).await,
         Mode::Guard => {
             let opts = LockOptions::new()
                 .ttl(Duration::from_millis(args.ttl_ms))
@@ -162,7 +194,7 @@ async fn run(args: Args) -> Result<(), HolderError> {
                     emit(Event::new("lost").with("at", now_ns()));
                 })
             };
-            let worked = steps(&args, &resource, token, &guard).await;
+            let worked = steps(&args, &resource, token, || guard.is_held()).await;
             watcher.abort();
             let guard = Arc::try_unwrap(guard).map_err(|_| {
                 HolderError::Lock(LockError::NotHeld {

@@ -6,10 +6,11 @@
 //! (inspect, list, force-unlock, shutdown); [`acquire`] is the attempt every kind goes
 //! through and [`wait`] the wait for a held key; [`guard`] the guard and its operations
 //! on a held lease, which go through the engine's one path per lease
-//! (`engine::path`); [`multi_guard`] the guard of several keys.
+//! (`engine::path`); [`multi_guard`] the guard of several keys; [`leader`] leader
+//! election on the exclusive lock and [`leader_watch`] who leads now.
 //!
-//! The public methods live in the submodules `connect`, `exclusive`, `kinds` and
-//! `operations`, none in this file: rustdoc lists a type's methods module by module,
+//! The public methods live in the submodules `connect`, `exclusive`, `kinds`, `leader`,
+//! `leader_watch` and `operations`, none in this file: rustdoc lists a type's methods module by module,
 //! submodules in the order they are declared (alphabetical, as rustfmt keeps them),
 //! which is the order a user learns them in (`tests/doc_conventions.rs` checks it).
 
@@ -34,6 +35,8 @@ pub use builder::{
     DEFAULT_TTL, DEFAULT_WAIT,
 };
 pub use guard::LockGuard;
+pub use leader::Leadership;
+pub use leader_watch::{LeaderInfo, LeaderWatch};
 pub use multi_guard::MultiGuard;
 
 /// Hands out distributed locks over one backend. Cheap to clone (an `Arc` inside); make
@@ -160,6 +163,8 @@ mod connect;
 mod exclusive;
 mod fair;
 mod kinds;
+mod leader;
+mod leader_watch;
 mod operations;
 mod wait;
 
