@@ -349,7 +349,8 @@ impl Listen {
         let Ok(_turn) = queue.turn.try_acquire() else {
             return;
         };
-        let register = if unregistered {
+        // Fair waiters of the key do not take the turn: the interest is claimed.
+        let register = if unregistered && queue.claim_subscription() {
             Register::New
         } else {
             Register::Again
