@@ -19,6 +19,7 @@ use redlock::{LockGuard, LockManager, LockOptions};
 use tokio::task::JoinSet;
 
 use crate::cpu::{commandstats, delta};
+use crate::handoff::join_within;
 use crate::raw::{connect, err, token, Raw, Res};
 use crate::stats::{fixed, quantile, us, Table};
 use crate::Config;
@@ -146,18 +147,7 @@ async fn one_run(kind: &Arc<Kind>, per_task: usize) -> Res<Vec<Rec>> {
             Ok::<(), String>(())
         });
     }
-    let joined = tokio::time::timeout(RUN_CAP, async {
-        while let Some(r) = set.join_next().await {
-            r.map_err(err)??;
-        }
-        Ok::<(), String>(())
-    })
-    .await;
-    if joined.is_err() {
-        set.abort_all();
-        return Err(format!("a run took over {} s", RUN_CAP.as_secs()));
-    }
-    joined.unwrap_or(Ok(()))?;
+    join_within(&mut set, RUN_CAP).await?;
     let log = std::mem::take(&mut *log.lock().unwrap_or_else(PoisonError::into_inner));
     Ok(log)
 }

@@ -131,22 +131,25 @@ async fn one_run(kind: &Arc<Kind>, per_task: usize) -> Res<Vec<Rec>> {
             Ok::<(), String>(())
         });
     }
-    let joined = tokio::time::timeout(RUN_CAP, async {
+    join_within(&mut set, RUN_CAP).await?;
+    let log = std::mem::take(&mut *log.lock().unwrap_or_else(PoisonError::into_inner));
+    Ok(log)
+}
+
+/// Waits for every task of `set`, the first error its answer; past `cap`, the tasks
+/// left are aborted and the run is an error.
+pub async fn join_within(set: &mut JoinSet<Res<()>>, cap: Duration) -> Res<()> {
+    let joined = tokio::time::timeout(cap, async {
         while let Some(r) = set.join_next().await {
             r.map_err(err)??;
         }
         Ok::<(), String>(())
     })
     .await;
-    match joined {
-        Ok(r) => r?,
-        Err(_) => {
-            set.abort_all();
-            return Err(format!("a run took over {} s", RUN_CAP.as_secs()));
-        }
-    }
-    let log = std::mem::take(&mut *log.lock().unwrap_or_else(PoisonError::into_inner));
-    Ok(log)
+    joined.unwrap_or_else(|_| {
+        set.abort_all();
+        Err(format!("a run took over {} s", cap.as_secs()))
+    })
 }
 
 fn digest(log: &[Rec], f: &mut Figures) {
