@@ -1362,7 +1362,7 @@ fn fair_waiters_are_granted_in_arrival_order_and_named_by_the_release() {
     );
     assert_eq!(r.zcard(Q), 2, "a one-attempt call takes no place");
     assert_eq!(r.fair_release(&token(1)), 1);
-    assert_eq!(messages(&mut sub), vec!["20".to_owned()]);
+    assert_eq!(messages(&mut sub), vec!["w:20".to_owned()]);
     // 30 is not first: refused though the key is free.
     assert_eq!(
         queued(&r.fair(&token(3), "30", 2, 3_000, 10).unwrap()),
@@ -1378,7 +1378,7 @@ fn fair_waiters_are_granted_in_arrival_order_and_named_by_the_release() {
     );
     assert_eq!(r.zcard(Q), 1);
     assert_eq!(r.fair_release(&token(2)), 1);
-    assert_eq!(messages(&mut sub), vec!["30".to_owned()]);
+    assert_eq!(messages(&mut sub), vec!["w:30".to_owned()]);
     assert!(fence(&r.fair(&token(3), "30", 2, 3_000, 10).unwrap()) > second);
     assert_eq!(r.fair_release(&token(3)), 1);
     assert_eq!(
@@ -1409,7 +1409,7 @@ fn a_silent_fair_waiter_is_dropped_by_the_servers_clock() {
         "the queue lives as long as its latest place"
     );
     assert_eq!(r.fair_release(&token(1)), 1);
-    assert_eq!(messages(&mut sub), vec!["20".to_owned()]);
+    assert_eq!(messages(&mut sub), vec!["w:20".to_owned()]);
     // 20 never comes: its place runs out 200 ms after it last asked.
     sleep(Duration::from_millis(300));
     assert_eq!(
@@ -1418,7 +1418,7 @@ fn a_silent_fair_waiter_is_dropped_by_the_servers_clock() {
     );
     assert_eq!(
         messages(&mut sub),
-        vec!["30".to_owned()],
+        vec!["w:30".to_owned()],
         "the new first waiter is named"
     );
     assert!(fence(&r.fair(&token(3), "30", 2, 5_000, 2).unwrap()) > held);
@@ -1446,4 +1446,62 @@ fn a_fair_place_comes_back_at_its_ticket() {
     assert_eq!(r.fair_release(&token(1)), 1);
     let first: Vec<String> = r.con.zrange(Q, 0, 0).unwrap();
     assert_eq!(first, vec!["30".to_owned()]);
+}
+
+/// Regression (issue 26 review, finding 1): a fair attempt granted with its reply lost
+/// and sent again (the connection's re-send, same token) found its place gone and a
+/// waiter queued meanwhile ahead of it: it was queued behind the key it held, told
+/// "held", and the key stayed taken until its ttl, nobody releasing it.
+#[test]
+fn a_resent_fair_attempt_is_granted_again_though_others_queued_meanwhile() {
+    let mut r = redis();
+    let granted = fence(&r.fair(&token(1), "10", 0, 3_000, 10).unwrap());
+    assert_eq!(queued(&r.fair(&token(2), "20", 0, 3_000, 10).unwrap()).1, 1);
+    assert_eq!(
+        fence(&r.fair(&token(1), "10", 0, 3_000, 10).unwrap()),
+        granted
+    );
+    let places: Vec<String> = r.con.zrange(Q, 0, -1).unwrap();
+    assert_eq!(places, vec!["20".to_owned()], "the retry took no place");
+}
+
+/// Regression (issue 26 review, finding 2): withdrawing a fair waiter published '' (wake
+/// everyone), so each timed-out or cancelled waiter sent every other one to ask.
+/// `withdraw.lua` wakes whom it held back only: the readers an intent kept out (''), the
+/// new first waiter when the first left while the key is free ('w:<id>'), else nobody.
+#[test]
+fn a_withdrawal_wakes_only_whom_it_held_back() {
+    const WITHDRAW: &str = include_str!("../redlock-runtime/src/scripts/withdraw.lua");
+    let mut r = redis();
+    let mut sub_con = r.subscriber();
+    let mut sub = listen(&mut sub_con, K);
+    let held = fence(&r.fair(&token(1), "", 0, 3_000, 10).unwrap());
+    for (i, w) in ["10", "20", "30"].iter().enumerate() {
+        assert_eq!(
+            queued(&r.fair(&token(2), w, 0, 3_000, 10).unwrap()).1,
+            i as i64 + 1
+        );
+    }
+    let withdraw = |r: &mut Redis, waiter: &str| -> i64 {
+        r.eval(WITHDRAW, &[K, W, Q, B], (waiter, "PUBLISH"))
+            .unwrap()
+    };
+    assert_eq!(withdraw(&mut r, "20"), 1);
+    assert_eq!(withdraw(&mut r, "10"), 1, "first, but the key is held");
+    assert!(messages(&mut sub).is_empty(), "nobody was held back");
+    assert_eq!(r.fair_release(&token(1)), 1);
+    assert_eq!(messages(&mut sub), vec!["w:30".to_owned()]);
+    assert_eq!(queued(&r.fair(&token(3), "40", 0, 3_000, 10).unwrap()).1, 4);
+    assert_eq!(withdraw(&mut r, "30"), 1, "first while the key is free");
+    assert_eq!(messages(&mut sub), vec!["w:40".to_owned()]);
+    assert_eq!(withdraw(&mut r, "nobody"), 0);
+    // A writer's intent still wakes everyone: readers it kept out may enter.
+    fence(&r.write(&token(5), 10_000, "", 0));
+    assert!(held > 0);
+    assert_eq!(
+        refused(&r.write(&token(6), 10_000, "writer-6", 5_000)).0 > 0,
+        true
+    );
+    assert_eq!(withdraw(&mut r, "writer-6"), 1);
+    assert_eq!(messages(&mut sub), vec![String::new()]);
 }

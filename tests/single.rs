@@ -627,3 +627,52 @@ async fn lock_all_on_one_server_is_one_script_call() {
 async fn writer_waiting_behind_a_writer_keeps_new_readers_out() {
     conformance::kinds::writer_waiting_behind_a_writer_keeps_new_readers_out(&Single::new()).await;
 }
+
+/// The calls of `command` the server has answered (`INFO commandstats`).
+async fn calls_of(h: &Single, command: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut h.raw().await)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+/// Regression (issue 26 review, finding 4): an uncontended fair lock cost a `SUBSCRIBE`
+/// round trip (and an `UNSUBSCRIBE` after) besides its acquire: its waiter subscribed
+/// before its first attempt. Its arrival now goes first; only a waiter that is queued
+/// subscribes (and asks again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncontended_fair_lock_subscribes_to_nothing() {
+    let h = Single::new();
+    let locks = manager(&h).await;
+    let key = unique("fair-alone");
+    let before = calls_of(&h, "subscribe").await;
+    for _ in 0..5 {
+        locks.fair(&key).await.unwrap().release().await.unwrap();
+    }
+    assert_eq!(calls_of(&h, "subscribe").await, before, "subscribed");
+    // Contended, a waiter does subscribe, and is woken by the release.
+    let holder = locks.fair(&key).await.unwrap();
+    let waiter = {
+        let (locks, key) = (locks.clone(), key.clone());
+        tokio::spawn(async move {
+            locks
+                .fair_with(&key, LockOptions::new().wait(Duration::from_secs(10)))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(calls_of(&h, "subscribe").await, before + 1);
+    let released = Instant::now();
+    holder.release().await.unwrap();
+    waiter.await.unwrap().unwrap().release().await.unwrap();
+    assert!(
+        released.elapsed() < Duration::from_millis(800),
+        "{:?}",
+        released.elapsed()
+    );
+}

@@ -17,8 +17,9 @@ pub enum LockError {
         /// The full key (prefix included).
         key: String,
     },
-    /// This process already has `max_waiters_per_key` tasks waiting for the key.
-    #[error("too many local waiters for lock {key:?}")]
+    /// This process already has `max_waiters_per_key` tasks waiting for the key, or a
+    /// fair lock's queue on the server holds that many waiters.
+    #[error("too many waiters for lock {key:?}")]
     QueueFull {
         /// The full key (prefix included).
         key: String,

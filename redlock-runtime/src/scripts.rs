@@ -60,6 +60,10 @@ pub(crate) static ACQUIRE_ALL: LazyLock<LuaScript> =
 /// Compare-token raise of the fencing counter (Redlock): see `scripts/fence_floor.lua`.
 pub(crate) static FENCE_FLOOR: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(include_str!("scripts/fence_floor.lua")));
+/// A waiter's intent or fair place withdrawn, and whom it held back woken: see
+/// `scripts/withdraw.lua`.
+pub(crate) static WITHDRAW: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(include_str!("scripts/withdraw.lua")));
 /// A lock described for an operator, never its token: see `scripts/inspect.lua`.
 pub(crate) static INSPECT: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(include_str!("scripts/inspect.lua")));

@@ -78,13 +78,14 @@ pub(crate) enum Call {
 }
 
 impl Call {
-    /// Whom a release's published payload calls: a waiter's id in decimal digits (a
-    /// fair lock's), or anyone ('' for free, 'kept', anything else).
+    /// Whom a release's published payload calls: a fair waiter by `w:<id>`, or anyone
+    /// ('' for free, 'kept', a permit release's count, anything else).
     pub(crate) fn of_payload(payload: &[u8]) -> Self {
         std::str::from_utf8(payload)
             .ok()
-            .filter(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
-            .and_then(|p| p.parse().ok())
+            .and_then(|p| p.strip_prefix("w:"))
+            .filter(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|id| id.parse().ok())
             .map_or(Self::Anyone, Self::Waiter)
     }
 }
@@ -310,6 +311,34 @@ impl Wake {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn payloads_call_a_fair_waiter_by_its_prefixed_id_and_anyone_else() {
+        assert_eq!(Call::of_payload(b"w:42"), Call::Waiter(42));
+        for anyone in [
+            &b""[..],
+            b"kept",
+            b"3",
+            b"w:",
+            b"w:4x",
+            b"w:99999999999999999999",
+        ] {
+            assert_eq!(Call::of_payload(anyone), Call::Anyone, "{anyone:?}");
+        }
+    }
+
+    #[test]
+    fn a_named_call_is_taken_once_and_a_call_for_anyone_reaches_all() {
+        let w = Waiters::new(8, Box::new(|_| {}));
+        let place = w.join("k").unwrap();
+        let anyone = place.queue.calls_for_anyone();
+        w.wake_for("k", Call::Waiter(7));
+        assert!(!place.queue.called(8, anyone), "someone else's call");
+        assert!(place.queue.called(7, anyone));
+        assert!(!place.queue.called(7, anyone), "taken once");
+        w.wake("k");
+        assert!(place.queue.called(8, anyone) && place.queue.called(7, anyone));
+    }
 
     #[test]
     fn the_queue_is_bounded_and_removed_when_empty() {

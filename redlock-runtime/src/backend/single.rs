@@ -21,7 +21,7 @@ use super::server::{
     decode_acquire, decode_acquire_all, exists_on, extend_lease, force_unlock_on, in_batch_order,
     inspect_on, is_dropped, list_on, parse_eviction_policy, reconnecting, release_lease,
     renew_calls, renew_groups, renew_in_parts, replicated_outcome, scan_keys_on, scan_places_on,
-    script_loads, ttl_ms, unexpected, withdraw_pipe, LeaseSender, Resend, ScriptCall, Timeouts,
+    script_loads, ttl_ms, unexpected, withdraw_call, LeaseSender, Resend, ScriptCall, Timeouts,
     WaitAttempt, WaitPool, MAX_REPLICA_WAIT,
 };
 use super::{Policies, Store};
@@ -518,9 +518,10 @@ impl Store for SingleBackend {
     }
 
     async fn withdraw(&self, key: &LockKey, waiter: u64) -> Result<(), LockError> {
-        withdraw_pipe(key, waiter, Publish::Channel)
-            .query_async::<()>(&mut self.con.clone())
+        withdraw_call(key, waiter, Publish::Channel)
+            .invoke::<i64, _>(&self.con)
             .await
+            .map(drop)
             .map_err(LockError::backend("withdraw"))
     }
 

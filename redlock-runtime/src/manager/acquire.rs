@@ -528,4 +528,42 @@ mod tests {
         assert_eq!(made, 1, "{made} attempts for one release");
         drop(first);
     }
+
+    /// Regression (issue 26 review, finding 2): a fair waiter that stopped waiting (its
+    /// wait ran out) withdrew its place with a wake-up for everyone, and every other
+    /// waiter of the key asked. Behind a held key, its leaving held nobody back.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_fair_waiter_leaving_sends_nobody_to_ask() {
+        let locks = LockManager::builder().in_memory().build().await.unwrap();
+        let key = "fair-leaves";
+        let holder = locks.fair(key).await.unwrap();
+        for _ in 0..8 {
+            let locks = locks.clone();
+            tokio::spawn(async move {
+                let wait = LockOptions::new().wait(Duration::from_secs(30));
+                let _ = locks.fair_with(key, wait).await;
+            });
+        }
+        for _ in 0..500 {
+            if locks
+                .inspect(key)
+                .await
+                .unwrap()
+                .is_some_and(|i| i.queued == 8)
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let short = LockOptions::new().wait(Duration::from_millis(30));
+        let err = locks.fair_with(key, short).await.unwrap_err();
+        assert!(matches!(err, LockError::Timeout { .. }), "{err}");
+        let before = locks.0.attempts.load(Ordering::Relaxed);
+        // Time for the withdrawal (a background job) and any waiter it woke.
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        let made = locks.0.attempts.load(Ordering::Relaxed) - before;
+        assert_eq!(made, 0, "{made} attempts after a waiter left");
+        assert_eq!(locks.inspect(key).await.unwrap().unwrap().queued, 8);
+        drop(holder);
+    }
 }

@@ -18,7 +18,7 @@ use crate::kind::Mode;
 use crate::lease;
 use crate::notify::Register;
 use crate::waiters::{KeyQueue, Subscription};
-use crate::wire::{Arrival, Intent};
+use crate::wire::{Arrival, Intent, Purpose};
 use crate::{LockError, LockGuard};
 
 /// How often a head polls while it cannot hear releases.
@@ -72,8 +72,20 @@ impl LockManager {
                 Some(turn)
             }
         };
+        // A fair waiter's arrival goes out before any subscription when nobody here
+        // listens to the key yet: uncontended, it is granted with no `SUBSCRIBE` at all;
+        // queued, it subscribes and asks once more before it pauses (a release in
+        // between went unheard).
+        let mut arriving =
+            standing.fair_waiter().is_some() && !self.0.shared.backend.listening(key.full());
         loop {
             head.before_deadline()?;
+            if std::mem::take(&mut arriving) {
+                if let Some(guard) = head.arrive(&mut standing).await? {
+                    return Ok(guard);
+                }
+                continue;
+            }
             head.keep_subscription().await?;
             // Counted before listening: a call for anyone in between is then told
             // apart (and the attempt below sees what it announced anyway).
@@ -115,6 +127,7 @@ impl LockManager {
                     ticket: 0,
                     heartbeat: FAIR_PLACE_LASTS,
                     bound: self.0.shared.waiters.max_per_key(),
+                    purpose: Purpose::Acquire,
                 });
             }
             Mode::Read | Mode::Permit(_) => return Standing::none(),
@@ -268,17 +281,15 @@ impl<'a> Head<'a> {
     /// is still unsubscribed when the queue empties. The wait bounds the subscription
     /// too. A subscription that fails leaves the head polling.
     async fn keep_subscription(&mut self) -> Result<(), LockError> {
-        let Some(Ask {
-            mut register,
-            again,
-        }) = self.ask_due()
-        else {
+        let Some(Ask { register, again }) = self.ask_due() else {
             return Ok(());
         };
         let (manager, key) = (self.manager, self.request.key.full());
-        // One head registers the queue's interest, though several fair ones may ask.
+        // One head registers the queue's interest, though several fair ones may ask at
+        // once; the others poll until it is heard (asking `Again` meanwhile could count
+        // a second interest before the first is registered).
         if register == Register::New && !self.queue.claim_subscription() {
-            register = Register::Again;
+            return Ok(());
         }
         self.queue.set_subscription(Subscription::Asked);
         let subscribe = manager.0.shared.backend.subscribe(key, register);
@@ -344,6 +355,26 @@ impl<'a> Head<'a> {
             Register::Again
         };
         Some(Ask { register, again })
+    }
+
+    /// A fair waiter's first attempt, before it listens to the key: the lock, or
+    /// `None` to go on at once (subscribing, then asking again) whatever it was told.
+    async fn arrive<W: FnOnce()>(
+        &mut self,
+        standing: &mut Standing<W>,
+    ) -> Result<Option<LockGuard>, LockError> {
+        let carried = standing.carry(self.deadline);
+        match self.attempt(carried).await? {
+            Step::Acquired(guard) => {
+                standing.granted();
+                Ok(Some(guard))
+            }
+            Step::Queued { ticket, .. } => {
+                standing.queued(ticket);
+                Ok(None)
+            }
+            Step::Pause(_) => Ok(None),
+        }
     }
 
     /// One attempt, carrying the writer's intent or the fair waiter's place if any: the

@@ -12,14 +12,16 @@
 -- node that missed it), comes back where it was; a greater one than its place has here
 -- moves it there), ARGV[9] how long its place lasts without another attempt
 -- (milliseconds), ARGV[10] the most places Q holds, ARGV[11] the publish command
--- (PUBLISH, SPUBLISH, or '' for none)
+-- (PUBLISH, SPUBLISH, or '' for none), ARGV[12] 'place' to make or move the place only,
+-- never granting (a Redlock waiter settling its ticket on every node), else ''
 -- Places whose heartbeat ran out by the server's clock are dropped first, so nobody waits
 -- behind a waiter that died, was cut off or stopped waiting without a word. When that
--- leaves a new first place while the key is free, its waiter is told (its id published on
--- the key's channel): the waiter a release names and nobody else asks.
--- It is the caller's turn when its place is the first (or, with no id, nobody is queued)
--- and the key is free or held by its own token (a retry whose reply was lost): its place
--- is removed and acquire.lua grants. Otherwise returns {pttl, holder, ticket}: the key's
+-- leaves a new first place while the key is free, its waiter is told ('w:' and its id
+-- published on the key's channel): the waiter a release names and nobody else asks.
+-- It is the caller's turn when the key holds its own token (a retry whose reply was
+-- lost: granted again wherever its place now is, or whether it has one), or when its
+-- place is the first (or, with no id, nobody is queued) and the key is free: its place,
+-- if any, is removed and acquire.lua grants. Otherwise returns {pttl, holder, ticket}: the key's
 -- PTTL (-2: free, someone else's turn) and holder (as acquire.lua names one; '' when
 -- free), and the caller's ticket (0 without an id).
 -- A queue at its bound refuses a new place: an error reply starting 'QUEUEFULL'.
@@ -27,9 +29,10 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local first = redis.call('ZRANGE', KEYS[4], 0, 0)[1]
 local gone = redis.call('ZRANGE', KEYS[5], '-inf', now, 'BYSCORE')
-if #gone > 0 then
-  redis.call('ZREM', KEYS[4], unpack(gone))
-  redis.call('ZREM', KEYS[5], unpack(gone))
+for i = 1, #gone, 1000 do
+  local part = {unpack(gone, i, math.min(i + 999, #gone))}
+  redis.call('ZREM', KEYS[4], unpack(part))
+  redis.call('ZREM', KEYS[5], unpack(part))
 end
 local waiter = ARGV[7]
 local ticket = 0
@@ -66,17 +69,19 @@ end
 local head = redis.call('ZRANGE', KEYS[4], 0, 0)[1]
 local v = redis.call('GET', KEYS[1])
 local turn
-if waiter == '' then
+if v then
+  turn = string.sub(v, 1, 16) == ARGV[1]
+elseif waiter == '' then
   turn = head == nil
 else
   turn = head == waiter
 end
-if turn and v and string.sub(v, 1, 16) ~= ARGV[1] then
+if ARGV[12] == 'place' then
   turn = false
 end
 if not turn then
   if not v and head and head ~= first and head ~= waiter and ARGV[11] ~= '' then
-    redis.call(ARGV[11], KEYS[1], head)
+    redis.call(ARGV[11], KEYS[1], 'w:' .. head)
   end
   if not v then
     return {-2, '', ticket}

@@ -7,7 +7,8 @@
 -- instead of deleting it; '0' or absent: delete)
 -- KEYS[2], KEYS[3] (a fair lock only) its queue and heartbeats (acquire_fair.lua): the
 -- places whose heartbeat ran out are dropped, and the wake-up names the first waiter
--- left (its id instead of '' or 'kept'), so that it alone asks; '' when none is left.
+-- left ('w:' and its id instead of '' or 'kept'), so that it alone asks; '' when none
+-- is left.
 -- A kept key is held no longer by the token but by its *kept name*, the first 16 hex
 -- digits of SHA1('~kept' .. token), the rest of the value (the metadata) unchanged: no
 -- extend or renewal can re-arm a released lock (one sent before this release and applied
@@ -34,11 +35,13 @@ if KEYS[2] then
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   local gone = redis.call('ZRANGE', KEYS[3], '-inf', now, 'BYSCORE')
-  if #gone > 0 then
-    redis.call('ZREM', KEYS[2], unpack(gone))
-    redis.call('ZREM', KEYS[3], unpack(gone))
+  for i = 1, #gone, 1000 do
+    local part = {unpack(gone, i, math.min(i + 999, #gone))}
+    redis.call('ZREM', KEYS[2], unpack(part))
+    redis.call('ZREM', KEYS[3], unpack(part))
   end
-  wake = redis.call('ZRANGE', KEYS[2], 0, 0)[1] or ''
+  local first = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
+  wake = first and ('w:' .. first) or ''
 end
 local keep = ARGV[3]
 if keep and keep ~= '0' and keep ~= '' then

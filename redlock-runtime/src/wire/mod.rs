@@ -7,7 +7,7 @@ mod reply;
 mod request;
 
 pub(crate) use reply::{Attempt, Renewed, Together};
-pub(crate) use request::{Arrival, Claim, Intent, Seen};
+pub(crate) use request::{Arrival, Claim, Intent, Purpose, Seen};
 
 use std::time::Duration;
 

@@ -45,6 +45,18 @@ pub(crate) struct Arrival {
     pub(crate) heartbeat: Duration,
     /// The most places the queue may hold (the manager's `max_waiters_per_key`).
     pub(crate) bound: usize,
+    /// What the attempt is for.
+    pub(crate) purpose: Purpose,
+}
+
+/// What a fair waiter's attempt is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Purpose {
+    /// The lock, at its turn (and the place kept meanwhile).
+    Acquire,
+    /// The place alone, at the ticket carried, never a grant: a Redlock waiter settling
+    /// one ticket on every node (see `backend/redlock/fair.rs`).
+    Settle,
 }
 
 /// A waiting writer's intent: while it is registered, new readers are refused.

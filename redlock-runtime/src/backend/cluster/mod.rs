@@ -65,7 +65,7 @@ use super::server::{
     acquire_all_call, acquire_args, acquire_by_call, acquire_call, by_script_call, decode,
     decode_acquire, decode_acquire_all, decode_scan, exists_on, extend_lease, force_unlock_on,
     inspect_all, inspect_on, parse_eviction_policy, release_lease, renew_in_parts, scan_cmd,
-    scan_glob, scan_unfinished, script_loads, ttl_ms, unexpected, withdraw_pipe, LeaseSender,
+    scan_glob, scan_unfinished, script_loads, ttl_ms, unexpected, withdraw_call, LeaseSender,
     Resend, ScriptCall, Timeouts, WaitAttempt, WaitPool, MAX_REPLICA_WAIT, MAX_SCAN_STEPS,
 };
 use super::{Policies, Store};
@@ -436,10 +436,8 @@ impl Store for ClusterBackend {
     }
 
     async fn withdraw(&self, key: &LockKey, waiter: u64) -> Result<(), LockError> {
-        let pipe = withdraw_pipe(key, waiter, Publish::Shard);
-        self.con
-            .clone()
-            .route_pipeline(pipe, 0, 2, master_of(key.full()))
+        withdraw_call(key, waiter, Publish::Shard)
+            .invoke::<i64, _>(&self.con)
             .await
             .map(drop)
             .map_err(LockError::backend("withdraw"))

@@ -96,14 +96,18 @@ impl Queues {
         Ok(ticket)
     }
 
-    /// Leaves `key`'s queue (a grant, or a waiter that stopped waiting).
-    pub(super) fn leave(&mut self, key: &str, waiter: u64) {
-        if let Some(queue) = self.0.get_mut(key) {
-            queue.remove(waiter);
-            if queue.places.is_empty() {
-                self.0.remove(key);
-            }
+    /// Leaves `key`'s queue (a grant, or a waiter that stopped waiting): whether the
+    /// waiter had a place.
+    pub(super) fn leave(&mut self, key: &str, waiter: u64) -> bool {
+        let Some(queue) = self.0.get_mut(key) else {
+            return false;
+        };
+        let had = queue.places.contains_key(&waiter);
+        queue.remove(waiter);
+        if queue.places.is_empty() {
+            self.0.remove(key);
         }
+        had
     }
 
     /// Drops every expired place of every key (the store's sweep).
@@ -127,6 +131,7 @@ mod tests {
             ticket,
             heartbeat: Duration::from_secs(1),
             bound: 3,
+            purpose: crate::wire::Purpose::Acquire,
         }
     }
 

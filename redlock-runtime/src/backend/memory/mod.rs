@@ -26,7 +26,7 @@ use crate::kind::{LockKind, Mode};
 use crate::notify::Register;
 use crate::token::Token;
 use crate::waiters::{Call, Wake};
-use crate::wire::{Attempt, Claim, Renewed, Seen, Together};
+use crate::wire::{Attempt, Claim, Purpose, Renewed, Seen, Together};
 use crate::wire::{LeaseRef, Renewal};
 use crate::LockError;
 
@@ -304,8 +304,14 @@ impl Table {
             let other = entry.expiry_of(claim.token).is_none();
             (other, entry.expires(now))
         });
-        let other = held.is_some_and(|(other, _)| other);
-        if head == waiter && !other {
+        // Its own token (a retry whose reply was lost) is granted again wherever its
+        // place is; otherwise it is its turn when first and the key is free.
+        let turn = match held {
+            Some((other, _)) => !other,
+            None => head == waiter,
+        };
+        let settling = claim.arrival.is_some_and(|a| a.purpose == Purpose::Settle);
+        if turn && !settling {
             if let Some(w) = waiter {
                 self.queues.leave(key, w);
             }
@@ -390,7 +396,8 @@ impl Table {
         match shared {
             None => {
                 if let Some(intent) = claim.intent {
-                    self.withdraw(key.full(), intent.waiter);
+                    // Granted: the writer's intent goes, and wakes nobody.
+                    let _ = self.withdraw(key.full(), intent.waiter, Instant::now());
                 }
                 self.locks.insert(
                     key.full().to_owned(),
@@ -465,14 +472,26 @@ impl Table {
     }
 
     /// Removes a writer's intent, or a fair waiter's place.
-    fn withdraw(&mut self, key: &str, waiter: u64) {
-        self.queues.leave(key, waiter);
-        if let Some(intents) = self.intents.get_mut(key) {
-            intents.remove(&waiter);
-            if intents.is_empty() {
-                self.intents.remove(key);
-            }
+    /// As `withdraw.lua`: whom that wakes — every waiter for an intent removed (readers
+    /// it kept out), the new first fair waiter for a first place removed while the key
+    /// is free, else nobody.
+    fn withdraw(&mut self, key: &str, waiter: u64, now: Instant) -> Option<Call> {
+        let first = self.queues.first(key);
+        let placed = self.queues.leave(key, waiter);
+        let intent = self
+            .intents
+            .get_mut(key)
+            .is_some_and(|intents| intents.remove(&waiter).is_some());
+        if self.intents.get(key).is_some_and(HashMap::is_empty) {
+            self.intents.remove(key);
         }
+        if intent {
+            return Some(Call::Anyone);
+        }
+        let free = self.live(key, now).is_none();
+        (placed && first == Some(waiter) && free)
+            .then(|| self.queues.first(key).map(Call::Waiter))
+            .flatten()
     }
 
     /// As `release.lua` / `release_shared.lua`: whether `lease` held the key (and now
@@ -770,13 +789,15 @@ impl Store for MemoryBackend {
         key: &LockKey,
         waiter: u64,
     ) -> impl Future<Output = Result<(), LockError>> + Send {
-        let listeners = {
+        let called = {
             let mut s = store();
-            s.withdraw(key.full(), waiter);
-            s.listeners.clone()
+            let call = s.withdraw(key.full(), waiter, Instant::now());
+            call.map(|call| (call, s.listeners.clone()))
         };
-        for w in &listeners {
-            w.wake(key.full());
+        if let Some((call, listeners)) = called {
+            for w in &listeners {
+                w.wake_for(key.full(), call);
+            }
         }
         ready(Ok(()))
     }

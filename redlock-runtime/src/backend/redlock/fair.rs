@@ -3,10 +3,10 @@
 //! Each node keeps the key's queue as on one server (`acquire_fair.lua`), ordered by
 //! (ticket, waiter id), and grants only to its first waiter while the key is free. A
 //! new place takes the next ticket of its node's queue, so the nodes may give one waiter
-//! different tickets; the waiter then takes the greatest of them, asks every node again
-//! at once with it when all of them answered, and carries it on every later attempt (a
-//! node moves a place back to a greater ticket it is sent, and puts a place it lacks at
-//! the ticket sent).
+//! different tickets; the waiter then takes the greatest of them, settles its place on
+//! every node at once at that ticket (a round that moves places only, never granting),
+//! and carries it on every later attempt (a node moves a place back to a greater ticket
+//! it is sent, and puts a place it lacks at the ticket sent).
 //!
 //! Why that orders arrivals and cannot deadlock:
 //! - **Order.** Once a waiter's place holds one ticket `t` on a quorum, any later
@@ -32,7 +32,8 @@
 use std::sync::{Arc, Mutex};
 
 use super::{lock, RedlockBackend};
-use crate::wire::{Arrival, Attempt, Claim};
+use crate::backend::Store;
+use crate::wire::{Arrival, Attempt, Claim, Purpose};
 use crate::LockError;
 
 /// What the nodes said of a fair waiter's place in one attempt.
@@ -80,10 +81,10 @@ impl Tickets {
 
 impl RedlockBackend {
     /// A fair waiter's attempt (see the module's docs): the quorum's vote with its
-    /// place on every node; asked once more at once with the greatest ticket when every
-    /// node answered that it is not its turn, with tickets that differ. (Only then: a
-    /// node that granted, or whose reply was lost, has an undo of this attempt's token
-    /// on its way, which could delete a grant of the same token asked again.)
+    /// place on every node. When the nodes that answered gave its place tickets other
+    /// than the greatest, or some did not answer, its place is settled on every node at
+    /// the greatest at once: a second round that moves places only and never grants
+    /// (this attempt's undos may still be on their way, and must find nothing of it).
     pub(super) async fn acquire_fair(&self, claim: &Claim<'_>) -> Result<Attempt, LockError> {
         let tickets = Arc::new(Tickets::default());
         let attempt = self.acquire_quorum(claim, Some(&tickets)).await;
@@ -100,20 +101,22 @@ impl RedlockBackend {
         let (Attempt::Held { .. }, Some(arrival)) = (attempt, claim.arrival) else {
             return Ok(attempt);
         };
-        let agreed = Arrival {
-            ticket: seen.greatest.max(arrival.ticket),
-            ..arrival
-        };
-        if seen.queued == self.nodes.len() && seen.least != Some(agreed.ticket) {
-            let again = Claim {
-                arrival: Some(agreed),
+        let ticket = seen.greatest.max(arrival.ticket);
+        let settled = seen.queued == self.nodes.len() && seen.least == Some(ticket);
+        if !settled && ticket > 0 {
+            let settle = Claim {
+                arrival: Some(Arrival {
+                    ticket,
+                    purpose: Purpose::Settle,
+                    ..arrival
+                }),
                 ..*claim
             };
-            let retried = Arc::new(Tickets::default());
-            let attempt = self.acquire_quorum(&again, Some(&retried)).await?;
-            return Ok(queued(attempt, retried.seen(), agreed.ticket));
+            let timeout = self.node_timeout(claim.ttl);
+            self.on_all("settle", timeout, |node| node.acquire(&settle))
+                .await;
         }
-        Ok(queued(attempt, seen, agreed.ticket))
+        Ok(queued(attempt, seen, ticket))
     }
 }
 

@@ -12,7 +12,7 @@ use crate::key::LockKey;
 use crate::kind::Mode;
 use crate::scripts::{ACQUIRE, ACQUIRE_ALL, ACQUIRE_FAIR, ACQUIRE_SHARED};
 use crate::token::Token;
-use crate::wire::{Attempt, Claim, Flag, Publish, Together};
+use crate::wire::{Attempt, Claim, Flag, Publish, Purpose, Together};
 use crate::LockError;
 
 /// An acquire script's reply ([`Attempt`]'s `FromRedisValue`), a grant counting
@@ -122,6 +122,7 @@ fn fair_call(claim: &Claim<'_>, publish: Publish) -> ScriptCall {
         Some(a) => (a.waiter.to_string(), a.ticket, ttl_ms(a.heartbeat), a.bound),
         None => (String::new(), 0, 1, 0),
     };
+    let settle = claim.arrival.is_some_and(|a| a.purpose == Purpose::Settle);
     ScriptCall {
         script: &ACQUIRE_FAIR,
         keys: vec![
@@ -143,6 +144,11 @@ fn fair_call(claim: &Claim<'_>, publish: Publish) -> ScriptCall {
             heartbeat.to_string().into_bytes(),
             bound.to_string().into_bytes(),
             publish.command().as_bytes().to_vec(),
+            if settle {
+                b"place".to_vec()
+            } else {
+                Vec::new()
+            },
         ],
     }
 }

@@ -12,7 +12,7 @@ use super::renew::renew_call;
 use super::{decode, is_dropped, ttl_ms, ScriptCall};
 use crate::key::LockKey;
 use crate::kind::Mode;
-use crate::scripts::{EXTEND, FORCE_UNLOCK, RELEASE, RELEASE_SHARED};
+use crate::scripts::{EXTEND, FORCE_UNLOCK, RELEASE, RELEASE_SHARED, WITHDRAW};
 use crate::token::Token;
 use crate::wire::Seen;
 use crate::wire::{LeaseRef, Publish, Renewal, ReplicaWait};
@@ -91,24 +91,23 @@ fn ttl_ms_or_zero(d: Duration) -> u64 {
     u64::try_from(d.as_millis() + u128::from(partial)).unwrap_or(u64::MAX)
 }
 
-/// The withdrawal of `waiter` from `key`: a writer's intent or a fair waiter's place
-/// (`ZREM`s of both: a waiter's id is random), and a wake-up by `publish` for the
-/// readers an intent kept out, or the waiter behind a place.
-pub(crate) fn withdraw_pipe(key: &LockKey, waiter: u64, publish: Publish) -> redis::Pipeline {
-    let mut pipe = redis::pipe();
-    pipe.cmd("ZREM")
-        .arg(key.intents())
-        .arg(waiter)
-        .cmd("ZREM")
-        .arg(key.queue())
-        .arg(waiter)
-        .cmd("ZREM")
-        .arg(key.heartbeats())
-        .arg(waiter)
-        .cmd(publish.command())
-        .arg(key.full())
-        .arg("");
-    pipe
+/// The withdrawal of `waiter` from `key` (`withdraw.lua`): a writer's intent or a fair
+/// waiter's place, and a wake-up by `publish` for the readers an intent kept out, or the
+/// fair waiter first behind a place.
+pub(crate) fn withdraw_call(key: &LockKey, waiter: u64, publish: Publish) -> ScriptCall {
+    ScriptCall {
+        script: &WITHDRAW,
+        keys: vec![
+            key.full().to_owned(),
+            key.intents(),
+            key.queue(),
+            key.heartbeats(),
+        ],
+        args: vec![
+            waiter.to_string().into_bytes(),
+            publish.command().as_bytes().to_vec(),
+        ],
+    }
 }
 
 /// `force_unlock.lua` for `key` on `con` (waking by `publish`), whoever holds it or only

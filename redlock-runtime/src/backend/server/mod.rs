@@ -29,7 +29,7 @@ pub(crate) use self::inspect::{
     MAX_SCAN_STEPS,
 };
 pub(crate) use self::lease::{
-    extend_lease, force_unlock_on, release_call, release_lease, withdraw_pipe, LeaseSender, Resend,
+    extend_lease, force_unlock_on, release_call, release_lease, withdraw_call, LeaseSender, Resend,
 };
 pub(crate) use self::renew::{
     chunk_outcomes, in_batch_order, renew_call, renew_calls, renew_groups, renew_in_parts,
