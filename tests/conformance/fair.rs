@@ -78,7 +78,8 @@ pub async fn fair_grants_in_arrival_order<H: Harness>(h: &H) {
     for task in tasks {
         task.await.unwrap();
     }
-    let grants = grants.lock().unwrap();
+    // A copy: no guard held across the awaits below.
+    let grants = grants.lock().unwrap().clone();
     let order: Vec<usize> = grants.iter().map(|g| g.0).collect();
     assert_eq!(
         order,
