@@ -312,7 +312,7 @@ impl Guard {
 }
 
 /// The lock a client holds: the guard, its grants' indices in the client's record (one
-/// per key), its ttl, and what call took it (`lock`, `write`, `read`, `permit`,
+/// per key), its ttl, and what call took it (`lock`, `write`, `fair`, `read`, `permit`,
 /// `lock_all`), for the counts.
 struct Held {
     guard: Guard,
