@@ -496,6 +496,24 @@ impl Ask<'_> {
         }
     }
 
+    /// What is asked instead in the calm spell, where a key is taken only by a waiter of
+    /// it (nor are there single attempts or cancelled acquires, see [`acquire`]):
+    /// * a `lock` of a `lock_all`'s first key: its attempts hold free keys for a moment,
+    ///   which would take a key a waiter failed to be woken for, and hide that;
+    /// * a `lock` for a fair ask: a fair waiter may rightly wait up to
+    ///   `FAIR_PLACE_LASTS` behind a place whose withdrawal a fault lost before the
+    ///   spell (see the module doc); the fair queues are judged by [`drain`] instead.
+    fn in_calm(self) -> Self {
+        match self {
+            Ask::All(all) => Ask::Exclusive {
+                key: all[0],
+                write: false,
+            },
+            Ask::Fair(key) => Ask::Exclusive { key, write: false },
+            ask => ask,
+        }
+    }
+
     /// The call's name, for the counts.
     fn call(&self) -> &'static str {
         match self {
@@ -553,21 +571,8 @@ async fn acquire(
 ) -> Option<Held> {
     let calm = keys.calm.load(std::sync::atomic::Ordering::Relaxed);
     let mut ask = Ask::random(keys, rng);
-    // In the calm spell a key is taken only by a waiter of it: no `lock_all` (its
-    // attempts hold free keys for a moment), no single attempts, no cancelled acquire,
-    // each of which would take a key a waiter failed to be woken for, and hide that.
-    // No fair waiter begins in it either: one may rightly wait up to FAIR_PLACE_LASTS
-    // behind a place whose withdrawal a fault lost before the spell (see the module
-    // doc); the fair queues are judged by the drain check instead.
-    match (calm, &ask) {
-        (true, Ask::All(all)) => {
-            ask = Ask::Exclusive {
-                key: all[0],
-                write: false,
-            };
-        }
-        (true, &Ask::Fair(key)) => ask = Ask::Exclusive { key, write: false },
-        _ => {}
+    if calm {
+        ask = ask.in_calm();
     }
     let call = ask.call();
     // Mostly short ttls: the watchdog renews every ttl/3 (100-300 ms), racing extends.
