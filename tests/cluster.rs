@@ -871,6 +871,65 @@ async fn cross_slot_resubscription_after_reconnect(h: &Cluster) {
     }
 }
 
+/// Regression (issue 26, found by the s10 nemesis on Cluster: fencing-order violations,
+/// plain `lock`, `write` and `read` grants with token 1 or 2 after higher ones, seeds
+/// 1583473772394858614, 5888347487354771723, 2244018780533843421, 229626892938142020): a
+/// waiter whose wait ran out withdrew its intent (or its fair place) with a pipeline of
+/// four commands on the key's master, of which the cluster read 2 replies
+/// (`route_pipeline(pipe, 0, 2, ..)`, written when the pipeline had two). Requests in
+/// flight on that node's connection got the two left over as theirs: here `try_lock` of
+/// a held key answered `Some` guard with token 1, or "fencing token 0 is not positive",
+/// 22–29 times a run. A withdrawal is now one script call (`withdraw.lua`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_withdrawal_leaves_no_reply_behind() {
+    let _serial = SERIAL.lock().await;
+    let h = Cluster::start().await;
+    let holder = h.builder().build().await.unwrap();
+    let waiter = h.builder().build().await.unwrap();
+    // One slot: the withdrawals and the other requests go to one master, on one
+    // connection; a reply left over goes to a request in flight there.
+    let (waited, other) = ("withdraw_{w}:a", "withdraw_{w}:b");
+    let _a = holder.lock(waited).await.unwrap();
+    let _b = holder.lock(other).await.unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let wrong = Arc::new(AtomicUsize::new(0));
+    let askers: Vec<_> = (0..4)
+        .map(|_| {
+            let (locks, stop, wrong) = (waiter.clone(), stop.clone(), wrong.clone());
+            tokio::spawn(async move {
+                // Bounded by `stop`, set after the rounds below.
+                while !stop.load(Ordering::SeqCst) {
+                    let got = locks.try_lock(other).await;
+                    if !matches!(got, Ok(None)) && wrong.fetch_add(1, Ordering::SeqCst) < 3 {
+                        println!(
+                            "a key held by another manager: {:?}",
+                            got.map(|g| g.map(|g| g.fencing_token()))
+                        );
+                    }
+                }
+            })
+        })
+        .collect();
+    for round in 0..20 {
+        let wait = LockOptions::new().wait(Duration::from_millis(50));
+        let r = waiter.lock_with(waited, wait).await;
+        assert!(
+            matches!(r, Err(LockError::Timeout { .. })),
+            "round {round}: {r:?}"
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    stop.store(true, Ordering::SeqCst);
+    for a in askers {
+        a.await.unwrap();
+    }
+    assert_eq!(
+        wrong.load(Ordering::SeqCst),
+        0,
+        "try_lock of a held key answered with something else than None"
+    );
+}
+
 /// A release between the subscriber's disconnection and its resubscription still wakes
 /// its waiter: the subscriber's connection to every node is killed at once (see the
 /// conformance module).

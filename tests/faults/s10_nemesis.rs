@@ -3,8 +3,10 @@
 //! Several clients (five `LockManager`s in this process, two tasks each) contend on a few keys
 //! with random operations — acquisitions of every kind (ttl 300 ms–2 s, short waits, some
 //! cancelled by a short timeout, one in eight with `hold_at_least` up to 600 ms):
-//! `lock_with` or `write_with` (40 %) and `read_with` (20 %) on four keys, `permit_with`
-//! (20 %) on two permit keys of 2 and 3 permits, `lock_all_with` (20 %, waiting
+//! exclusive asks (40 %: `lock_with` 20 %, `write_with` about 7 %, `fair_with` about
+//! 13 %, so fair holders and waiters meet plain ones on the same keys, which do not
+//! queue and may go ahead of the fair queue) and `read_with` (20 %) on four keys,
+//! `permit_with` (20 %) on two permit keys of 2 and 3 permits, `lock_all_with` (20 %, waiting
 //! 100–800 ms) over 2–3 of the four keys in random order (in every other round the four
 //! share a hash slot); then, on whatever guard it got (a `LockGuard` or a
 //! `MultiGuard`), `extend` (longer and shorter than the current ttl, some cancelled
@@ -39,7 +41,8 @@
 //! be re-armed by it); and each round has a **calm spell** of 3 s with no fault at all,
 //! in which acquisitions favour long ttls (2–5 s) and long waits (2–4 s) and nothing but
 //! a waiter takes a key (no `lock_all`, single attempts or cancelled acquires), so that
-//! a waiter not woken shows as a long gap.
+//! a waiter not woken shows as a long gap; no fair waiter begins in it (a fair ask is a
+//! `lock` there, see below).
 //!
 //! Every client samples `is_held()` every 1–5 ms while it holds a lock (also while an
 //! operation is in flight), and right before and after each operation, reading the clock
@@ -57,10 +60,26 @@
 //! faults, `hold_at_least` keeps, waits that ran out and writers' intents cause no false
 //! positive); a gap over `WAKE_BOUND` (1 s) fails the run.
 //!
-//! The test prints per backend: rounds, operations by call and outcome, faults by kind,
-//! grants by kind, violations (the first few in detail, with the seed), waits watched,
-//! gaps judged and the worst wake-up gap (explained), and fails when there is any
-//! violation, a gap over the bound, no wait watched, or a kind never granted.
+//! Fair locks: their holders are exclusive holders for the safety checker (no other
+//! believed holder of the key, fencing order). Their liveness is "the queue always
+//! drains", judged by [`drain`] rather than by the calm spells' wake-up bound: a fair
+//! waiter may rightly wait up to `FAIR_PLACE_LASTS` (3 s) plus a heartbeat (1 s) behind
+//! a place whose withdrawal a fault lost before the spell (the server reclaims it by its
+//! clock), longer than the spell leaves to judge, while the poller sees the key
+//! grantable; so no fair waiter begins in a calm spell (a fair ask is a `lock` there,
+//! as a `lock_all` is), and those begun before it are never eligible (see
+//! [`redlock_faults::liveness`]). Instead, at the end of each round, once the clients
+//! stopped and every fault healed, every lock key's fair queue (`:~queue` and
+//! `:~heartbeats`, on every node holding the key's slot) must be empty within
+//! `FAIR_PLACE_LASTS` + 2 s, or the run fails naming the key and what was left.
+//!
+//! The test prints per backend: rounds, operations by call (`lock`, `write`, `fair`,
+//! `read`, `permit`, `lock_all`) and outcome, faults by kind, grants by kind (a fair
+//! grant is an exclusive one), violations (the first few in detail, with the seed),
+//! waits watched, gaps judged and the worst wake-up gap (explained), the fair queues'
+//! drain (keys not yet empty when the check began, the slowest drain, those left), and
+//! fails when there is any violation, a gap over the bound, a fair queue not drained, no
+//! wait watched, or a kind never granted (a fair lock included).
 //!
 //! Run sizes: the default run takes about 20 s per backend (single, Cluster 3+3, Redlock
 //! over 3 masters, primary + replica); `REDLOCK_SOAK=1` about 220 s per backend (Redlock
@@ -88,6 +107,7 @@ use tokio::time::Instant;
 
 use crate::support::{require_redis, soak, unique, HEAVY};
 
+mod drain;
 mod poll;
 mod replicated;
 
@@ -292,7 +312,7 @@ impl Guard {
 }
 
 /// The lock a client holds: the guard, its grants' indices in the client's record (one
-/// per key), its ttl, and what call took it (`lock`, `write`, `read`, `permit`,
+/// per key), its ttl, and what call took it (`lock`, `write`, `fair`, `read`, `permit`,
 /// `lock_all`), for the counts.
 struct Held {
     guard: Guard,
@@ -431,6 +451,8 @@ enum Ask<'k> {
         key: &'k str,
         write: bool,
     },
+    /// `fair_with`: exclusive, in the order of arrival on the server.
+    Fair(&'k str),
     Read(&'k str),
     Permit(&'k str, u32),
     /// `lock_all_with` over these keys, in this (random) order.
@@ -438,8 +460,9 @@ enum Ask<'k> {
 }
 
 impl Ask<'_> {
-    /// A random ask over `keys`: exclusive 40 % (a quarter of it `write`), read 20 %,
-    /// permit 20 %, `lock_all` 20 % (over 2 keys, a quarter of the time 3).
+    /// A random ask over `keys`: exclusive 40 % (a third of it `fair`, a sixth
+    /// `write`, the rest `lock`), read 20 %, permit 20 %, `lock_all` 20 % (over 2 keys,
+    /// a quarter of the time 3).
     /// With `min_replicas` (an `InvalidOption` for readers and permits) a read is a
     /// write and a permit a lock.
     fn random<'k>(keys: &'k Keys, rng: &mut fastrand::Rng) -> Ask<'k> {
@@ -452,9 +475,12 @@ impl Ask<'_> {
             };
         }
         match choice {
-            0..=3 => Ask::Exclusive {
-                key,
-                write: rng.u8(..4) == 0,
+            0..=3 => match rng.u8(..6) {
+                0 | 1 => Ask::Fair(key),
+                share => Ask::Exclusive {
+                    key,
+                    write: share == 2,
+                },
             },
             4 | 5 => Ask::Read(key),
             6 | 7 => {
@@ -470,11 +496,30 @@ impl Ask<'_> {
         }
     }
 
+    /// What is asked instead in the calm spell, where a key is taken only by a waiter of
+    /// it (nor are there single attempts or cancelled acquires, see [`acquire`]):
+    /// * a `lock` of a `lock_all`'s first key: its attempts hold free keys for a moment,
+    ///   which would take a key a waiter failed to be woken for, and hide that;
+    /// * a `lock` for a fair ask: a fair waiter may rightly wait up to
+    ///   `FAIR_PLACE_LASTS` behind a place whose withdrawal a fault lost before the
+    ///   spell (see the module doc); the fair queues are judged by [`drain`] instead.
+    fn in_calm(self) -> Self {
+        match self {
+            Ask::All(all) => Ask::Exclusive {
+                key: all[0],
+                write: false,
+            },
+            Ask::Fair(key) => Ask::Exclusive { key, write: false },
+            ask => ask,
+        }
+    }
+
     /// The call's name, for the counts.
     fn call(&self) -> &'static str {
         match self {
             Ask::Exclusive { write: false, .. } => "lock",
             Ask::Exclusive { write: true, .. } => "write",
+            Ask::Fair(_) => "fair",
             Ask::Read(_) => "read",
             Ask::Permit(..) => "permit",
             Ask::All(_) => "lock_all",
@@ -484,7 +529,9 @@ impl Ask<'_> {
     /// The key of a single-key ask (`None` for `lock_all`).
     fn key(&self) -> Option<&str> {
         match self {
-            Ask::Exclusive { key, .. } | Ask::Read(key) | Ask::Permit(key, _) => Some(key),
+            Ask::Exclusive { key, .. } | Ask::Fair(key) | Ask::Read(key) | Ask::Permit(key, _) => {
+                Some(key)
+            }
             Ask::All(_) => None,
         }
     }
@@ -494,7 +541,7 @@ impl Ask<'_> {
         match self {
             Ask::Read(_) => Hold::Read,
             Ask::Permit(_, n) => Hold::Permit(*n),
-            Ask::Exclusive { .. } | Ask::All(_) => Hold::Exclusive,
+            Ask::Exclusive { .. } | Ask::Fair(_) | Ask::All(_) => Hold::Exclusive,
         }
     }
 
@@ -506,6 +553,7 @@ impl Ask<'_> {
             Ask::Exclusive { key, write: true } => {
                 locks.write_with(key, opts).await.map(Guard::One)
             }
+            Ask::Fair(key) => locks.fair_with(key, opts).await.map(Guard::One),
             Ask::Read(key) => locks.read_with(key, opts).await.map(Guard::One),
             Ask::Permit(key, n) => locks.permit_with(key, *n, opts).await.map(Guard::One),
             Ask::All(keys) => locks.lock_all_with(keys, opts).await.map(Guard::All),
@@ -523,14 +571,8 @@ async fn acquire(
 ) -> Option<Held> {
     let calm = keys.calm.load(std::sync::atomic::Ordering::Relaxed);
     let mut ask = Ask::random(keys, rng);
-    // In the calm spell a key is taken only by a waiter of it: no `lock_all` (its
-    // attempts hold free keys for a moment), no single attempts, no cancelled acquire,
-    // each of which would take a key a waiter failed to be woken for, and hide that.
-    if let (true, Ask::All(all)) = (calm, &ask) {
-        ask = Ask::Exclusive {
-            key: all[0],
-            write: false,
-        };
+    if calm {
+        ask = ask.in_calm();
     }
     let call = ask.call();
     // Mostly short ttls: the watchdog renews every ttl/3 (100-300 ms), racing extends.
@@ -1282,6 +1324,14 @@ struct Report {
     gap_details: Vec<String>,
     /// The worst wake-up gap, explained.
     worst_gap: String,
+    /// Rounds whose fair queues were checked for the drain ([`drain`]).
+    drains: usize,
+    /// Keys whose fair queue was not yet empty when the drain check began.
+    left_at_start: usize,
+    /// The longest drain, from the check's start.
+    slowest_drain: Duration,
+    /// The fair queues that did not drain within [`drain::DRAIN_BOUND`], explained.
+    stuck: Vec<String>,
 }
 
 /// The believing holder's last extend before the other grant returned (the usual
@@ -1477,14 +1527,13 @@ struct RoundLogs {
 async fn play_round(
     kind: Kind,
     setup: &mut Setup,
-    (round, rng): (usize, &mut fastrand::Rng),
+    (round, rng, keys): (usize, &mut fastrand::Rng, &Arc<Keys>),
     report: &mut Report,
 ) -> (
     RoundLogs,
     FaultLog,
     BTreeMap<String, Vec<redlock_faults::liveness::Sample>>,
 ) {
-    let keys = Arc::new(round_keys(round, kind == Kind::Replicated));
     let now = Instant::now();
     let end = now + ROUND;
     let gate = CalmGate {
@@ -1495,7 +1544,7 @@ async fn play_round(
     };
     let poller = tokio::spawn(poll::run(
         setup.servers.poll_plan(),
-        poll_keys(&keys, kind),
+        poll_keys(keys, kind),
         end,
     ));
     // Client `id` is task `id % TASKS` of manager `id / TASKS`.
@@ -1505,7 +1554,7 @@ async fn play_round(
             tokio::spawn(client(
                 id,
                 setup.managers[id / TASKS].clone(),
-                Arc::clone(&keys),
+                Arc::clone(keys),
                 fastrand::Rng::with_seed(client_seed),
                 end,
             ))
@@ -1669,6 +1718,26 @@ fn check_liveness(
     report.liveness.merge(found);
 }
 
+/// Checks that every fair queue of the round drains ([`drain`]), once its clients
+/// stopped and its faults healed; adds the findings to `report`.
+async fn check_drain(
+    servers: &Servers,
+    keys: &Keys,
+    (seed, round): (u64, usize),
+    report: &mut Report,
+) {
+    let found = drain::check(&servers.poll_plan(), &keys.locks).await;
+    report.drains += 1;
+    report.left_at_start += found.left_at_start;
+    report.slowest_drain = report.slowest_drain.max(found.took);
+    for left in found.stuck {
+        report.stuck.push(format!(
+            "  seed {seed}, round {round}: the fair queue of {left} (after {:?})",
+            found.took
+        ));
+    }
+}
+
 /// A wake-up gap with what the clients did on its key around it (ms from its start).
 fn explain_gap(
     gap: &liveness::Gap,
@@ -1733,10 +1802,12 @@ async fn run(kind: Kind) {
     let mut report = Report::default();
     let started = std::time::Instant::now();
     for round in 0..rounds {
+        let keys = Arc::new(round_keys(round, kind == Kind::Replicated));
         let (logs, faults, samples) =
-            play_round(kind, &mut setup, (round, &mut rng), &mut report).await;
+            play_round(kind, &mut setup, (round, &mut rng, &keys), &mut report).await;
         check_safety(kind, &logs, &faults, (seed, round), &mut report);
         check_liveness(&logs, &faults, &samples, (seed, round), &mut report);
+        check_drain(&setup.servers, &keys, (seed, round), &mut report).await;
         report.rounds += 1;
         // Let dropped guards be released before the next round's keys (they differ anyway).
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -1756,6 +1827,13 @@ async fn run(kind: Kind) {
         report.liveness.violations[0]
     );
     assert!(
+        report.stuck.is_empty(),
+        "s10 nemesis {kind:?}: {} fair queue(s) not drained within {:?} (seed {seed}; first: {})",
+        report.stuck.len(),
+        drain::DRAIN_BOUND,
+        report.stuck[0]
+    );
+    assert!(
         report.liveness.watched > 0,
         "s10 nemesis {kind:?}: no wait was watched in a calm spell: the run did not check liveness"
     );
@@ -1770,6 +1848,14 @@ async fn run(kind: Kind) {
             "s10 nemesis {kind:?}: no {hold} lock was ever granted: the run did not check that kind"
         );
     }
+    let fair_grants: u64 = ["fair: ok", "fair: ok, hold_at_least"]
+        .iter()
+        .filter_map(|name| report.ops.get(*name))
+        .sum();
+    assert!(
+        fair_grants > 0,
+        "s10 nemesis {kind:?}: no fair lock was ever granted: the run did not check that kind"
+    );
 }
 
 /// Prints what one backend's run saw: rounds, operations, faults, grants, violations,
@@ -1810,13 +1896,26 @@ fn print_report(kind: Kind, seed: u64, report: &Report, took: Duration) {
         l.worst.as_ref().map_or(String::new(), |g| format!(" ({g})")),
         l.violations.len(),
     );
+    println!(
+        "s10 nemesis {kind:?}: fair queues: {} rounds checked, {} key(s) not yet drained when the check began, slowest drain {:.1} ms, {} not drained within {:?}",
+        report.drains,
+        report.left_at_start,
+        report.slowest_drain.as_secs_f64() * 1e3,
+        report.stuck.len(),
+        drain::DRAIN_BOUND,
+    );
     if !report.suspects.is_empty() {
         println!(
             "s10 nemesis {kind:?}: grants involved in violations, by the holder's last extend: {:?}",
             report.suspects
         );
     }
-    for d in report.details.iter().chain(&report.gap_details) {
+    for d in report
+        .details
+        .iter()
+        .chain(&report.gap_details)
+        .chain(&report.stuck)
+    {
         println!("{d}");
     }
     if report.liveness.violations.is_empty() && !report.worst_gap.is_empty() {

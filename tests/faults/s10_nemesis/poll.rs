@@ -27,7 +27,7 @@ use redlock_faults::liveness::Sample;
 use tokio::time::Instant;
 
 /// The default key prefix of a `LockManager`.
-const PREFIX: &str = "lock:";
+pub(super) const PREFIX: &str = "lock:";
 /// Names per key passed to the script: its holders, its writers' intents, three permit
 /// places, and the key itself.
 const NAMES: usize = 6;
