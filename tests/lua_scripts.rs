@@ -1498,10 +1498,7 @@ fn a_withdrawal_wakes_only_whom_it_held_back() {
     // A writer's intent still wakes everyone: readers it kept out may enter.
     fence(&r.write(&token(5), 10_000, "", 0));
     assert!(held > 0);
-    assert_eq!(
-        refused(&r.write(&token(6), 10_000, "writer-6", 5_000)).0 > 0,
-        true
-    );
+    assert!(refused(&r.write(&token(6), 10_000, "writer-6", 5_000)).0 > 0);
     assert_eq!(withdraw(&mut r, "writer-6"), 1);
     assert_eq!(messages(&mut sub), vec![String::new()]);
 }
