@@ -928,12 +928,17 @@ async fn the_documented_operator_acl_is_enough() {
         locks.read("report_{1}").await.unwrap(),
     ];
     let _permit = locks.permit("slots_{3}", 2).await.unwrap();
+    let _fair = locks.fair("export_{5}").await.unwrap();
 
     let out = run(&url("operator"), &["--json", "list"]).await;
     assert_eq!(out.status.code(), Some(0));
     let all: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(all.as_array().unwrap().len(), 3, "{all}");
-    for (key, kind) in [("lock:buy_{42}", "exclusive"), ("lock:slots_{3}", "permit")] {
+    assert_eq!(all.as_array().unwrap().len(), 4, "{all}");
+    for (key, kind) in [
+        ("lock:buy_{42}", "exclusive"),
+        ("lock:slots_{3}", "permit"),
+        ("lock:export_{5}", "fair"),
+    ] {
         let out = run(&url("operator"), &["--json", "inspect", key]).await;
         assert_eq!(out.status.code(), Some(0));
         let info: Value = serde_json::from_slice(&out.stdout).unwrap();

@@ -279,6 +279,36 @@ async fn workload(
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
     permit.release().await.map_err(e("release permit"))?;
+    // A fair lock: a waiter queued behind it, woken by the release; one that gives up
+    // withdraws its place. And a leadership, resigned.
+    let fair = a.fair(&tagged).await.map_err(e("fair"))?;
+    let queued = {
+        let (b, key) = (b.clone(), tagged.clone());
+        tokio::spawn(async move {
+            b.fair_with(&key, LockOptions::new().wait(Duration::from_secs(5)))
+                .await
+        })
+    };
+    match a
+        .fair_with(&tagged, LockOptions::new().wait(Duration::from_millis(200)))
+        .await
+    {
+        Err(LockError::Timeout { .. }) => {}
+        other => return Err(format!("fair waiter giving up: {other:?}")),
+    }
+    fair.release().await.map_err(e("release fair"))?;
+    queued
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(e("fair waiter behind a holder"))?
+        .release()
+        .await
+        .map_err(e("release fair waiter"))?;
+    let leader = a
+        .leader(&format!("acl_{{{tag}}}"))
+        .await
+        .map_err(e("leader"))?;
+    leader.resign().await.map_err(e("resign"))?;
     // Several keys at once, and hold_at_least.
     let both = [tagged.clone(), format!("acl2_{{{tag}}}")];
     a.lock_all(&both)

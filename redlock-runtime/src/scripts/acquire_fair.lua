@@ -50,7 +50,7 @@ if waiter ~= '' then
       redis.call('ZADD', KEYS[4], ticket, waiter)
     end
   else
-    if redis.call('ZCARD', KEYS[4]) >= tonumber(ARGV[10]) then
+    if redis.call('ZCOUNT', KEYS[4], '-inf', '+inf') >= tonumber(ARGV[10]) then
       return redis.error_reply('QUEUEFULL the fair queue of ' .. KEYS[1] .. ' is full')
     end
     ticket = asked
