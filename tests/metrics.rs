@@ -259,14 +259,16 @@ async fn acquire_wait_hold_release_and_gauges_in_memory() {
     // The other kinds.
     let reader = locks.read_with("r_{1}", orders()).await.unwrap();
     let permit = locks.permit_with("p_{1}", 2, orders()).await.unwrap();
-    for kind in ["read", "permit"] {
+    let fair = locks.fair_with("f_{1}", orders()).await.unwrap();
+    for kind in ["read", "permit", "fair"] {
         let labels = [("outcome", "acquired"), ("kind", kind), ("name", "orders")];
         assert_eq!(seen.counter(ACQUIRE, &labels), 1, "{kind}");
         assert_eq!(seen.gauge("redlock_held", &[("kind", kind)]), 1.0, "{kind}");
     }
     reader.release().await.unwrap();
     permit.release().await.unwrap();
-    for kind in ["read", "permit"] {
+    fair.release().await.unwrap();
+    for kind in ["read", "permit", "fair"] {
         let labels = [("kind", kind), ("name", "orders")];
         assert_eq!(
             seen.samples("redlock_hold_seconds", &labels).len(),
