@@ -369,6 +369,8 @@ struct ClientLog {
     trace: Vec<Step>,
     /// Its single-key acquire calls with a wait, for the liveness checker.
     waits: Vec<Waiter>,
+    /// A leader candidate's counts ([`leader`]).
+    leader: leader::Tally,
 }
 
 impl ClientLog {
@@ -1555,6 +1557,40 @@ struct RoundLogs {
     waits: Vec<Waiter>,
 }
 
+/// Starts the round's clients, in their order as the checker numbers them: client `id <
+/// CLIENTS * TASKS` is task `id % TASKS` of manager `id / TASKS`; client
+/// `CLIENTS * TASKS + m` is manager `m`'s leader candidate.
+fn spawn_clients(
+    managers: &[LockManager],
+    keys: &Arc<Keys>,
+    rng: &mut fastrand::Rng,
+    end: Instant,
+) -> Vec<tokio::task::JoinHandle<ClientLog>> {
+    let mut tasks: Vec<_> = (0..CLIENTS * TASKS)
+        .map(|id| {
+            let client_seed = rng.u64(..);
+            tokio::spawn(client(
+                id,
+                managers[id / TASKS].clone(),
+                Arc::clone(keys),
+                fastrand::Rng::with_seed(client_seed),
+                end,
+            ))
+        })
+        .collect();
+    tasks.extend((0..CLIENTS).map(|m| {
+        let candidate_seed = rng.u64(..);
+        tokio::spawn(leader::candidate(
+            (CLIENTS * TASKS + m, m),
+            managers[m].clone(),
+            Arc::clone(keys),
+            fastrand::Rng::with_seed(candidate_seed),
+            end,
+        ))
+    }));
+    tasks
+}
+
 /// Runs one round: the clients, the nemesis (with its calm spell), the weather and the
 /// poller, until `ROUND` is over; adds the counts to `report`.
 async fn play_round(
@@ -1580,32 +1616,7 @@ async fn play_round(
         poll_keys(keys, kind),
         end,
     ));
-    // Client `id` is task `id % TASKS` of manager `id / TASKS`.
-    let tasks: Vec<_> = (0..CLIENTS * TASKS)
-        .map(|id| {
-            let client_seed = rng.u64(..);
-            tokio::spawn(client(
-                id,
-                setup.managers[id / TASKS].clone(),
-                Arc::clone(keys),
-                fastrand::Rng::with_seed(client_seed),
-                end,
-            ))
-        })
-        .collect();
-    // Leader candidate `m` is client `CLIENTS * TASKS + m`, of manager `m`.
-    let candidates: Vec<_> = (0..CLIENTS)
-        .map(|m| {
-            let candidate_seed = rng.u64(..);
-            tokio::spawn(leader::candidate(
-                (CLIENTS * TASKS + m, m),
-                setup.managers[m].clone(),
-                Arc::clone(keys),
-                fastrand::Rng::with_seed(candidate_seed),
-                end,
-            ))
-        })
-        .collect();
+    let tasks = spawn_clients(&setup.managers, keys, rng, end);
     // Redlock's per-node timeout is ttl/10 (30-200 ms here): a longer weather would
     // only make its requests fail.
     let max_delay = if kind == Kind::Redlock {
@@ -1647,25 +1658,13 @@ async fn play_round(
         waits: Vec::new(),
     };
     for task in tasks {
-        // Bounded: every client op is bounded by its wait, timeouts and the round's end.
+        // Bounded: every client op (a campaign, a hold) is bounded by its wait, timeouts
+        // and the round's end.
         let log = tokio::time::timeout(Duration::from_secs(30), task)
             .await
             .expect("client task ends")
             .expect("client task did not panic");
-        for (name, n) in log.ops {
-            *report.ops.entry(name).or_default() += n;
-        }
-        logs.grants.extend(log.grants);
-        logs.traces.push(log.trace);
-        logs.waits.extend(log.waits);
-    }
-    for task in candidates {
-        // Bounded: every campaign and hold is bounded by the round's end.
-        let (log, tally) = tokio::time::timeout(Duration::from_secs(30), task)
-            .await
-            .expect("leader candidate ends")
-            .expect("leader candidate did not panic");
-        report.leader.merge(&tally);
+        report.leader.merge(&log.leader);
         for (name, n) in log.ops {
             *report.ops.entry(name).or_default() += n;
         }

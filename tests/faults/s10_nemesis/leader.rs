@@ -172,7 +172,7 @@ pub(super) async fn candidate(
     keys: Arc<Keys>,
     mut rng: fastrand::Rng,
     end: Instant,
-) -> (ClientLog, Tally) {
+) -> ClientLog {
     let mut log = ClientLog::default();
     let mut tally = Tally::default();
     let me = Me {
@@ -193,7 +193,8 @@ pub(super) async fn candidate(
                 .await;
         }
     }
-    (log, tally)
+    log.leader = tally;
+    log
 }
 
 /// Who campaigns, and for what.
