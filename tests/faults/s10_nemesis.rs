@@ -1891,7 +1891,13 @@ async fn run(kind: Kind) {
         let (logs, faults, samples) =
             play_round(kind, &mut setup, (round, &mut rng, &keys), &mut report).await;
         check_safety(kind, &logs, &faults, (seed, round), &mut report);
-        check_liveness((&logs, &keys), &faults, &samples, (seed, round), &mut report);
+        check_liveness(
+            (&logs, &keys),
+            &faults,
+            &samples,
+            (seed, round),
+            &mut report,
+        );
         check_drain(&setup.servers, &keys, (seed, round), &mut report).await;
         report.rounds += 1;
         // Let dropped guards be released before the next round's keys (they differ anyway).

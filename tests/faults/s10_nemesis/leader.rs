@@ -134,7 +134,10 @@ impl Campaign {
             _ => between(rng, ms(300), ms(600)),
         };
         let (wait, limit) = if calm {
-            (between(rng, secs(2), secs(4)), between(rng, secs(2), secs(4)))
+            (
+                between(rng, secs(2), secs(4)),
+                between(rng, secs(2), secs(4)),
+            )
         } else {
             (
                 between(rng, Duration::ZERO, ms(2_500)),
@@ -249,8 +252,8 @@ impl Me<'_> {
         (log, tally): (&mut ClientLog, &mut Tally),
     ) {
         let sent = now_ns();
-        let result = tokio::time::timeout(c.limit, locks.leader_with(self.name, c.opts.clone()))
-            .await;
+        let result =
+            tokio::time::timeout(c.limit, locks.leader_with(self.name, c.opts.clone())).await;
         let returned = now_ns();
         self.waited(log, sent, returned);
         let leadership = match result {
@@ -272,14 +275,26 @@ impl Me<'_> {
             .push(Grant::new(self.id, key.clone(), term, sent, returned));
         let g = log.grants.len() - 1;
         let ttl = c.ttl;
-        Self::trace(log, &key, term, (sent, returned), format!("leader: elected (ttl {ttl:?})"));
+        Self::trace(
+            log,
+            &key,
+            term,
+            (sent, returned),
+            format!("leader: elected (ttl {ttl:?})"),
+        );
         let start = now_ns();
         let hold = c.hold(rng, end);
         if !hold_sampled(&leadership, hold, rng, &mut log.grants[g]).await {
             tally.lost += 1;
             bump(&mut log.ops, "leader: lost");
             drop(leadership);
-            Self::trace(log, &key, term, (start, now_ns()), "leader: found lost, drop".into());
+            Self::trace(
+                log,
+                &key,
+                term,
+                (start, now_ns()),
+                "leader: found lost, drop".into(),
+            );
             return;
         }
         let what = if rng.bool() {
@@ -294,7 +309,13 @@ impl Me<'_> {
             "drop"
         };
         bump(&mut log.ops, &format!("leader: {what}"));
-        Self::trace(log, &key, term, (start, now_ns()), format!("leader: hold {hold:?}, {what}"));
+        Self::trace(
+            log,
+            &key,
+            term,
+            (start, now_ns()),
+            format!("leader: hold {hold:?}, {what}"),
+        );
     }
 
     /// A `lead_with` call whose body holds for a random time; each term it won is
@@ -392,7 +413,11 @@ impl Me<'_> {
                 tally.lost += 1;
                 bump(&mut log.ops, "lead: body dropped on a loss");
             }
-            let what = if lost { "lead: body, lost" } else { "lead: body" };
+            let what = if lost {
+                "lead: body, lost"
+            } else {
+                "lead: body"
+            };
             Self::trace(log, &key, r.term, (r.entered, last), what.to_owned());
             campaign_from = last;
         }
