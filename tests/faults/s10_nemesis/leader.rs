@@ -30,19 +30,27 @@
 //! Liveness: the leader key is polled like the lock keys (`leader:{<name>}` in
 //! [`poll`](super::poll), under the manager's prefix) and judged by the same
 //! [`redlock_faults::liveness`] rule: in a calm spell, campaigns run 2–4 s with 2–4 s
-//! waits and 2–5 s ttls (mostly), leaders hold 50 ms–1.5 s, and the key must not stay
-//! grantable over the bound while a campaign begun in the spell runs. Each attempt of a
-//! campaign is the exclusive lock's own wait, and an attempt whose wait ran out is
-//! followed at once by the next (the runtime's `MIN_ATTEMPT` pause applies only to an
-//! attempt shorter than 1 s, i.e. one that failed), so a campaign waits as a `lock`
-//! waiter does — except after a failed attempt, which pauses until 1 s after the
-//! attempt began. Hence only campaigns begun at least `SETTLE` into a calm spell are
-//! judged ([`judged`]): by then no connection is broken and no fault acts,
-//! so no attempt fails (a `lock` waiter's failure would end its wait, and with it the
-//! judged gap; a campaign's does not). The one failure left, a replica that never
-//! synced after a failover (`ReplicasUnavailable` on every attempt), drops that round's
-//! campaigns from the liveness check (see `check_liveness`). Only a `lead_with`'s first
-//! campaign is recorded (the start of a later one is not observed).
+//! waits and 2–5 s ttls (mostly), leaders hold up to 1.5 s, and the key must not stay
+//! grantable over the bound while a campaign begun at least `SETTLE` into the spell
+//! runs. Why that is sound:
+//!
+//! * each attempt of a campaign is the exclusive lock's own wait, and an attempt whose
+//!   wait ran out is followed at once by the next (the runtime's `MIN_ATTEMPT` pause
+//!   applies only to an attempt shorter than 1 s, i.e. one that failed), so a campaign
+//!   waits as a `lock` waiter does — except after a failed attempt, which pauses until
+//!   1 s after the attempt began. Hence only campaigns begun at least `SETTLE` into a
+//!   calm spell are judged ([`judged`]): by then no connection is broken and no fault
+//!   acts, so no attempt fails (a `lock` waiter's failure would end its wait, and with
+//!   it the judged gap; a campaign's does not). The one failure left, a replica that
+//!   never synced after a failover (`ReplicasUnavailable` on every attempt), drops that
+//!   round's campaigns from the liveness check (see `check_liveness`);
+//! * a manager has one candidate, which campaigns once at a time, so no other wait of
+//!   its manager on the key (begun during a fault) holds a judged campaign back; only a
+//!   `lead_with`'s first campaign is recorded (the start of a later one, inside the
+//!   call, is not observed), which only judges less;
+//! * in the spell only campaigns take the key; one cancelled at its time limit may still
+//!   be granted and resign in the background: a short hold, which hides a gap, never
+//!   makes one.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
