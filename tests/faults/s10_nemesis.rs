@@ -1,8 +1,9 @@
 //! Scenario 10: the randomized nemesis.
 //!
-//! Several clients (five `LockManager`s in this process, two tasks each) contend on a few keys
-//! with random operations — acquisitions of every kind (ttl 300 ms–2 s, short waits, some
-//! cancelled by a short timeout, one in eight with `hold_at_least` up to 600 ms):
+//! Several clients (five `LockManager`s in this process, two tasks each, and a leader
+//! candidate each, see below) contend on a few keys with random operations —
+//! acquisitions of every kind (ttl 300 ms–2 s, short waits, some cancelled by a short
+//! timeout, one in eight with `hold_at_least` up to 600 ms):
 //! exclusive asks (40 %: `lock_with` 20 %, `write_with` about 7 %, `fair_with` about
 //! 13 %, so fair holders and waiters meet plain ones on the same keys, which do not
 //! queue and may go ahead of the fair queue) and `read_with` (20 %) on four keys,
@@ -73,13 +74,27 @@
 //! `:~heartbeats`, on every node holding the key's slot) must be empty within
 //! `FAIR_PLACE_LASTS` + 2 s, or the run fails naming the key and what was left.
 //!
+//! Leader election ([`leader`]): besides the two tasks, each manager runs a leader
+//! candidate, and the five contend for one leader name per round under the same faults:
+//! bounded campaigns (`leader_with`, or one in four `lead_with` whose body holds for a
+//! random time), then, once elected, `is_held()` sampled every 1–5 ms, a random hold, and
+//! `resign()` or a drop. Each term is an exclusive grant on the leader's lock key
+//! `lock:leader:{<name>}` with the term as its token, so the safety checker also checks
+//! that no two leaders believe at once and that terms strictly increase in grant order.
+//! The poller reads the leader key as a lock key, and the calm spell's wake-up bound
+//! judges it: the leadership must not stay vacant over `WAKE_BOUND` while a campaign
+//! begun at least `SETTLE` into the spell runs (see [`leader`] for why that is sound
+//! although a campaign, unlike a `lock`, goes on after a failed attempt).
+//!
 //! The test prints per backend: rounds, operations by call (`lock`, `write`, `fair`,
 //! `read`, `permit`, `lock_all`) and outcome, faults by kind, grants by kind (a fair
 //! grant is an exclusive one), violations (the first few in detail, with the seed),
 //! waits watched, gaps judged and the worst wake-up gap (explained), the fair queues'
-//! drain (keys not yet empty when the check began, the slowest drain, those left), and
-//! fails when there is any violation, a gap over the bound, a fair queue not drained, no
-//! wait watched, or a kind never granted (a fair lock included).
+//! drain (keys not yet empty when the check began, the slowest drain, those left), a
+//! `leader:` line (campaigns, elected, resigned, dropped, lost, timeouts, errors; the
+//! campaigns watched and vacancies judged in calm spells, the worst), and fails when
+//! there is any violation, a gap over the bound, a fair queue not drained, no wait
+//! watched, a kind never granted (a fair lock included), or nobody ever elected.
 //!
 //! Run sizes: the default run takes about 20 s per backend (single, Cluster 3+3, Redlock
 //! over 3 masters, primary + replica); `REDLOCK_SOAK=1` about 220 s per backend (Redlock
@@ -108,6 +123,7 @@ use tokio::time::Instant;
 use crate::support::{require_redis, soak, unique, HEAVY};
 
 mod drain;
+mod leader;
 mod poll;
 mod replicated;
 
@@ -262,6 +278,8 @@ struct Keys {
     locks: Vec<String>,
     /// Taken by `permit(key, n)`, each with its `n`.
     permits: Vec<(String, u32)>,
+    /// The leader name the round's candidates campaign for ([`leader`]).
+    leader: String,
     /// Whether every acquisition asks for `min_replicas(1)` (the replicated backend).
     min_replicas: bool,
     /// Set while the round's calm spell lasts: acquisitions then favour long ttls and
@@ -351,6 +369,8 @@ struct ClientLog {
     trace: Vec<Step>,
     /// Its single-key acquire calls with a wait, for the liveness checker.
     waits: Vec<Waiter>,
+    /// A leader candidate's counts ([`leader`]).
+    leader: leader::Tally,
 }
 
 impl ClientLog {
@@ -870,6 +890,9 @@ struct FaultLog {
     counts: Counts,
     trace: Vec<Step>,
     calm: Vec<Calm>,
+    /// Whether a failover ended without the new replica's acknowledgement: every
+    /// `min_replicas` attempt may fail then, calm or not (see [`leader`]).
+    unsynced: bool,
 }
 
 impl FaultLog {
@@ -1120,6 +1143,7 @@ async fn replica_fault(
             let freeze = rng.bool();
             let settle = between(rng, Duration::ZERO, Duration::from_millis(200));
             let what = set.failover(proxies, freeze, settle).await;
+            faults.unsynced |= what.contains("NOT synced");
             faults.note("failover", start, &format!("({what})"));
         }
     }
@@ -1332,6 +1356,10 @@ struct Report {
     slowest_drain: Duration,
     /// The fair queues that did not drain within [`drain::DRAIN_BOUND`], explained.
     stuck: Vec<String>,
+    /// Leader election's counts.
+    leader: leader::Tally,
+    /// The leader keys' share of the liveness findings (already in `liveness`).
+    leader_liveness: Liveness,
 }
 
 /// The believing holder's last extend before the other grant returned (the usual
@@ -1378,14 +1406,15 @@ fn explain(
     let ms = |t: u64| redlock_faults::clock::ms(base, t);
     let mut out = format!("  seed {seed}, round {round}: {v}\n");
     for g in &grants {
+        let who = if g.client >= CLIENTS * TASKS {
+            format!("manager {}, leader candidate", g.client - CLIENTS * TASKS)
+        } else {
+            format!("manager {}, task {}", g.client / TASKS, g.client % TASKS)
+        };
         let _ = writeln!(
             out,
-            "    client {} = manager {}, task {} ({}, token {}):",
-            g.client,
-            g.client / TASKS,
-            g.client % TASKS,
-            g.hold,
-            g.token
+            "    client {} = {who} ({}, token {}):",
+            g.client, g.hold, g.token
         );
         let steps = traces.get(g.client).map_or(&[][..], Vec::as_slice);
         for st in steps.iter().filter(|st| st.on(g)) {
@@ -1495,12 +1524,14 @@ fn round_keys(round: usize, min_replicas: bool) -> Keys {
             .enumerate()
             .map(|(k, &n)| (format!("{{{}}}", unique(&format!("permits{k}"))), n))
             .collect(),
+        leader: unique("nemesis-leader"),
         min_replicas,
         calm: Arc::default(),
     }
 }
 
-/// What the liveness poller watches in a round: every key, permit keys judged by count
+/// What the liveness poller watches in a round: every key (the leader's too, as a lock
+/// key), permit keys judged by count
 /// except on Redlock (where a permit is one of `n` places, judged free only when all
 /// are).
 fn poll_keys(keys: &Keys, kind: Kind) -> Vec<poll::PollKey> {
@@ -1512,7 +1543,11 @@ fn poll_keys(keys: &Keys, kind: Kind) -> Vec<poll::PollKey> {
         key: k.clone(),
         permits: (kind != Kind::Redlock).then_some(*n),
     });
-    locks.chain(permits).collect()
+    let leader = std::iter::once(poll::PollKey {
+        key: leader::poll_key(&keys.leader),
+        permits: None,
+    });
+    locks.chain(permits).chain(leader).collect()
 }
 
 /// What the clients of one round recorded.
@@ -1520,6 +1555,40 @@ struct RoundLogs {
     grants: Vec<Grant>,
     traces: Vec<Vec<Step>>,
     waits: Vec<Waiter>,
+}
+
+/// Starts the round's clients, in their order as the checker numbers them: client `id <
+/// CLIENTS * TASKS` is task `id % TASKS` of manager `id / TASKS`; client
+/// `CLIENTS * TASKS + m` is manager `m`'s leader candidate.
+fn spawn_clients(
+    managers: &[LockManager],
+    keys: &Arc<Keys>,
+    rng: &mut fastrand::Rng,
+    end: Instant,
+) -> Vec<tokio::task::JoinHandle<ClientLog>> {
+    let mut tasks: Vec<_> = (0..CLIENTS * TASKS)
+        .map(|id| {
+            let client_seed = rng.u64(..);
+            tokio::spawn(client(
+                id,
+                managers[id / TASKS].clone(),
+                Arc::clone(keys),
+                fastrand::Rng::with_seed(client_seed),
+                end,
+            ))
+        })
+        .collect();
+    tasks.extend((0..CLIENTS).map(|m| {
+        let candidate_seed = rng.u64(..);
+        tokio::spawn(leader::candidate(
+            (CLIENTS * TASKS + m, m),
+            managers[m].clone(),
+            Arc::clone(keys),
+            fastrand::Rng::with_seed(candidate_seed),
+            end,
+        ))
+    }));
+    tasks
 }
 
 /// Runs one round: the clients, the nemesis (with its calm spell), the weather and the
@@ -1547,19 +1616,7 @@ async fn play_round(
         poll_keys(keys, kind),
         end,
     ));
-    // Client `id` is task `id % TASKS` of manager `id / TASKS`.
-    let tasks: Vec<_> = (0..CLIENTS * TASKS)
-        .map(|id| {
-            let client_seed = rng.u64(..);
-            tokio::spawn(client(
-                id,
-                setup.managers[id / TASKS].clone(),
-                Arc::clone(keys),
-                fastrand::Rng::with_seed(client_seed),
-                end,
-            ))
-        })
-        .collect();
+    let tasks = spawn_clients(&setup.managers, keys, rng, end);
     // Redlock's per-node timeout is ttl/10 (30-200 ms here): a longer weather would
     // only make its requests fail.
     let max_delay = if kind == Kind::Redlock {
@@ -1601,11 +1658,13 @@ async fn play_round(
         waits: Vec::new(),
     };
     for task in tasks {
-        // Bounded: every client op is bounded by its wait, timeouts and the round's end.
+        // Bounded: every client op (a campaign, a hold) is bounded by its wait, timeouts
+        // and the round's end.
         let log = tokio::time::timeout(Duration::from_secs(30), task)
             .await
             .expect("client task ends")
             .expect("client task did not panic");
+        report.leader.merge(&log.leader);
         for (name, n) in log.ops {
             *report.ops.entry(name).or_default() += n;
         }
@@ -1673,7 +1732,7 @@ fn check_safety(
 /// Checks one round's wake-ups ([`redlock_faults::liveness`]); adds the findings (the
 /// first few gaps over the bound explained) to `report`.
 fn check_liveness(
-    logs: &RoundLogs,
+    (logs, keys): (&RoundLogs, &Keys),
     faults: &FaultLog,
     samples: &BTreeMap<String, Vec<redlock_faults::liveness::Sample>>,
     (seed, round): (u64, usize),
@@ -1685,18 +1744,44 @@ fn check_liveness(
         settle: nanos(SETTLE),
         max_sample_gap: nanos(MAX_SAMPLE_GAP),
     };
-    // A grant of a key ends a gap of either of its series.
+    // A grant of a key ends a gap of either of its series (a leader's grant is on the
+    // full key, `lock:leader:{<name>}`, polled without the prefix).
     let returned: Vec<(String, u64)> = logs
         .grants
         .iter()
         .flat_map(|g| {
+            let series = g.key.strip_prefix(poll::PREFIX).unwrap_or(&g.key);
             [
-                (g.key.clone(), g.returned),
-                (poll::reader_series(&g.key), g.returned),
+                (series.to_owned(), g.returned),
+                (poll::reader_series(series), g.returned),
             ]
         })
         .collect();
-    let found = liveness::check(samples, &returned, &logs.waits, &faults.calm, rules);
+    // Leader campaigns are judged only when begun a settle into a calm spell, and not in
+    // a round whose failover left the replica unsynced (see [`leader`]).
+    let leader_key = leader::poll_key(&keys.leader);
+    let waits: Vec<Waiter> = logs
+        .waits
+        .iter()
+        .filter(|w| {
+            w.key != leader_key
+                || (!faults.unsynced && leader::judged(w, &faults.calm, rules.settle))
+        })
+        .cloned()
+        .collect();
+    let found = liveness::check(samples, &returned, &waits, &faults.calm, rules);
+    let leader_samples: BTreeMap<String, Vec<liveness::Sample>> = samples
+        .iter()
+        .filter(|(k, _)| **k == leader_key)
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    report.leader_liveness.merge(liveness::check(
+        &leader_samples,
+        &returned,
+        &waits,
+        &faults.calm,
+        rules,
+    ));
     report.polls += samples.values().map(Vec::len).sum::<usize>();
     if let Some(worst) = &found.worst {
         if report
@@ -1806,7 +1891,13 @@ async fn run(kind: Kind) {
         let (logs, faults, samples) =
             play_round(kind, &mut setup, (round, &mut rng, &keys), &mut report).await;
         check_safety(kind, &logs, &faults, (seed, round), &mut report);
-        check_liveness(&logs, &faults, &samples, (seed, round), &mut report);
+        check_liveness(
+            (&logs, &keys),
+            &faults,
+            &samples,
+            (seed, round),
+            &mut report,
+        );
         check_drain(&setup.servers, &keys, (seed, round), &mut report).await;
         report.rounds += 1;
         // Let dropped guards be released before the next round's keys (they differ anyway).
@@ -1848,6 +1939,11 @@ async fn run(kind: Kind) {
             "s10 nemesis {kind:?}: no {hold} lock was ever granted: the run did not check that kind"
         );
     }
+    assert!(
+        report.leader.elected > 0,
+        "s10 nemesis {kind:?}: nobody was ever elected leader in {} campaigns: the run did not check leader election",
+        report.leader.campaigns
+    );
     let fair_grants: u64 = ["fair: ok", "fair: ok, hold_at_least"]
         .iter()
         .filter_map(|name| report.ops.get(*name))
@@ -1903,6 +1999,22 @@ fn print_report(kind: Kind, seed: u64, report: &Report, took: Duration) {
         report.slowest_drain.as_secs_f64() * 1e3,
         report.stuck.len(),
         drain::DRAIN_BOUND,
+    );
+    let (t, ll) = (&report.leader, &report.leader_liveness);
+    println!(
+        "s10 nemesis {kind:?}: leader: {} campaigns, {} elected, {} resigned, {} dropped, {} lost, {} timeouts, {} errors; \
+         {} campaigns watched and {} vacancies judged in calm spells, worst {:.1} ms{}",
+        t.campaigns,
+        t.elected,
+        t.resigned,
+        t.dropped,
+        t.lost,
+        t.timeouts,
+        t.errors,
+        ll.watched,
+        ll.judged,
+        ll.worst_ms(),
+        ll.worst.as_ref().map_or(String::new(), |g| format!(" ({g})")),
     );
     if !report.suspects.is_empty() {
         println!(
