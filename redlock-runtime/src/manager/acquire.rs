@@ -489,6 +489,21 @@ mod tests {
         held.release().await.unwrap();
     }
 
+    /// Waits (at most about a second) until `key`'s fair queue holds `n` waiters.
+    async fn until_queued(locks: &LockManager, key: &str, n: u32) {
+        for _ in 0..500 {
+            if locks
+                .inspect(key)
+                .await
+                .unwrap()
+                .is_some_and(|i| i.queued == n)
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
     /// Regression (issue 26, found by the benchmark's `fair` row: 6.8 attempts per
     /// release with 8 waiters in each manager): a release by this process woke every
     /// local fair waiter of the key (`path::tell` called anyone), and each of them
@@ -507,17 +522,7 @@ mod tests {
                 let _ = granted.send(guard);
             });
         }
-        for _ in 0..500 {
-            if locks
-                .inspect(key)
-                .await
-                .unwrap()
-                .is_some_and(|i| i.queued == 8)
-            {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
+        until_queued(&locks, key, 8).await;
         tokio::time::sleep(Duration::from_millis(20)).await;
         let before = locks.0.attempts.load(Ordering::Relaxed);
         holder.release().await.unwrap();
@@ -544,17 +549,7 @@ mod tests {
                 let _ = locks.fair_with(key, wait).await;
             });
         }
-        for _ in 0..500 {
-            if locks
-                .inspect(key)
-                .await
-                .unwrap()
-                .is_some_and(|i| i.queued == 8)
-            {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
+        until_queued(&locks, key, 8).await;
         let short = LockOptions::new().wait(Duration::from_millis(30));
         let err = locks.fair_with(key, short).await.unwrap_err();
         assert!(matches!(err, LockError::Timeout { .. }), "{err}");
