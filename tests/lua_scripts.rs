@@ -1448,6 +1448,72 @@ fn a_fair_place_comes_back_at_its_ticket() {
     assert_eq!(first, vec!["30".to_owned()]);
 }
 
+impl Redis {
+    /// Calls of `command` the server has run, from `INFO commandstats`.
+    fn calls_of(&mut self, command: &str) -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query(&mut self.con)
+            .unwrap();
+        let prefix = format!("cmdstat_{command}:calls=");
+        info.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|rest| rest.split(',').next()?.parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+/// Issue 27 (cost per lock): a fair attempt that finds nobody queued and the key free is
+/// granted without making a place and taking it back (the gate's dozen calls skipped),
+/// and its release, with nobody queued, reads no clock and names nobody. A settling
+/// round of a Redlock waiter (`'place'`) still makes its place on a free key and is not
+/// granted.
+#[test]
+fn an_uncontended_fair_lock_makes_no_place() {
+    let mut r = redis();
+    let mut sub_con = r.subscriber();
+    let mut sub = listen(&mut sub_con, K);
+    let (places, clocks) = (r.calls_of("zadd"), r.calls_of("time"));
+    let granted = fence(&r.fair(&token(1), "10", 0, 3_000, 10).unwrap());
+    assert!(granted > 0);
+    assert_eq!(r.fair_release(&token(1)), 1);
+    assert_eq!(r.calls_of("zadd"), places, "no place made and removed");
+    assert_eq!(r.calls_of("time"), clocks, "no clock read");
+    assert_eq!(messages(&mut sub), vec![String::new()], "free for anyone");
+    assert!(!r.exists(Q) && !r.exists(B));
+    let script = [
+        include_str!("../redlock-runtime/src/scripts/acquire_fair.lua"),
+        ACQUIRE,
+    ]
+    .concat();
+    let settled: Value = r
+        .eval(
+            &script,
+            &[K, F, W, Q, B],
+            (
+                &token(2)[..],
+                30_000,
+                "",
+                "",
+                "",
+                "",
+                "20",
+                5,
+                3_000,
+                10,
+                "PUBLISH",
+                "place",
+            ),
+        )
+        .unwrap();
+    assert_eq!(
+        queued(&settled),
+        (-2, 5),
+        "placed at its ticket, not granted"
+    );
+    assert!(!r.exists(K));
+}
+
 /// Regression (issue 26 review, finding 1): a fair attempt granted with its reply lost
 /// and sent again (the connection's re-send, same token) found its place gone and a
 /// waiter queued meanwhile ahead of it: it was queued behind the key it held, told

@@ -31,7 +31,10 @@ if head ~= ARGV[1] then
   end
 end
 local wake
-if KEYS[2] then
+if KEYS[2] and redis.call('EXISTS', KEYS[2]) == 0 then
+  -- Nobody queued: nothing to drop, nobody to name.
+  wake = ''
+elseif KEYS[2] then
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   local gone = redis.call('ZRANGE', KEYS[3], '-inf', now, 'BYSCORE')
