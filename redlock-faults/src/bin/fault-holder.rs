@@ -196,6 +196,8 @@ async fn run(args: Args) -> Result<(), HolderError> {
             };
             let worked = steps(&args, &resource, token, || guard.is_held()).await;
             watcher.abort();
+            // The aborted task drops its clone of the guard only once it is awaited.
+            let _ = watcher.await;
             let guard = Arc::try_unwrap(guard).map_err(|_| {
                 HolderError::Lock(LockError::NotHeld {
                     key: args.key.clone(),
