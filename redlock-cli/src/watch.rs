@@ -365,9 +365,11 @@ fn blind_spot(notified: bool, backend: &str, interval: Duration) -> String {
     let every = human(interval);
     if notified {
         format!(
-            "releases show at once; a grant and expiry between two looks ({every} apart) \
-             show only if the server sends keyspace events \
-             (CONFIG SET notify-keyspace-events Kgx), or with a shorter --interval"
+            "each release makes it look at once; a grant or expiry between two looks \
+             ({every} apart) makes it look only if the server sends keyspace events \
+             (if it does not: CONFIG SET notify-keyspace-events Kgx), or sooner with a \
+             shorter --interval; a hold shorter than one look (a round trip) can be \
+             missed even then"
         )
     } else {
         format!(

@@ -12,9 +12,10 @@ impl LockManager {
     /// default wait, like [`lock`](Self::lock).
     ///
     /// A waiter keeps its place by asking again every second; one that stops (its
-    /// process died, its network was cut, its future was dropped without a word) is
+    /// process died, its network was cut, its withdrawal never reached the server) is
     /// dropped from the queue by the server's clock 3 s after it last asked, so nobody
-    /// waits behind it for longer. A waiter whose wait ends leaves the queue at once.
+    /// waits behind it for longer. A waiter whose wait ends leaves the queue right away (a
+    /// withdrawal sent in the background as the call returns).
     ///
     /// The guard is a [`LockGuard`] like any other: fencing token, watchdog,
     /// [`lost`](LockGuard::lost), `hold_at_least`, metrics (kind `fair`) and
